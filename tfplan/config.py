@@ -55,6 +55,7 @@ class HostConfig:
     labels: list[str] = field(default_factory=list)
     port_base: Optional[int] = None  # overrides cluster.port_base for this host
     python: Optional[str] = None  # interpreter on this host; defaults to cluster.python
+    executor: str = "auto"  # auto (local for a loopback address without ssh_port) | local | ssh
 
 
 @dataclass
@@ -72,7 +73,9 @@ class ClusterConfig:
     port_offset: int = 0  # shifts every port, so two clusters can share hosts
     workdir: str = "/tmp/tfplan/${experiment.id}"  # per-host working dir (run config, logs)
     output_dir: str = "outputs/${experiment.id}"  # checkpoints/results; shared by all hosts
-    python: str = "python3"
+    python: Optional[str] = None  # default: tfplan's own interpreter locally, python3 over SSH
+    ssh_accept_new_host_keys: bool = False  # default: verify host keys against known_hosts
+    ssh_known_hosts: Optional[str] = None  # default: ~/.ssh/known_hosts
 
 
 @dataclass

@@ -99,13 +99,24 @@ class Change:
     task: str  # task name, "worker/1"
     action: Action
     reasons: tuple[str, ...] = ()
+    previous: dict[str, Any] = field(default_factory=dict)  # host, port, pid from the state
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "action": self.action.value, "reasons": list(self.reasons)}
+        return {
+            "task": self.task,
+            "action": self.action.value,
+            "reasons": list(self.reasons),
+            "previous": self.previous,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Change:
-        return cls(task=data["task"], action=Action(data["action"]), reasons=tuple(data["reasons"]))
+        return cls(
+            task=data["task"],
+            action=Action(data["action"]),
+            reasons=tuple(data["reasons"]),
+            previous=dict(data.get("previous", {})),
+        )
 
 
 @dataclass(frozen=True)

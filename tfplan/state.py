@@ -55,6 +55,7 @@ class TaskState:
     exit_code: int | None = None
     restarts: int = 0
     settings: dict[str, str] = field(default_factory=dict)
+    spec: dict[str, Any] = field(default_factory=dict)  # the plan's Task.to_dict() it started from
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskState:
