@@ -162,7 +162,6 @@ class LifecycleConfig:
 @dataclass
 class ExperimentConfig:
     id: str = "default"
-    workspace: str = ".tfplan"  # plan and state files, relative to the current directory
 
 
 @dataclass

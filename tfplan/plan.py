@@ -16,6 +16,7 @@ __all__ = [
     "PLAN_FORMAT_VERSION",
     "Action",
     "Change",
+    "HostSpec",
     "Plan",
     "Role",
     "ShardPlacement",
@@ -43,6 +44,21 @@ class Action(str, Enum):
 
 
 @dataclass(frozen=True)
+class HostSpec:
+    """How apply reaches one host (resolved: ``executor`` is "local" or "ssh")."""
+
+    name: str
+    address: str
+    executor: str
+    python: str
+    ssh_user: str | None = None
+    ssh_port: int | None = None
+    ssh_key: str | None = None
+    accept_new_host_keys: bool = False
+    known_hosts: str | None = None
+
+
+@dataclass(frozen=True)
 class Task:
     """One TensorFlow process: where it runs and exactly how it is started."""
 
@@ -58,6 +74,7 @@ class Task:
     workdir: str  # per-task folder on the host: run config, log
     log_path: str
     is_chief: bool
+    config_digest: str  # digest of run.yaml, which every task reads
     fingerprint: str  # digest of everything that forces a restart when it changes
     settings: dict[str, str] = field(default_factory=dict)  # supervisor-side, updatable in place
 
@@ -87,6 +104,7 @@ class Task:
             workdir=data["workdir"],
             log_path=data["log_path"],
             is_chief=bool(data["is_chief"]),
+            config_digest=data["config_digest"],
             fingerprint=data["fingerprint"],
             settings=dict(data.get("settings", {})),
         )
@@ -151,16 +169,26 @@ class Plan:
 
     experiment_id: str
     cluster_name: str
+    hosts: tuple[HostSpec, ...]
     tasks: tuple[Task, ...]  # the desired tasks, in start order (ps first)
     changes: tuple[Change, ...]  # one per task in the union of desired and current
     cluster_spec: dict[str, list[str]]  # job name -> "host:port" list
     run_config: dict[str, Any]  # the resolved experiment config each task reads
     output_dir: str
+    code_dir: str  # where apply puts the recipes package on every host (PYTHONPATH)
+    tf_version: str  # the TensorFlow version every host must have
+    settings: dict[str, str]  # supervisor-side: lifecycle policies
     sharding: ShardingPreview
     warnings: tuple[str, ...]
     state_lineage: str | None  # the state this plan was made against (None: no state yet)
     state_serial: int
     format_version: int = PLAN_FORMAT_VERSION
+
+    def host(self, name: str) -> HostSpec:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
 
     def task(self, name: str) -> Task:
         for task in self.tasks:
@@ -184,11 +212,15 @@ class Plan:
             "format_version": self.format_version,
             "experiment_id": self.experiment_id,
             "cluster_name": self.cluster_name,
+            "hosts": [asdict(h) for h in self.hosts],
             "tasks": [t.to_dict() for t in self.tasks],
             "changes": [c.to_dict() for c in self.changes],
             "cluster_spec": self.cluster_spec,
             "run_config": self.run_config,
             "output_dir": self.output_dir,
+            "code_dir": self.code_dir,
+            "tf_version": self.tf_version,
+            "settings": self.settings,
             "sharding": {
                 "variables": [
                     {"name": v.name, "shape": list(v.shape), "bytes": v.bytes}
@@ -215,11 +247,15 @@ class Plan:
             format_version=int(data["format_version"]),
             experiment_id=data["experiment_id"],
             cluster_name=data["cluster_name"],
+            hosts=tuple(HostSpec(**h) for h in data["hosts"]),
             tasks=tuple(Task.from_dict(t) for t in data["tasks"]),
             changes=tuple(Change.from_dict(c) for c in data["changes"]),
             cluster_spec={k: list(v) for k, v in data["cluster_spec"].items()},
             run_config=data["run_config"],
             output_dir=data["output_dir"],
+            code_dir=data["code_dir"],
+            tf_version=data["tf_version"],
+            settings=dict(data["settings"]),
             sharding=ShardingPreview(
                 variables=tuple(
                     VariableSpec(v["name"], tuple(v["shape"]), int(v["bytes"]))

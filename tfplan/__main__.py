@@ -1,0 +1,5 @@
+import sys
+
+from tfplan.cli import main
+
+sys.exit(main())

