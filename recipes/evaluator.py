@@ -1,0 +1,95 @@
+"""The evaluator: scores every new checkpoint on the held-out split.
+
+It is not part of the cluster (TensorFlow's convention): it only reads checkpoints from
+``output_dir``. For each new one it writes TensorBoard scalars under ``output_dir/eval`` and one
+line to ``output_dir/eval/metrics.jsonl``. It exits 0 once it has evaluated the checkpoint of the
+final step (``global_step >= max_steps``), or once the chief's ``result.json`` is there and the
+latest checkpoint has been evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from recipes import data as data_mod
+from recipes.config import RunConfig
+from recipes.models import Model, loss_and_accuracy
+
+__all__ = ["run_evaluator"]
+
+v1 = tf.compat.v1
+
+
+def _result_step(path: str) -> Optional[int]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def run_evaluator(cfg: RunConfig, log: Callable[[str], None] = print,
+                  timeout: Optional[float] = None) -> int:
+    """Evaluate checkpoints until the final one; returns the exit code."""
+    ds = data_mod.load(cfg.data)
+    eval_dir = os.path.join(cfg.output_dir, "eval")
+    os.makedirs(eval_dir, exist_ok=True)
+    metrics_path = os.path.join(eval_dir, "metrics.jsonl")
+    result_path = os.path.join(cfg.output_dir, "result.json")
+    model = Model(cfg.model, cfg.data.image_size, cfg.data.channels, cfg.data.num_classes)
+    graph = v1.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, ds.dim])
+        y = v1.placeholder(tf.int64, [None])
+        global_step = v1.train.get_or_create_global_step()
+        params = model.create_params()
+        loss, accuracy = loss_and_accuracy(model.logits(params, x), y)
+        saver = v1.train.Saver(var_list=[global_step, *params.values()])
+    writer = v1.summary.FileWriter(eval_dir, graph=None)
+    log(f"evaluator watching {cfg.output_dir} every {cfg.trainer.eval_secs}s")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last: Optional[str] = None
+    last_step = -1
+    with v1.Session(graph=graph) as sess:
+        while deadline is None or time.monotonic() < deadline:
+            ckpt = tf.train.latest_checkpoint(cfg.output_dir)
+            if ckpt and ckpt != last:
+                try:
+                    saver.restore(sess, ckpt)
+                except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError):
+                    time.sleep(0.2)  # rotated away or half-written: take the next one
+                    continue
+                step, l, acc = sess.run([global_step, loss, accuracy],
+                                        feed_dict={x: ds.x_eval, y: ds.y_eval})
+                _record(writer, metrics_path, int(step), float(l), float(acc), ckpt)
+                log(f"eval step={int(step)} accuracy={acc:.4f} loss={l:.4f}")
+                last, last_step = ckpt, int(step)
+                if last_step >= cfg.trainer.max_steps:
+                    break
+                continue
+            final = _result_step(result_path)
+            if final is not None and last_step >= final:
+                break
+            time.sleep(cfg.trainer.eval_secs)
+        else:
+            log("evaluator timed out")
+            return 1
+    writer.close()
+    log(f"evaluator done at step={last_step}")
+    return 0
+
+
+def _record(writer: Any, path: str, step: int, loss: float, acc: float, ckpt: str) -> None:
+    summary = v1.Summary(value=[v1.Summary.Value(tag="eval/accuracy", simple_value=acc),
+                                v1.Summary.Value(tag="eval/loss", simple_value=loss)])
+    writer.add_summary(summary, step)
+    writer.flush()
+    line = {"global_step": step, "accuracy": round(acc, 6), "loss": round(loss, 6),
+            "time": round(time.time(), 3), "checkpoint": os.path.basename(ckpt)}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")

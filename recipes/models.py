@@ -1,0 +1,89 @@
+"""Models built from ``tf.compat.v1.get_variable`` and ``tf.nn`` only.
+
+``tf.compat.v1.layers`` raises under Keras 3, and the algorithms need to create the same
+parameters several times (on the ps, as local copies on a worker, in the evaluator), so a model is
+split in two: :meth:`Model.create_params` makes the variables (under the variable scope
+``model``, honouring the caller's device and collections) and :meth:`Model.logits` builds a
+forward pass from any dict of parameters. Checkpoints name the variables ``model/<name>``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from recipes.config import ModelConf
+
+__all__ = ["Model", "Params", "loss_and_accuracy"]
+
+Params = dict[str, tf.Variable]
+v1 = tf.compat.v1
+
+
+class Model:
+    """logreg, mlp (hidden sizes) or cnn (3x3 convs + 2x2 max-pool, then one dense layer)."""
+
+    def __init__(self, cfg: ModelConf, image_size: int, channels: int, num_classes: int) -> None:
+        if cfg.name not in ("logreg", "mlp", "cnn"):
+            raise ValueError(f"unknown model '{cfg.name}'; valid: logreg, mlp, cnn")
+        self.cfg = cfg
+        self.image_size = image_size
+        self.channels = channels
+        self.num_classes = num_classes
+
+    def _shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        dim = self.image_size * self.image_size * self.channels
+        shapes: list[tuple[str, tuple[int, ...]]] = []
+        if self.cfg.name == "cnn":
+            size, c_in = self.image_size, self.channels
+            for i, c_out in enumerate(self.cfg.conv_channels):
+                shapes += [(f"conv{i}/w", (3, 3, c_in, c_out)), (f"conv{i}/b", (c_out,))]
+                c_in, size = c_out, (size + 1) // 2 if size > 1 else size
+            widths = [size * size * c_in, self.cfg.dense]
+        elif self.cfg.name == "mlp":
+            widths = [dim, *self.cfg.hidden]
+        else:
+            widths = [dim]
+        widths.append(self.num_classes)
+        for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:])):
+            shapes += [(f"dense{i}/w", (n_in, n_out)), (f"dense{i}/b", (n_out,))]
+        return shapes
+
+    def create_params(self, collections: Optional[list[str]] = None,
+                      trainable: bool = True) -> Params:
+        """Create the variables under scope ``model`` in the current device/variable scope."""
+        params: Params = {}
+        with v1.variable_scope("model"):
+            for name, shape in self._shapes():
+                init = (v1.zeros_initializer() if name.endswith("/b")
+                        else v1.glorot_uniform_initializer())
+                params[name] = v1.get_variable(name, shape=shape, dtype=tf.float32,
+                                               initializer=init, collections=collections,
+                                               trainable=trainable, use_resource=True)
+        return params
+
+    def logits(self, params: Params, x: tf.Tensor) -> tf.Tensor:
+        """Forward pass; ``x`` is ``[batch, size*size*channels]``."""
+        h = x
+        if self.cfg.name == "cnn":
+            h = tf.reshape(h, [-1, self.image_size, self.image_size, self.channels])
+            for i in range(len(self.cfg.conv_channels)):
+                h = tf.nn.relu(tf.nn.conv2d(h, params[f"conv{i}/w"], 1, "SAME")
+                               + params[f"conv{i}/b"])
+                h = tf.nn.max_pool2d(h, 2, 2, "SAME")
+            h = tf.reshape(h, [-1, int(params["dense0/w"].shape[0])])
+        n_dense = sum(1 for k in params if k.startswith("dense") and k.endswith("/w"))
+        for i in range(n_dense):
+            h = tf.matmul(h, params[f"dense{i}/w"]) + params[f"dense{i}/b"]
+            if i < n_dense - 1:
+                h = tf.nn.relu(h)
+        return h
+
+
+def loss_and_accuracy(logits: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Mean softmax cross-entropy and accuracy of one batch."""
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                         logits=logits))
+    correct = tf.equal(tf.argmax(logits, axis=1), labels)
+    return loss, tf.reduce_mean(tf.cast(correct, tf.float32))

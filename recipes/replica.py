@@ -1,0 +1,198 @@
+"""A training replica (worker or chief): build the graph, train, report, send done tokens.
+
+The algorithm (``recipes.algorithms``) builds the replica's graph; this module adds everything the
+algorithms share: data sharding, summaries, hooks, the session, progress lines, the chief's final
+held-out evaluation and ``result.json``, and the done tokens that let the ps exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from recipes import data as data_mod
+from recipes.algorithms import get_algorithm
+from recipes.algorithms.base import BuildContext, Problem, TrainGraph
+from recipes.config import RunConfig, TaskInfo
+from recipes.models import Model, loss_and_accuracy
+from recipes.runtime import RoleSessionCreator, done_token_ops, make_server, session_config
+
+__all__ = ["ReplicaGraph", "TrainingFailed", "build_replica_graph", "run_replica"]
+
+v1 = tf.compat.v1
+Log = Callable[[str], None]
+
+
+class TrainingFailed(Exception):
+    """Training stopped on an error the user can act on; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class ReplicaGraph:
+    train: TrainGraph
+    x: Any
+    y: Any
+    global_step: Any
+    eval_loss: Any
+    eval_accuracy: Any
+    probe: Any
+    done_ops: list[Any]
+    summary_op: Any
+
+
+def build_replica_graph(cfg: RunConfig, task: TaskInfo, dim: int) -> ReplicaGraph:
+    """Build this replica's whole graph in the default graph."""
+    v1.set_random_seed(cfg.trainer.seed)
+    model = Model(cfg.model, cfg.data.image_size, cfg.data.channels, cfg.data.num_classes)
+    x = v1.placeholder(tf.float32, [None, dim], name="x")
+    y = v1.placeholder(tf.int64, [None], name="y")
+    setter = v1.train.replica_device_setter(worker_device=task.device,
+                                            cluster=tf.train.ClusterSpec(task.cluster))
+    with v1.device(setter):
+        global_step = v1.train.get_or_create_global_step()
+    ctx = BuildContext(algo=cfg.algo, n_replicas=task.n_replicas,
+                       replica_index=task.replica_index, is_chief=task.is_chief,
+                       worker_device=task.device, ps_device=setter, global_step=global_step)
+    problem = Problem(create_params=model.create_params,
+                      loss_fn=lambda p: loss_and_accuracy(model.logits(p, x), y)[0])
+    train = get_algorithm(cfg.algo.name).build(ctx, problem)
+    with v1.device(task.device):
+        _, accuracy = loss_and_accuracy(model.logits(train.train_params, x), y)
+        summary_op = v1.summary.merge([
+            v1.summary.scalar("loss", train.loss),
+            v1.summary.scalar("accuracy", accuracy),
+            v1.summary.scalar("learning_rate", tf.constant(cfg.algo.lr, tf.float32)),
+        ])
+        eval_loss, eval_accuracy = loss_and_accuracy(model.logits(train.params, x), y)
+        probe = v1.report_uninitialized_variables(v1.global_variables())
+    done_ops = done_token_ops(task.n_ps, task.n_replicas)
+    return ReplicaGraph(train, x, y, global_step, eval_loss, eval_accuracy, probe, done_ops,
+                        summary_op)
+
+
+def _hooks(cfg: RunConfig, g: ReplicaGraph, scaffold: Any, is_chief: bool) -> list[Any]:
+    t = cfg.trainer
+    hooks = [v1.train.StopAtStepHook(last_step=t.max_steps),
+             v1.train.NanTensorHook(g.train.loss, fail_on_nan_loss=True), *g.train.hooks]
+    if is_chief:
+        ckpt = ({"save_secs": t.checkpoint_secs} if t.checkpoint_secs
+                else {"save_steps": t.checkpoint_steps or t.max_steps})
+        hooks += [
+            v1.train.CheckpointSaverHook(cfg.output_dir, scaffold=scaffold, **ckpt),
+            v1.train.SummarySaverHook(save_steps=t.summary_steps, output_dir=cfg.output_dir,
+                                      summary_op=g.summary_op),
+            v1.train.StepCounterHook(every_n_steps=t.summary_steps, output_dir=cfg.output_dir),
+        ]
+    return hooks
+
+
+def _write_json_atomic(path: str, obj: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _send_done_tokens(server: Any, task: TaskInfo, g: ReplicaGraph, log: Log) -> None:
+    options = v1.RunOptions(timeout_in_ms=15000)
+    with v1.Session(server.target, config=session_config(task)) as sess:
+        for k, op in enumerate(g.done_ops):
+            try:
+                sess.run(op, options=options)
+            except tf.errors.OpError as e:
+                log(f"warning: could not send the done token to ps/{k} ({type(e).__name__}); "
+                    "the launcher will have to stop it")
+
+
+def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log = print) -> int:
+    """Train this replica to ``max_steps``; returns the exit code.
+
+    Raises:
+        TrainingFailed: NaN loss, or a peer that stopped answering (sync run timeout).
+        recipes.data.DataError: the data set cannot be loaded.
+    """
+    ds = data_mod.load(cfg.data)  # before the server: a missing file fails in a second
+    x_tr, y_tr = data_mod.shard(ds.x_train, ds.y_train, task.replica_index, task.n_replicas)
+    result_path = os.path.join(cfg.output_dir, "result.json")
+    if task.is_chief:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        if os.path.exists(result_path):
+            os.remove(result_path)  # stale, from an earlier run: the evaluator watches for it
+    server = make_server(task)
+    config = session_config(task)
+    g = build_replica_graph(cfg, task, ds.dim)
+    scaffold = v1.train.Scaffold(local_init_op=g.train.local_init_op, summary_op=g.summary_op)
+    creator = RoleSessionCreator(scaffold, server.target, config, task.is_chief, cfg.output_dir,
+                                 g.probe, log=log)
+    feed_iter = data_mod.batches(x_tr, y_tr, cfg.data.batch_size,
+                                 seed=cfg.trainer.seed * 1000 + task.replica_index)
+    ops, n_ops = g.train.step_ops, len(g.train.step_ops)
+    ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
+    recent: deque[float] = deque(maxlen=20)
+    i, gs, first_gs, t_start = 0, 0, None, time.monotonic()
+    last_log_gs, last_log_t = 0, t_start
+    try:
+        with v1.train.MonitoredSession(session_creator=creator,
+                                       hooks=_hooks(cfg, g, scaffold, task.is_chief),
+                                       stop_grace_period_secs=g.train.stop_grace_secs) as sess:
+            while not sess.should_stop():
+                bx, by = next(feed_iter)
+                _, loss, gs = sess.run([ops[i % n_ops], g.train.loss, g.global_step],
+                                       feed_dict={g.x: bx, g.y: by}, options=g.train.run_options)
+                gs, i = int(gs), i + 1
+                recent.append(float(loss))
+                now = time.monotonic()
+                if first_gs is None:
+                    first_gs, t_start, last_log_gs, last_log_t = gs, now, gs, now
+                    log(f"step={gs} loss={loss:.4f} first step {time.time() - process_start:.2f}s"
+                        " after launch")
+                elif gs // cfg.trainer.log_steps > last_log_gs // cfg.trainer.log_steps:
+                    rate = (gs - last_log_gs) * ex_per_gs / max(now - last_log_t, 1e-9)
+                    log(f"step={gs} loss={np.mean(recent):.4f} examples_per_sec={rate:.1f}")
+                    last_log_gs, last_log_t = gs, now
+    except tf.compat.v1.train.NanLossDuringTrainingError:
+        raise TrainingFailed(f"loss became NaN near step={gs}: lower algo.lr "
+                             f"(now {cfg.algo.lr}) or check the data", 3) from None
+    except tf.errors.DeadlineExceededError:
+        raise TrainingFailed(f"a training step at step={gs} took longer than run_timeout_secs="
+                             f"{cfg.algo.get('run_timeout_secs')}: a peer replica or ps is "
+                             "probably down", 4) from None
+    wall = time.monotonic() - t_start
+    if task.is_chief:
+        _finish_chief(cfg, task, server, g, ds, result_path, recent, first_gs or 0, wall, log)
+    _send_done_tokens(server, task, g, log)
+    log(f"{task.type}/{task.index} finished after {i} runs")
+    return 0
+
+
+def _finish_chief(cfg: RunConfig, task: TaskInfo, server: Any, g: ReplicaGraph,
+                  ds: data_mod.Dataset, result_path: str, recent: deque[float], first_gs: int,
+                  wall: float, log: Log) -> None:
+    """Held-out accuracy of the final ps weights, then result.json (atomically)."""
+    with v1.Session(server.target, config=session_config(task)) as sess:
+        gs, eval_loss, acc = sess.run([g.global_step, g.eval_loss, g.eval_accuracy],
+                                      feed_dict={g.x: ds.x_eval, g.y: ds.y_eval})
+    ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
+    result = {
+        "status": "succeeded", "global_step": int(gs),
+        "loss": round(float(np.mean(recent)) if recent else float("nan"), 6),
+        "accuracy": round(float(acc), 6), "eval_loss": round(float(eval_loss), 6),
+        "examples_per_sec": round((int(gs) - first_gs) * ex_per_gs / max(wall, 1e-9), 1),
+        "wall_time_secs": round(wall, 3), "algo": cfg.algo.name,
+        "replicas": task.n_replicas, "ps": task.n_ps,
+    }
+    _write_json_atomic(result_path, result)
+    log(f"step={int(gs)} final: loss={result['loss']} accuracy={result['accuracy']} "
+        f"examples_per_sec={result['examples_per_sec']}")

@@ -1,0 +1,159 @@
+"""Cluster plumbing shared by every role: server, placement, sessions, the ps done-queue.
+
+Fixes for the TF 2.21 pitfalls measured in /work/shared/TENSORFLOW.md:
+- a ps exits by itself: it owns ``FIFOQueue(n, shared_name="done_ps<k>")`` and exits 0 once every
+  training replica has enqueued a token (and on SIGTERM);
+- non-chief replicas join fast: they poll for initialised ps variables every 0.5 s instead of
+  SessionManager's 30 s, and recover from a ps restart with ``recovery_wait_secs=1``;
+- a restarted chief joins the live ps values instead of restoring an older checkpoint over them;
+  it restores only when the ps are uninitialised (first start, or a ps restart).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from recipes.config import TaskInfo
+
+__all__ = ["RoleSessionCreator", "done_token_ops", "make_server", "run_ps", "session_config",
+           "wait_until_initialized"]
+
+v1 = tf.compat.v1
+POLL_SECS = 0.5
+
+
+def session_config(task: TaskInfo) -> Any:
+    """Device filters: a replica talks to the ps and itself only, so one dead peer worker does
+    not block session creation, and replicas do not wait for each other to start."""
+    if task.type == "ps":
+        filters = [task.device]
+    else:
+        filters = ["/job:ps", task.device]
+    return v1.ConfigProto(device_filters=filters, allow_soft_placement=False)
+
+
+def make_server(task: TaskInfo) -> Any:
+    """Start this task's gRPC server (note: it listens on every interface, see docs/runtime.md)."""
+    spec = tf.train.ClusterSpec(task.cluster)
+    return tf.distribute.Server(spec, job_name=task.type, task_index=task.index,
+                                config=session_config(task), start=True)
+
+
+def _done_queue(k: int, capacity: int) -> Any:
+    return tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]], shared_name=f"done_ps{k}",
+                              name=f"done_ps{k}")
+
+
+def done_token_ops(n_ps: int, n_replicas: int) -> list[Any]:
+    """One enqueue op per ps; a replica runs all of them once its training session is closed."""
+    ops = []
+    for k in range(n_ps):
+        with v1.device(f"/job:ps/task:{k}"):
+            ops.append(_done_queue(k, n_replicas).enqueue(tf.constant(1, tf.int32)))
+    return ops
+
+
+def run_ps(task: TaskInfo, log: Any = print) -> int:
+    """Serve variables until every replica has sent its done token; returns the exit code."""
+    # Why SIGTERM -> exit 0: a launcher that stops the cluster has not seen a ps failure.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    server = make_server(task)
+    n = task.n_replicas
+    with v1.Graph().as_default():
+        with v1.device(task.device):
+            size = _done_queue(task.index, n).size()
+        with v1.Session(server.target, config=session_config(task)) as sess:
+            log(f"ps/{task.index} serving on {task.cluster['ps'][task.index]}; "
+                f"exits after {n} done tokens")
+            # Poll the size instead of blocking in dequeue: a blocked C++ call would delay the
+            # SIGTERM handler, and polling never consumes a token.
+            while True:
+                got = int(sess.run(size))
+                if got >= n:
+                    break
+                time.sleep(0.1)
+    log(f"ps/{task.index} done: {n} of {n} replicas finished")
+    sys.stdout.flush()
+    # Why _exit: the gRPC server has no clean shutdown and would keep the process alive.
+    os._exit(0)
+
+
+def wait_until_initialized(target: str, config: Any, probe: Any, timeout: float,
+                           log: Any = print) -> None:
+    """Poll ``probe`` (report_uninitialized_variables of the globals) until it is empty.
+
+    Raises:
+        TimeoutError: still uninitialised after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        try:
+            with v1.Session(target, config=config) as sess:
+                while True:
+                    if len(sess.run(probe)) == 0:
+                        return
+                    if not said:
+                        log("waiting for the chief to initialise the parameter servers")
+                        said = True
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"ps variables still uninitialised after {timeout:.0f}s"
+                                           " (is the chief running?)")
+                    time.sleep(POLL_SECS)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"parameter servers unreachable for {timeout:.0f}s") from None
+            time.sleep(POLL_SECS)
+
+
+class RoleSessionCreator(v1.train.SessionCreator):
+    """Session creator for chief and non-chief replicas (see the module docstring)."""
+
+    def __init__(self, scaffold: Any, target: str, config: Any, is_chief: bool,
+                 checkpoint_dir: Optional[str], probe: Any, join_timeout: float = 600.0,
+                 log: Any = print) -> None:
+        self._scaffold = scaffold
+        self._target = target
+        self._config = config
+        self._is_chief = is_chief
+        self._checkpoint_dir = checkpoint_dir
+        self._probe = probe
+        self._join_timeout = join_timeout
+        self._log = log
+        self._manager: Optional[Any] = None
+
+    def _session_manager(self) -> Any:
+        if self._manager is None:
+            self._manager = v1.train.SessionManager(
+                local_init_op=self._scaffold.local_init_op,
+                ready_op=self._scaffold.ready_op,
+                ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
+                graph=v1.get_default_graph(), recovery_wait_secs=1)
+        return self._manager
+
+    def _ps_initialized(self) -> bool:
+        with v1.Session(self._target, config=self._config) as sess:
+            return len(sess.run(self._probe)) == 0
+
+    def create_session(self) -> Any:
+        self._scaffold.finalize()
+        sm = self._session_manager()
+        if self._is_chief and not self._ps_initialized():
+            # Fresh ps (first start or ps restart): restore the last checkpoint, else init.
+            return sm.prepare_session(self._target, saver=self._scaffold.saver,
+                                      checkpoint_dir=self._checkpoint_dir, config=self._config,
+                                      init_op=self._scaffold.init_op,
+                                      init_fn=self._scaffold.init_fn)
+        if self._is_chief:
+            self._log("parameter servers already initialised: joining their live values")
+        else:
+            wait_until_initialized(self._target, self._config, self._probe, self._join_timeout,
+                                   self._log)
+        return sm.wait_for_session(self._target, config=self._config,
+                                   max_wait_secs=self._join_timeout)

@@ -1,0 +1,83 @@
+"""Entry point of every task: ``python -m recipes.train --config run.yaml``.
+
+Dispatches on TF_CONFIG's task type: ``ps`` serves variables until every replica is done,
+``worker``/``chief`` train, ``evaluator`` scores checkpoints. Known errors (config, data, NaN loss,
+a dead peer) print one line on stderr and exit non-zero; ``TFPLAN_DEBUG=1`` shows the traceback.
+
+Exit codes: 0 done; 1 unexpected error; 2 bad config or data; 3 NaN loss; 4 peer timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+PROCESS_START = time.time()
+# Why here: TensorFlow reads these at import time (see docs/contract.md, TENSORFLOW.md pitfall 8).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import argparse  # noqa: E402
+
+from recipes.config import ConfigError, load_run_config, task_from_env  # noqa: E402
+
+__all__ = ["main"]
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def _run(config_path: str) -> int:
+    cfg = load_run_config(config_path)
+    task = task_from_env()
+    if task.type not in ("ps", "worker", "chief", "evaluator"):
+        raise ConfigError(f"unknown task type '{task.type}'; valid: ps, worker, chief, evaluator")
+    if task.type != "evaluator" and not task.cluster.get("ps"):
+        raise ConfigError("TF_CONFIG's cluster has no 'ps' job; these recipes need one")
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    if task.type == "ps":
+        from recipes.runtime import run_ps
+        return run_ps(task, _log)
+    if task.type == "evaluator":
+        from recipes.evaluator import run_evaluator
+        return run_evaluator(cfg, _log)
+    from recipes.replica import run_replica
+    return run_replica(cfg, task, PROCESS_START, _log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m recipes.train", description=__doc__)
+    parser.add_argument("--config", default=os.environ.get("TFPLAN_RUN_CONFIG", "run.yaml"),
+                        help="the resolved run config (run.yaml)")
+    args = parser.parse_args(argv)
+    from recipes.data import DataError
+
+    try:
+        return _run(args.config)
+    except (ConfigError, DataError, ValueError) as e:
+        return _fail(e, 2)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - one line for known failures, traceback on demand
+        code = getattr(e, "code", None)
+        return _fail(e, code if isinstance(code, int) and code > 0 else 1)
+
+
+def _fail(e: BaseException, code: int) -> int:
+    if os.environ.get("TFPLAN_DEBUG"):
+        raise e
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Why _exit: a started gRPC server keeps non-daemon threads alive after main returns.
+    os._exit(exit_code)

@@ -1,0 +1,186 @@
+"""Test helper: a real ps/worker/evaluator cluster of ``python -m recipes.train`` subprocesses.
+
+Ports are free loopback ports; every task gets TF_CONFIG and its own process group
+(``start_new_session=True``). Waits have deadlines and watch observable events (log lines,
+files, exits). :meth:`RecipeCluster.close` kills every process group it started, by id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (bound together, so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def run_config(output_dir: Path, algo: dict[str, Any], max_steps: int = 200,
+               **overrides: Any) -> dict[str, Any]:
+    """A run.yaml as the launcher would write it (small and fast by default)."""
+    cfg: dict[str, Any] = {
+        "experiment": {"id": "test"},
+        "output_dir": str(output_dir),
+        "algo": {"lr": 0.1, "optimizer": "sgd", "sync": False, **algo},
+        "model": {"name": "mlp", "hidden": [32], "conv_channels": [], "dense": 64},
+        "data": {"name": "digits", "path": None, "image_size": 8, "channels": 1,
+                 "num_classes": 10, "batch_size": 32, "eval_fraction": 0.2,
+                 "synthetic_examples": 2000, "seed": 0},
+        "trainer": {"max_steps": max_steps, "checkpoint_steps": 50, "checkpoint_secs": None,
+                    "summary_steps": 20, "log_steps": 20, "eval_secs": 0.5, "seed": 0},
+    }
+    for section, values in overrides.items():
+        cfg[section] = {**cfg.get(section, {}), **values}
+    return cfg
+
+
+class Task:
+    """One started task: its process, and its output lines collected by a reader thread."""
+
+    def __init__(self, name: str, proc: subprocess.Popen[str], started: float) -> None:
+        self.name = name
+        self.proc = proc
+        self.started = started
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def steps(self) -> list[int]:
+        return [int(m.group(1)) for _, line in self.lines
+                for m in [re.search(r"\bstep=(\d+)", line)] if m]
+
+    def first_line_time(self, pattern: str) -> Optional[float]:
+        for t, line in self.lines:
+            if re.search(pattern, line):
+                return t
+        return None
+
+
+class RecipeCluster:
+    """ps + workers (+ chief) (+ evaluator) on loopback, for one run config."""
+
+    def __init__(self, workdir: Path, cfg: dict[str, Any], n_ps: int = 1, n_workers: int = 2,
+                 chief: bool = False, evaluator: bool = False) -> None:
+        self.workdir = workdir
+        self.cfg = cfg
+        self.output_dir = Path(cfg["output_dir"])
+        self.config_path = workdir / "run.yaml"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(cfg))
+        ports = free_ports(n_ps + n_workers + (1 if chief else 0))
+        addr = [f"127.0.0.1:{p}" for p in ports]
+        self.cluster: dict[str, list[str]] = {"ps": addr[:n_ps],
+                                              "worker": addr[n_ps:n_ps + n_workers]}
+        if chief:
+            self.cluster["chief"] = addr[n_ps + n_workers:]
+        self.roles = [("ps", i) for i in range(n_ps)] + [("worker", i) for i in range(n_workers)]
+        self.roles += [("chief", 0)] if chief else []
+        self.roles += [("evaluator", 0)] if evaluator else []
+        self.tasks: dict[str, Task] = {}
+        self.dead: list[Task] = []  # replaced tasks, kept so close() still reaps them
+
+    def start(self, role: str, index: int) -> Task:
+        name = f"{role}/{index}"
+        if name in self.tasks:
+            self.dead.append(self.tasks[name])
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3",
+                   TF_ENABLE_ONEDNN_OPTS="0", CUDA_VISIBLE_DEVICES="",
+                   PYTHONPATH=str(REPO), TFPLAN_TASK=name,
+                   TF_CONFIG=json.dumps({"cluster": self.cluster,
+                                         "task": {"type": role, "index": index}}))
+        proc = subprocess.Popen([sys.executable, "-m", "recipes.train", "--config",
+                                 str(self.config_path)], cwd=str(self.workdir), env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        self.tasks[name] = Task(name, proc, time.monotonic())
+        return self.tasks[name]
+
+    def start_all(self) -> None:
+        for role, index in self.roles:
+            self.start(role, index)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        task = self.tasks[name]
+        try:
+            os.killpg(task.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        task.proc.wait(timeout=30)
+
+    def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{self.dump()}")
+
+    def wait_exit(self, name: str, timeout: float) -> int:
+        task = self.tasks[name]
+        try:
+            return task.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} did not exit within {timeout}s\n{self.dump()}") from None
+
+    def wait_all(self, timeout: float) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        return {name: self.wait_exit(name, max(0.1, deadline - time.monotonic()))
+                for name in list(self.tasks)}
+
+    def result(self) -> dict[str, Any]:
+        return json.loads((self.output_dir / "result.json").read_text())
+
+    def dump(self) -> str:
+        return "\n".join(f"--- {name} (rc={t.proc.poll()})\n{t.text[-3000:]}"
+                         for name, t in self.tasks.items())
+
+    def close(self) -> None:
+        """Kill every process group this cluster started (by id), then reap."""
+        for task in [*self.dead, *self.tasks.values()]:
+            if task.proc.poll() is None:
+                try:
+                    os.killpg(task.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                task.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def __enter__(self) -> RecipeCluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
