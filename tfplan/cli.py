@@ -14,6 +14,8 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tfplan.commands import apply as apply_cmd
+    from tfplan.commands import inspect as inspect_cmd
     from tfplan.commands import plan as plan_cmd
 
     parser = argparse.ArgumentParser(
@@ -24,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     plan_cmd.add_parsers(subparsers)
+    apply_cmd.add_parsers(subparsers)
+    inspect_cmd.add_parsers(subparsers)
     return parser
 
 

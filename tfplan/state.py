@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tfplan.errors import StaleStateError, StateLockedError
+from tfplan.plan import HostSpec
 
 __all__ = [
     "STATE_FILE",
@@ -70,6 +71,7 @@ class State:
     cluster_name: str
     output_dir: str
     tasks: tuple[TaskState, ...]
+    hosts: tuple[HostSpec, ...] = ()  # how to reach the hosts the tasks run on
     supervisor_pid: int | None = None  # the tfplan process supervising, when attached
     version: int = STATE_FORMAT_VERSION
 
@@ -101,6 +103,7 @@ class State:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["tasks"] = [asdict(t) for t in self.tasks]
+        data["hosts"] = [asdict(h) for h in self.hosts]
         return data
 
     @classmethod
@@ -112,6 +115,7 @@ class State:
             cluster_name=data["cluster_name"],
             output_dir=data["output_dir"],
             tasks=tuple(TaskState.from_dict(t) for t in data["tasks"]),
+            hosts=tuple(HostSpec(**h) for h in data.get("hosts", [])),
             supervisor_pid=data.get("supervisor_pid"),
             version=int(data.get("version", STATE_FORMAT_VERSION)),
         )

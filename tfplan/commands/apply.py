@@ -1,0 +1,136 @@
+"""`tfplan apply [PLANFILE | OVERRIDES...]`: start the cluster and supervise it to the end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from tfplan.applier import apply_plan
+from tfplan.commands.common import compose, console, make_plan, workspace_from
+from tfplan.commands.output import LogPrinter, step_progress
+from tfplan.errors import ApplyError, TfplanError
+from tfplan.hosts import HostPool
+from tfplan.plan import Action, Plan
+from tfplan.refresh import refreshed_state
+from tfplan.state import State, StateStore
+from tfplan.render import print_plan
+from tfplan.supervisor import Outcome, Supervisor, result_path
+from tfplan.workspace import Workspace
+
+__all__ = ["add_parsers", "run_apply"]
+
+
+def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    apply = subparsers.add_parser(
+        "apply",
+        help="start the planned cluster and supervise it until training ends",
+        description="With no argument: apply the plan saved by `tfplan plan` (refused if stale; "
+        "without a saved plan, plan the defaults first). With Hydra overrides: plan, show, ask, "
+        "apply. With a file: apply that saved plan.",
+    )
+    apply.add_argument("args", nargs="*", metavar="PLANFILE|OVERRIDES",
+                       help="a saved plan file, or Hydra overrides such as cluster=local algo.lr=0.1")
+    apply.add_argument("--auto-approve", "-auto-approve", action="store_true",
+                       help="do not ask before applying")
+    apply.add_argument("--detach", action="store_true",
+                       help="return once every task is started; tasks keep running")
+    apply.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
+    apply.add_argument("--workspace", help="workspace folder (default: .tfplan)")
+    apply.set_defaults(func=run_apply)
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    out = console()
+    workspace = workspace_from(args.workspace)
+    plan, planned_now = _plan_to_apply(args, workspace, out)
+    if planned_now:
+        print_plan(plan, out)
+        if plan.has_changes and not _approved(args, out):
+            out.print("Apply cancelled.")
+            return 1
+    store = workspace.store(plan.experiment_id)
+    with store.lock("apply"), HostPool(plan.hosts) as pool:
+        started = time.monotonic()
+        result = apply_plan(plan, store, pool, lambda line: out.print(f"tfplan | {line}", highlight=False))
+        counts = plan.counts()
+        out.print(
+            f"\nApply complete! Tasks: {len(result.started)} started, "
+            f"{counts[Action.UPDATE]} changed, {len(result.stopped)} stopped "
+            f"({time.monotonic() - started:.1f}s)."
+        )
+        if args.detach:
+            out.print(f"Detached. Follow with: tfplan logs -f -e {plan.experiment_id}; "
+                      f"stop with: tfplan destroy -e {plan.experiment_id}")
+            return 0
+        if not any(t.status == "running" for t in result.state.tasks):
+            return 0
+        max_steps = plan.run_config.get("trainer", {}).get("max_steps")
+        outcome = _supervise(result.state, store, pool, out, max_steps)
+        _report(outcome, plan, pool, out)
+        return 0 if outcome.succeeded else 1
+
+
+def _plan_to_apply(args: argparse.Namespace, workspace: Workspace, out: Console) -> tuple[Plan, bool]:
+    overrides = [a for a in args.args if "=" in a or a.startswith(("+", "~"))]
+    files = [a for a in args.args if a not in overrides]
+    if files and overrides:
+        raise TfplanError(
+            "apply takes either a saved plan file or overrides, not both: "
+            "run `tfplan plan OVERRIDES -out FILE` then `tfplan apply FILE`"
+        )
+    if len(files) > 1:
+        raise TfplanError(f"apply takes one plan file, got {len(files)}: {' '.join(files)}")
+    if files:
+        return workspace.load_plan(Path(files[0])), False
+    if not overrides and workspace.default_plan_path.exists():
+        out.print(f"Applying the saved plan {workspace.default_plan_path}")
+        return workspace.load_plan(), False
+    cfg = compose(overrides, args.config_dir)
+    return make_plan(cfg, refreshed_state(workspace.store(cfg.experiment.id))), True
+
+
+def _approved(args: argparse.Namespace, out: Console) -> bool:
+    if args.auto_approve:
+        return True
+    if not sys.stdin.isatty():
+        raise TfplanError("apply needs approval and stdin is not a terminal: pass --auto-approve")
+    out.print("\nDo you want to perform these actions?\n  Only 'yes' will be accepted to approve.\n")
+    return input("  Enter a value: ").strip() == "yes"
+
+
+def _supervise(
+    state: State, store: StateStore, pool: HostPool, out: Console, max_steps: int | None
+) -> Outcome:
+    printer = LogPrinter(out)
+    with step_progress(out, max_steps) as on_step:
+        supervisor = Supervisor(store, pool, printer.emit, on_step=on_step)
+        try:
+            return supervisor.run(state)
+        except KeyboardInterrupt:
+            out.print("Interrupted: every task was stopped; the state records them as stopped.")
+            raise
+
+
+def _report(outcome: Outcome, plan: Plan, pool: HostPool, out: Console) -> None:
+    chief = next((t for t in plan.tasks if t.is_chief), None)
+    result = None
+    if chief is not None:
+        try:
+            data, _ = pool[chief.host].read_log(result_path(plan.output_dir), 0)
+            result = json.loads(data.decode() or "null")
+        except (TfplanError, ValueError):
+            result = None
+    if outcome.succeeded:
+        out.print(f"\n[bold green]Training complete[/]: {outcome.reason}.")
+    else:
+        out.print(f"\n[bold red]Training failed[/]: {outcome.reason}.")
+    if isinstance(result, dict):
+        fields = ", ".join(f"{k}={v}" for k, v in result.items() if k != "status")
+        out.print(f"Result ({result_path(plan.output_dir)}): {fields}")
+    if not outcome.succeeded:
+        raise ApplyError(f"training failed: {outcome.reason}; see `tfplan logs -e {plan.experiment_id}`")
