@@ -95,8 +95,7 @@ def stop_script(pgid: int, grace_secs: float) -> str:
     """
     ticks = max(0, int(round(grace_secs / 0.1)))
     return (
-        _group_alive_fn(pgid)
-        + f'[ "$(left)" -eq 0 ] && {{ echo none; exit 0; }}; '
+        _group_alive_fn(pgid) + f'[ "$(left)" -eq 0 ] && {{ echo none; exit 0; }}; '
         f"kill -TERM -{pgid} 2>/dev/null; i=0; "
         f'while [ "$(left)" -gt 0 ]; do '
         f"  if [ $i -ge {ticks} ]; then "
@@ -118,8 +117,8 @@ def status_script(pids: Sequence[int], workdirs: Sequence[str | None]) -> str:
     lines = [
         "ps -e -o pid=,pgid=,stat=,pcpu=,rss= | awk -v w="
         + q(wanted)
-        + " 'BEGIN {n=split(w,a,\" \"); for (i=1;i<=n;i++) k[a[i]]=1} "
-        "($1 in k) || ($2 in k) {print \"P\", $1, $2, $3, $4, $5}'"
+        + ' \'BEGIN {n=split(w,a," "); for (i=1;i<=n;i++) k[a[i]]=1} '
+        '($1 in k) || ($2 in k) {print "P", $1, $2, $3, $4, $5}\''
     ]
     for pid, workdir in zip(pids, workdirs, strict=True):
         if workdir:
@@ -140,7 +139,7 @@ def stream_script(path: str, pid: int) -> str:
         f"( while :; do case \"$(ps -o stat= -p {pid} 2>/dev/null)\" in ''|*Z*) exit 0;; esac; "
         f"sleep {STREAM_POLL_SECS}; done ) </dev/null >/dev/null 2>&1 & w=$!; "
         f"tail -n +1 -s 0.1 -F --pid=$w {q(path)} 2>/dev/null </dev/null & t=$!; "
-        '( cat <&3 >/dev/null 2>&1; kill $t $w 2>/dev/null ) >/dev/null 2>&1 & '
+        "( cat <&3 >/dev/null 2>&1; kill $t $w 2>/dev/null ) >/dev/null 2>&1 & "
         "exec 3<&-; wait $t; exit 0"
     )
 
@@ -150,8 +149,8 @@ def write_file_script(path: str) -> str:
     parent = path.rsplit("/", 1)[0] or "/"
     tmp = f"{parent}/.{path.rsplit('/', 1)[-1]}.tmp.$$"
     return (
-        f"mkdir -p {q(parent)} && cat > \"{_dq(tmp)}\" && mv -f \"{_dq(tmp)}\" {q(path)} "
-        f"|| {{ rm -f \"{_dq(tmp)}\"; exit 1; }}"
+        f'mkdir -p {q(parent)} && cat > "{_dq(tmp)}" && mv -f "{_dq(tmp)}" {q(path)} '
+        f'|| {{ rm -f "{_dq(tmp)}"; exit 1; }}'
     )
 
 

@@ -1,0 +1,462 @@
+"""The executor base class: how ``apply`` does things on one host, whatever the transport.
+
+:class:`Executor` has public template methods (checks, timing, one-line errors naming the host)
+that wrap a few private hooks. Everything except starting a process and moving bytes is the
+same POSIX ``sh`` script on every host (:mod:`tfplan.executors._scripts`), so the local and
+the SSH executor share stop/status/streaming/file-transfer code and one conformance suite.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import tarfile
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfplan.errors import ExecutorError
+from tfplan.executors import _scripts
+from tfplan.executors.preflight import (
+    PREFLIGHT_SNIPPET,
+    PreflightRequest,
+    PreflightResult,
+    parse_preflight_output,
+    request_json,
+)
+
+__all__ = [
+    "CommandResult",
+    "Executor",
+    "HostTarget",
+    "LaunchSpec",
+    "Launched",
+    "LogStream",
+    "ProcessInfo",
+    "StopResult",
+]
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """How to reach one host."""
+
+    name: str
+    address: str
+    ssh_user: str | None = None  # None: ~/.ssh/config, else the local user
+    ssh_port: int | None = None  # None: ~/.ssh/config, else 22
+    ssh_key: str | None = None  # given: only this key is tried (like IdentitiesOnly)
+    python: str | None = None  # None: tfplan's own interpreter locally, "python3" over SSH
+    accept_new_host_keys: bool = False  # False: unknown host keys are refused (RejectPolicy)
+    known_hosts: str | None = None  # None: ~/.ssh/known_hosts
+    kind: str = "auto"  # auto | local | ssh; auto = local iff loopback address and no ssh_port
+
+    def resolved_kind(self) -> str:
+        """``local`` or ``ssh`` (or an unknown kind, which the registry reports)."""
+        if self.kind != "auto":
+            return self.kind
+        loopback = self.address in LOOPBACK_NAMES or self.address.startswith("127.")
+        return "local" if loopback and self.ssh_port is None else "ssh"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One process to start. ``workdir`` is the task's own folder (it holds ``exit_code``)."""
+
+    name: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    workdir: str
+    log_path: str
+
+
+@dataclass(frozen=True)
+class Launched:
+    pid: int
+    pgid: int
+    started_at: float  # unix time
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One task as ``ps`` sees it. cpu/rss are summed over the task's process group."""
+
+    pid: int
+    alive: bool
+    state: str  # ps STAT of the group leader, "zombie" or "missing"
+    cpu_percent: float | None  # ps %CPU: CPU time / elapsed time since start
+    rss_bytes: int | None
+    exit_code: int | None  # known once the task ended by itself (or on SIGTERM)
+
+
+@dataclass(frozen=True)
+class StopResult:
+    pid: int
+    pgid: int
+    outcome: str  # "none" (was not running) | "terminated" | "killed"
+    elapsed_secs: float
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    def err_line(self) -> str:
+        lines = self.stderr.decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else f"exit status {self.returncode}"
+
+
+class LogStream:
+    """A thread delivering whole lines of a followed log to ``on_line``, in order.
+
+    Ends by itself once the task is dead and the log fully read; :meth:`stop` ends it early.
+    An exception raised by ``on_line`` ends the stream and is kept in :attr:`error`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        read_chunk: Callable[[], bytes],
+        end_input: Callable[[], None],
+        force_close: Callable[[], None],
+        on_line: Callable[[str], None],
+    ) -> None:
+        self._read_chunk = read_chunk
+        self._end_input = end_input
+        self._force_close = force_close
+        self._on_line = on_line
+        self.error: BaseException | None = None
+        self.lines = 0
+        self._thread = threading.Thread(target=self._pump, name=f"log:{name}", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        buffer = b""
+        try:
+            while True:
+                chunk = self._read_chunk()
+                if not chunk:
+                    break
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for raw in complete:
+                    self._deliver(raw)
+            if buffer:  # the task ended without a final newline: its last line is whole now
+                self._deliver(buffer)
+        except BaseException as exc:  # noqa: BLE001 - kept for the caller, the thread must end
+            self.error = exc
+        finally:
+            self._end_input()
+            self._force_close()
+
+    def _deliver(self, raw: bytes) -> None:
+        self.lines += 1
+        self._on_line(raw.decode(errors="replace").rstrip("\r"))
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the stream to end; True when it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the stream now (the follower on the host is ended too) and wait for the thread."""
+        self._end_input()
+        if not self.join(timeout):
+            self._force_close()
+            self.join(timeout)
+
+
+class Executor(ABC):
+    """Does things on one host: preflight, copy files, start/stop/observe detached tasks.
+
+    Public methods are templates that validate, time and word errors; subclasses implement the
+    private hooks. Every failure is an :class:`~tfplan.errors.ExecutorError` whose one-line
+    message names the host and says what to do. Executors are thread-safe: ``run_on_hosts`` and
+    log streams use one executor from several threads.
+    """
+
+    kind = "abstract"
+
+    def __init__(self, target: HostTarget) -> None:
+        self.target = target
+
+    # ---- hooks -------------------------------------------------------------------------
+    @abstractmethod
+    def _run(self, script: str, stdin: bytes | None, timeout: float) -> CommandResult:
+        """Run a POSIX sh script on the host; never raises for a non-zero exit status."""
+
+    @abstractmethod
+    def _start(self, spec: LaunchSpec) -> Launched:
+        """Start the wrapped command detached (see ``_scripts.TASK_WRAPPER``)."""
+
+    @abstractmethod
+    def _open_stream(
+        self, script: str
+    ) -> tuple[Callable[[], bytes], Callable[[], None], Callable[[], None]]:
+        """Run a long script; return (read a chunk, b'' at EOF; close its stdin; force close)."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release connections."""
+
+    @property
+    @abstractmethod
+    def python(self) -> str:
+        """The interpreter used for preflight on this host."""
+
+    # ---- templates ---------------------------------------------------------------------
+    def run_script(
+        self, script: str, what: str, stdin: bytes | None = None, timeout: float = 60.0
+    ) -> CommandResult:
+        """Run a sh script on the host and insist on exit status 0.
+
+        Args:
+            script: POSIX sh code.
+            what: what it does, for the error message ("write /x/run.yaml").
+            stdin: bytes fed to its standard input.
+            timeout: seconds before giving up.
+
+        Returns:
+            The exit status and raw output.
+
+        Raises:
+            ExecutorError: the host is unreachable, or the script failed.
+        """
+        result = self._run(script, stdin, timeout)
+        if result.returncode != 0:
+            raise ExecutorError(f"host {self.target.name}: {what} failed: {result.err_line()}")
+        return result
+
+    def preflight(self, req: PreflightRequest) -> PreflightResult:
+        """Check the host can run tasks; failed checks (even unreachable) are data, not errors.
+
+        Checks: reachable, the host's python runs, TensorFlow is there (with ``req.tf_version``),
+        ``req.ports`` can be bound, ``req.writable_dirs`` are writable (created), and the marker
+        in ``req.shared_dir`` (compare hosts with :func:`~.preflight.check_shared_dir`).
+
+        Args:
+            req: the checks, the same for every host.
+
+        Returns:
+            The host's result; ``result.ok`` is False with reasons in ``result.problems``.
+        """
+        began = time.monotonic()
+        script = f"{_scripts.q(self.python)} -c {_scripts.q(PREFLIGHT_SNIPPET)} " + _scripts.q(
+            request_json(req)
+        )
+        try:
+            result = self._run(script, None, 120.0)
+        except ExecutorError as exc:
+            return PreflightResult(self.target.name, (str(exc),), elapsed_secs=_since(began))
+        elapsed = _since(began)
+        if result.returncode == 127:
+            why = f"{self.python} not found: install Python 3 or set the host's python"
+            return PreflightResult(self.target.name, (why,), elapsed_secs=elapsed)
+        try:
+            return parse_preflight_output(self.target.name, result.stdout.decode(), elapsed)
+        except (ValueError, KeyError) as exc:
+            why = f"preflight with {self.python} failed: {result.err_line()} ({exc})"
+            return PreflightResult(self.target.name, (why,), elapsed_secs=elapsed)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` atomically, creating parent folders.
+
+        Raises:
+            ExecutorError: the folder cannot be created or written.
+        """
+        self.run_script(_scripts.write_file_script(path), f"write {path}", stdin=data)
+
+    def put_tree(self, local_dir: Path, remote_dir: str) -> None:
+        """Make ``remote_dir`` hold exactly the files of the small folder ``local_dir``.
+
+        Sent as one gzipped tar over stdin (``__pycache__`` and ``*.pyc`` left out) and swapped
+        in with renames, so files deleted locally disappear remotely too.
+
+        Raises:
+            ExecutorError: ``remote_dir`` is not an absolute path below ``/``, or unpacking failed.
+        """
+        if not remote_dir.startswith("/") or remote_dir.rstrip("/").count("/") < 2:
+            raise ExecutorError(
+                f"host {self.target.name}: refusing to replace {remote_dir!r}: put_tree needs an "
+                "absolute folder at least two levels deep"
+            )
+        self.run_script(
+            _scripts.put_tree_script(remote_dir),
+            f"copy {local_dir} to {remote_dir}",
+            stdin=_tar_gz(Path(local_dir)),
+        )
+
+    def read_file(self, path: str, offset: int = 0, max_bytes: int = 16 << 20) -> tuple[bytes, int]:
+        """Read a file from byte ``offset``; return the bytes and the offset after them.
+
+        Raises:
+            ExecutorError: the file does not exist or cannot be read.
+        """
+        return self._read(path, offset, max_bytes, missing_ok=False)
+
+    def read_log(self, path: str, offset: int = 0, max_bytes: int = 1 << 20) -> tuple[bytes, int]:
+        """Like :meth:`read_file`, but a log that does not exist yet reads as empty."""
+        return self._read(path, offset, max_bytes, missing_ok=True)
+
+    def _read(self, path: str, offset: int, max_bytes: int, missing_ok: bool) -> tuple[bytes, int]:
+        result = self.run_script(
+            _scripts.read_script(path, offset, max_bytes, missing_ok), f"read {path}"
+        )
+        data = base64.b64decode(result.stdout)
+        return data, offset + len(data)
+
+    def start(self, spec: LaunchSpec) -> Launched:
+        """Start ``spec.command`` detached, in its own session and process group.
+
+        The environment is the host's plus ``spec.env``; cwd is ``spec.workdir`` (created);
+        stdout and stderr go to ``spec.log_path`` (truncated), stdin is /dev/null. The command
+        runs under a ``sh`` wrapper that records its exit status in ``<workdir>/exit_code``,
+        so ``status`` knows it although tfplan is not the parent. Returns in well under a second;
+        record the PID at once.
+
+        Raises:
+            ExecutorError: empty command, relative workdir, or the host could not start it.
+        """
+        if not spec.command:
+            raise ExecutorError(f"host {self.target.name}: task {spec.name} has an empty command")
+        if not spec.workdir.startswith("/") or not spec.log_path.startswith("/"):
+            raise ExecutorError(
+                f"host {self.target.name}: task {spec.name} needs an absolute workdir and log path"
+            )
+        return self._start(spec)
+
+    def stop(self, pid: int, pgid: int, grace_secs: float = 10.0) -> StopResult:
+        """SIGTERM the task's process group, SIGKILL it after ``grace_secs``, verify it is gone.
+
+        Never matches by name: only the group ``pgid`` is signalled. Zombies count as gone.
+
+        Raises:
+            ExecutorError: ``pgid`` is not a real group (<= 1), or the group survived SIGKILL.
+        """
+        if pgid <= 1 or pid <= 1:
+            raise ExecutorError(f"host {self.target.name}: refusing to signal pid {pid}/{pgid}")
+        began = time.monotonic()
+        result = self.run_script(
+            _scripts.stop_script(pgid, grace_secs),
+            f"stop process group {pgid}",
+            timeout=grace_secs + 30.0,
+        )
+        outcome = result.stdout.decode().strip()
+        if outcome not in ("none", "terminated", "killed"):
+            raise ExecutorError(
+                f"host {self.target.name}: process group {pgid} survived SIGKILL ({outcome}): "
+                "it is probably stuck in the kernel (D state); check the host"
+            )
+        return StopResult(pid, pgid, outcome, _since(began))
+
+    def status(
+        self, pids: Sequence[int], workdirs: Sequence[str | None] | None = None
+    ) -> dict[int, ProcessInfo]:
+        """Observe many tasks in one round trip.
+
+        Args:
+            pids: task PIDs (each the leader of its own group, as ``start`` made them).
+            workdirs: the tasks' workdirs, parallel to ``pids``, to read their exit codes.
+
+        Returns:
+            pid -> info. A missing or zombie leader is dead; a task with an exit code is ended.
+
+        Raises:
+            ExecutorError: the host is unreachable or ``ps`` failed.
+        """
+        pids = list(pids)
+        if not pids:
+            return {}
+        dirs = list(workdirs) if workdirs is not None else [None] * len(pids)
+        result = self.run_script(_scripts.status_script(pids, dirs), "read process status")
+        return _parse_status(pids, result.stdout.decode())
+
+    def stream_log(self, path: str, pid: int, on_line: Callable[[str], None]) -> LogStream:
+        """Follow a task's log from its start, line by line, until the task is dead.
+
+        Args:
+            path: the log file (may not exist yet).
+            pid: the task; the stream ends once it is gone and the log fully delivered.
+            on_line: called from the stream's thread with each whole line (no newline).
+
+        Returns:
+            The running stream; ``.stop()`` ends it early, ``.join()`` waits for its end.
+        """
+        read_chunk, end_input, force_close = self._open_stream(_scripts.stream_script(path, pid))
+        return LogStream(f"{self.target.name}:{path}", read_chunk, end_input, force_close, on_line)
+
+    def close(self) -> None:
+        """Release the connection; running tasks are not affected."""
+        self._close()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _since(began: float) -> float:
+    return time.monotonic() - began
+
+
+def _tar_gz(local_dir: Path) -> bytes:
+    if not local_dir.is_dir():
+        raise ExecutorError(f"{local_dir} is not a folder: nothing to copy")
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        return None if "__pycache__" in parts or info.name.endswith(".pyc") else info
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for child in sorted(local_dir.iterdir()):
+            tar.add(child, arcname=child.name, filter=keep)
+    return buffer.getvalue()
+
+
+def _parse_status(pids: list[int], text: str) -> dict[int, ProcessInfo]:
+    rows: dict[int, tuple[int, str, float, int]] = {}
+    groups: dict[int, list[tuple[str, float, int]]] = {}
+    exits: dict[int, int | None] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 6 and parts[0] == "P":
+            pid, pgid, stat, pcpu, rss = int(parts[1]), int(parts[2]), parts[3], parts[4], parts[5]
+            rows[pid] = (pgid, stat, float(pcpu), int(rss) * 1024)
+            groups.setdefault(pgid, []).append((stat, float(pcpu), int(rss) * 1024))
+        elif parts and parts[0] == "E" and len(parts) >= 2:
+            code = parts[2] if len(parts) > 2 else ""
+            exits[int(parts[1])] = int(code) if code.lstrip("-").isdigit() else None
+    infos: dict[int, ProcessInfo] = {}
+    for pid in pids:
+        exit_code = exits.get(pid)
+        row = rows.get(pid)
+        # A recycled PID would not lead its own group: treat it as our task gone missing.
+        if row is None or row[0] != pid:
+            infos[pid] = ProcessInfo(pid, False, "missing", None, None, exit_code)
+            continue
+        if row[1].startswith("Z"):
+            infos[pid] = ProcessInfo(pid, False, "zombie", None, None, exit_code)
+            continue
+        live = [p for p in groups.get(pid, []) if not p[0].startswith("Z")]
+        infos[pid] = ProcessInfo(
+            pid=pid,
+            alive=exit_code is None,
+            state=row[1],
+            cpu_percent=sum(p[1] for p in live),
+            rss_bytes=sum(p[2] for p in live),
+            exit_code=exit_code,
+        )
+    return infos

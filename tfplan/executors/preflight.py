@@ -1,0 +1,228 @@
+"""Preflight: the checks run on every host before any task starts, as data.
+
+One small Python snippet (:data:`PREFLIGHT_SNIPPET`) runs on each host, the same for the local
+and the SSH executor, and prints one JSON object. :meth:`Executor.preflight` turns it into a
+:class:`PreflightResult`; :func:`check_shared_dir` compares the results of several hosts, and
+:func:`raise_for_preflight` raises one :class:`~tfplan.errors.PreflightError` listing every
+host that failed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfplan.errors import PreflightError
+
+__all__ = [
+    "PREFLIGHT_SNIPPET",
+    "PreflightRequest",
+    "PreflightResult",
+    "check_shared_dir",
+    "parse_preflight_output",
+    "raise_for_preflight",
+]
+
+
+@dataclass(frozen=True)
+class PreflightRequest:
+    """What to check on each host. The same request goes to every host of a cluster."""
+
+    tf_version: str | None = None  # "2.21" matches 2.21.x; None: only check TF is installed
+    ports: tuple[int, ...] = ()  # must be free (a bind test on bind_address)
+    writable_dirs: tuple[str, ...] = ()  # created if missing, then a file is written and removed
+    shared_dir: str | None = None  # every host writes/reads the marker .tfplan-shared-<token>
+    marker_token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    bind_address: str = "0.0.0.0"
+    import_tensorflow: bool = False  # True: really import it (seconds); False: find it + version
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    """The outcome on one host. ``problems`` is empty when every check passed."""
+
+    host: str
+    problems: tuple[str, ...]
+    hostname: str | None = None
+    python_version: str | None = None
+    tf_version: str | None = None
+    shared_marker: str | None = None  # content of the marker file this host read back
+    elapsed_secs: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# Runs on the host with its own python (3.6+), argv[1] = the request as JSON. Prints one JSON
+# line. Keep it free of anything newer than Python 3.6 and of non-stdlib imports.
+PREFLIGHT_SNIPPET = r"""
+import json, os, platform, socket, sys, uuid
+req = json.loads(sys.argv[1])
+out = {"problems": [], "hostname": socket.gethostname(),
+       "python_version": platform.python_version(), "tf_version": None, "shared_marker": None}
+bad = out["problems"].append
+def tf_version():
+    if req["import_tensorflow"]:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        import tensorflow as tf
+        return tf.__version__
+    import importlib.util
+    if importlib.util.find_spec("tensorflow") is None:
+        raise ImportError("No module named 'tensorflow'")
+    try:
+        from importlib import metadata
+    except ImportError:
+        return "unknown"
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly"):
+        try:
+            return metadata.version(dist)
+        except Exception:
+            pass
+    return "unknown"
+try:
+    out["tf_version"] = tf_version()
+except Exception as exc:
+    bad("tensorflow is not importable with %s (%s): install it, or set the host's python"
+        % (sys.executable, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+want = req["tf_version"]
+have = out["tf_version"]
+if want and have and have != "unknown":
+    if have.split(".")[:len(want.split("."))] != want.split("."):
+        bad("tensorflow %s found, %s wanted: install tensorflow==%s on this host"
+            % (have, want, want))
+for port in req["ports"]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((req["bind_address"], port))
+    except OSError as exc:
+        bad("port %d is in use (%s): stop what holds it or change cluster.port_base"
+            % (port, exc.strerror))
+    finally:
+        s.close()
+for d in req["writable_dirs"]:
+    try:
+        if not os.path.isdir(d):
+            os.makedirs(d)
+        probe = os.path.join(d, ".tfplan-probe-%d" % os.getpid())
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        bad("%s is not writable (%s): fix its permissions or choose another folder"
+            % (d, exc.strerror))
+if req["shared_dir"]:
+    path = os.path.join(req["shared_dir"], ".tfplan-shared-" + req["marker_token"])
+    try:
+        if not os.path.isdir(req["shared_dir"]):
+            os.makedirs(req["shared_dir"])
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, ("%s %s" % (out["hostname"], uuid.uuid4().hex)).encode())
+            os.fsync(fd)
+            os.close(fd)
+        except OSError:
+            pass  # another host made it first: that is the point
+        with open(path) as f:
+            out["shared_marker"] = f.read()
+    except OSError as exc:
+        bad("shared dir %s is not usable (%s): mount it on every host"
+            % (req["shared_dir"], exc.strerror))
+print(json.dumps(out))
+"""
+
+
+def request_json(req: PreflightRequest) -> str:
+    """The request as the snippet's argv[1]."""
+    return json.dumps(
+        {
+            "tf_version": req.tf_version,
+            "ports": list(req.ports),
+            "writable_dirs": list(req.writable_dirs),
+            "shared_dir": req.shared_dir,
+            "marker_token": req.marker_token,
+            "bind_address": req.bind_address,
+            "import_tensorflow": req.import_tensorflow,
+        }
+    )
+
+
+def parse_preflight_output(host: str, stdout: str, elapsed_secs: float) -> PreflightResult:
+    """Turn the snippet's JSON line into a result.
+
+    Raises:
+        ValueError: the output holds no JSON object (the caller reports it as a problem).
+    """
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            data: dict[str, Any] = json.loads(line)
+            return PreflightResult(
+                host=host,
+                problems=tuple(data["problems"]),
+                hostname=data.get("hostname"),
+                python_version=data.get("python_version"),
+                tf_version=data.get("tf_version"),
+                shared_marker=data.get("shared_marker"),
+                elapsed_secs=elapsed_secs,
+            )
+    raise ValueError(f"no JSON in the preflight output: {stdout.strip()[-200:]!r}")
+
+
+def check_shared_dir(results: Mapping[str, PreflightResult]) -> dict[str, str]:
+    """Which hosts do not see the same marker in the shared dir as the others.
+
+    Every host's snippet creates the marker only if it is missing (O_EXCL) and reads it back,
+    so on a truly shared folder all hosts read the first writer's content. The majority content
+    is taken as the shared one; hosts that read another (or none) are returned.
+
+    Args:
+        results: host name -> its preflight result (made with one request).
+
+    Returns:
+        host name -> the reason, for each host that does not share the folder; empty when all do.
+    """
+    seen = {host: r.shared_marker for host, r in results.items() if r.shared_marker is not None}
+    if len(seen) < 2:
+        return {}
+    counts: dict[str, int] = {}
+    for marker in seen.values():
+        counts[marker] = counts.get(marker, 0) + 1
+    shared = max(sorted(counts), key=lambda m: counts[m])
+    writer = shared.split(" ", 1)[0]
+    return {
+        host: (
+            f"does not see the shared dir of the other hosts (its marker was written by "
+            f"{marker.split(' ', 1)[0]}, theirs by {writer}): mount the same folder on every host"
+        )
+        for host, marker in sorted(seen.items())
+        if marker != shared
+    }
+
+
+def raise_for_preflight(results: Mapping[str, PreflightResult | BaseException]) -> None:
+    """Raise one error listing every failed host, including shared-dir mismatches.
+
+    Args:
+        results: host name -> result, or the exception the host raised (see ``run_on_hosts``).
+
+    Raises:
+        PreflightError: any host failed any check; ``failures`` maps host -> reasons.
+    """
+    failures: dict[str, str] = {}
+    good: dict[str, PreflightResult] = {}
+    for host, result in results.items():
+        if isinstance(result, BaseException):
+            failures[host] = str(result)
+        elif result.problems:
+            failures[host] = "; ".join(result.problems)
+            good[host] = result
+        else:
+            good[host] = result
+    for host, why in check_shared_dir(good).items():
+        failures[host] = f"{failures[host]}; {why}" if host in failures else why
+    if failures:
+        raise PreflightError(failures)
