@@ -1,13 +1,15 @@
 """Pure: which host runs which task, on which port and devices.
 
 Deterministic: the same config and the same held ports always give the same placement.
-Parameter servers are spread first (one per host, round-robin), then the chief, the workers and
+Parameter servers are spread first (round-robin over the hosts; a full host passes its ps to
+the least used host with a free slot), then the chief, the workers and
 the evaluator each go to the host with the fewest tasks so far (ties to the earlier host), within
 each host's ``cpu_slots``. Workers on a host with GPUs take that host's next free GPU.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,16 +40,34 @@ class _Hosts:
         self.hosts = hosts
         self.used = [0] * len(hosts)
         self.next_gpu = [0] * len(hosts)
+        # (tasks so far, position) of every host with a free slot, so the least used host is
+        # found in O(log hosts), not by a scan of every host for every task (9,000 tasks on
+        # 1,000 hosts took 15 s that way). Entries go stale when a host takes a task; they are
+        # dropped when they reach the top. The list is sorted, hence already a heap.
+        self._free = [(0, i) for i, h in enumerate(hosts) if h.cpu_slots > 0]
 
-    def take(self, role: Role, index: int, host: int | None = None) -> Slot:
+    def _least_used(self) -> int | None:
+        while self._free:
+            used, i = self._free[0]
+            if used == self.used[i] and used < self.hosts[i].cpu_slots:
+                return i
+            heapq.heappop(self._free)
+        return None
+
+    def take(self, role: Role, index: int, host: int | None = None, fallback: bool = False) -> Slot:
+        """A slot on ``host``, or on the least used host with a free slot (ties to the earlier
+        host) when ``host`` is None, or when it is full and ``fallback`` is set."""
+        if host is not None and self.used[host] >= self.hosts[host].cpu_slots and fallback:
+            host = None
         if host is None:
-            free = [i for i, h in enumerate(self.hosts) if self.used[i] < h.cpu_slots]
-            if not free:
+            host = self._least_used()
+            if host is None:
                 raise self._full(role, index)
-            host = min(free, key=lambda i: (self.used[i], i))
         elif self.used[host] >= self.hosts[host].cpu_slots:
             raise self._full(role, index)
         self.used[host] += 1
+        if self.used[host] < self.hosts[host].cpu_slots:
+            heapq.heappush(self._free, (self.used[host], host))
         devices: tuple[str, ...] = ()
         if role in (Role.WORKER, Role.CHIEF) and self.next_gpu[host] < self.hosts[host].gpus:
             devices = (str(self.next_gpu[host]),)
@@ -71,7 +91,8 @@ def place(cluster: ClusterConfig) -> tuple[Slot, ...]:
     hosts = _Hosts(list(cluster.hosts))
     slots: list[Slot] = []
     for index in range(count_ps(cluster)):
-        slots.append(hosts.take(Role.PS, index, host=index % len(cluster.hosts)))
+        # round-robin over the hosts; a full host passes its ps on to the least used one
+        slots.append(hosts.take(Role.PS, index, host=index % len(cluster.hosts), fallback=True))
     if cluster.chief is ChiefMode.separate:
         slots.append(hosts.take(Role.CHIEF, 0))
     if cluster.workers == "per_gpu":

@@ -1,0 +1,245 @@
+"""Placement and port allocation (tfplan.placement): properties over many generated clusters."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from tfplan.config import ChiefMode, ClusterConfig, HostConfig
+from tfplan.errors import PlanError
+from tfplan.placement import Slot, allocate_ports, place
+from tfplan.plan import Role
+from tfplan.validate import count_ps, count_workers
+
+
+def _cluster(
+    slots: list[int],
+    gpus: list[int] | None = None,
+    *,
+    ps: int | str = 1,
+    workers: int | str = 2,
+    chief: ChiefMode = ChiefMode.worker0,
+    evaluator: bool = False,
+    port_offset: int = 0,
+    port_range: int = 100,
+) -> ClusterConfig:
+    gpus = gpus or [0] * len(slots)
+    hosts = [
+        HostConfig(address=f"10.0.0.{i + 1}", name=f"n{i}", cpu_slots=s, gpus=g)
+        for i, (s, g) in enumerate(zip(slots, gpus, strict=True))
+    ]
+    return ClusterConfig(
+        name="t", hosts=hosts, ps=ps, workers=workers, chief=chief, evaluator=evaluator,
+        port_offset=port_offset, port_range=port_range,
+    )
+
+
+def _random_clusters(count: int, seed: int = 7) -> list[ClusterConfig]:
+    """Clusters that fit: random hosts, slots, GPUs and roles (deterministic by seed)."""
+    rng = random.Random(seed)
+    clusters = []
+    while len(clusters) < count:
+        n = rng.randint(1, 6)
+        slots = [rng.randint(1, 8) for _ in range(n)]
+        gpus = [rng.choice([0, 0, 1, 2, 4]) for _ in range(n)]
+        ps: int | str = rng.choice(["per_host", rng.randint(1, 4)])
+        workers: int | str = rng.choice(["per_gpu", rng.randint(1, 8)])
+        chief = rng.choice(list(ChiefMode))
+        cluster = _cluster(slots, gpus, ps=ps, workers=workers, chief=chief,
+                           evaluator=rng.random() < 0.5, port_offset=rng.choice([0, 100, 1000]))
+        wanted = count_ps(cluster) + count_workers(cluster) + int(cluster.evaluator)
+        wanted += int(chief is ChiefMode.separate)
+        if count_workers(cluster) >= 1 and wanted <= sum(slots):
+            try:
+                place(cluster)
+            except PlanError:  # per_gpu workers pinned to a host with too few slots
+                continue
+            clusters.append(cluster)
+    return clusters
+
+
+CLUSTERS = _random_clusters(150)
+
+
+def _expected_names(cluster: ClusterConfig) -> list[str]:
+    names = [f"ps/{i}" for i in range(count_ps(cluster))]
+    if cluster.chief is ChiefMode.separate:
+        names.append("chief/0")
+    names += [f"worker/{i}" for i in range(count_workers(cluster))]
+    if cluster.evaluator:
+        names.append("evaluator/0")
+    return names
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS[:60])
+def test_every_task_placed_once_within_slots(cluster: ClusterConfig) -> None:
+    slots = place(cluster)
+    assert [f"{s.role.value}/{s.index}" for s in slots] == _expected_names(cluster)
+    per_host = Counter(s.host for s in slots)
+    for position, used in per_host.items():
+        assert used <= cluster.hosts[position].cpu_slots
+
+
+def test_properties_hold_for_every_generated_cluster() -> None:
+    for cluster in CLUSTERS:
+        slots = place(cluster)
+        assert place(cluster) == slots  # deterministic
+        ports = allocate_ports(cluster, slots, preferred={}, held={})
+        # every networked task has a port; none clash on a host; all inside the host's range
+        networked = [s for s in slots if s.role is not Role.EVALUATOR]
+        assert set(ports) == {(s.role, s.index) for s in networked}
+        endpoints = [(s.host, ports[(s.role, s.index)]) for s in networked]
+        assert len(set(endpoints)) == len(endpoints)
+        start = cluster.port_base + cluster.port_offset
+        assert all(start <= port < start + cluster.port_range for _, port in endpoints)
+        # GPUs: a device at most once per host, never beyond the host's count, only for trainers
+        for position, host in enumerate(cluster.hosts):
+            devices = [d for s in slots if s.host == position for d in s.devices]
+            assert len(devices) == len(set(devices))
+            assert all(int(d) < host.gpus for d in devices)
+        assert all(not s.devices for s in slots if s.role in (Role.PS, Role.EVALUATOR))
+        # per_gpu: every worker sits on a host with a GPU and, with chief=worker0, owns one
+        if cluster.workers == "per_gpu" and cluster.chief is ChiefMode.worker0:
+            assert all(len(s.devices) == 1 for s in slots if s.role is Role.WORKER)
+
+
+def test_ps_spread_round_robin_over_hosts() -> None:
+    slots = place(_cluster([4, 4, 4], ps=5, workers=3))
+    assert [s.host for s in slots if s.role is Role.PS] == [0, 1, 2, 0, 1]
+    per_host = place(_cluster([2, 2, 2, 2], ps="per_host", workers=4))
+    assert sorted(s.host for s in per_host if s.role is Role.PS) == [0, 1, 2, 3]
+
+
+def test_workers_go_to_the_least_used_host_ties_to_the_earlier() -> None:
+    slots = place(_cluster([4, 4, 4], ps=1, workers=5, evaluator=True))
+    hosts = {f"{s.role.value}/{s.index}": s.host for s in slots}
+    # after ps/0 on n0: n1, n2 are emptier; then round by load
+    assert [hosts[f"worker/{i}"] for i in range(5)] == [1, 2, 0, 1, 2]
+    assert hosts["evaluator/0"] == 0
+
+
+def test_a_full_host_passes_its_ps_on() -> None:
+    # 3 ps + 2 workers = 5 tasks in 5 slots; round-robin alone would put ps/2 on the full n0
+    slots = place(_cluster([1, 4], ps=3, workers=2))
+    assert [(s.role, s.host) for s in slots] == [
+        (Role.PS, 0), (Role.PS, 1), (Role.PS, 1), (Role.WORKER, 1), (Role.WORKER, 1),
+    ]
+
+
+def test_too_many_tasks_for_the_slots_is_refused() -> None:
+    with pytest.raises(PlanError, match=r"cluster.hosts: no free slot for worker/5.*6 cpu_slots"):
+        place(_cluster([3, 3], ps=1, workers=6))
+
+
+def test_per_gpu_worker_on_a_full_host_is_refused() -> None:
+    # per_gpu pins each worker to its GPU's host; 1 ps + 4 workers do not fit in 4 slots
+    with pytest.raises(PlanError, match="no free slot"):
+        place(_cluster([4], [4], ps=1, workers="per_gpu"))
+
+
+def _reference_place(cluster: ClusterConfig) -> tuple[Slot, ...]:
+    """The original O(hosts)-scan placement, kept to prove the heap changes nothing."""
+    used = [0] * len(cluster.hosts)
+    next_gpu = [0] * len(cluster.hosts)
+
+    def take(role: Role, index: int, host: int | None = None) -> Slot:
+        if host is None:
+            free = [i for i, h in enumerate(cluster.hosts) if used[i] < h.cpu_slots]
+            host = min(free, key=lambda i: (used[i], i))
+        used[host] += 1
+        devices: tuple[str, ...] = ()
+        if role in (Role.WORKER, Role.CHIEF) and next_gpu[host] < cluster.hosts[host].gpus:
+            devices = (str(next_gpu[host]),)
+            next_gpu[host] += 1
+        return Slot(role, index, host, devices)
+
+    slots = [take(Role.PS, i, i % len(cluster.hosts)) for i in range(count_ps(cluster))]
+    if cluster.chief is ChiefMode.separate:
+        slots.append(take(Role.CHIEF, 0))
+    if cluster.workers == "per_gpu":
+        index = 0
+        for position, host in enumerate(cluster.hosts):
+            for _ in range(host.gpus):
+                slots.append(take(Role.WORKER, index, position))
+                index += 1
+    else:
+        slots += [take(Role.WORKER, i) for i in range(count_workers(cluster))]
+    if cluster.evaluator:
+        slots.append(take(Role.EVALUATOR, 0))
+    return tuple(slots)
+
+
+def test_heap_placement_is_identical_to_the_scan() -> None:
+    rng = random.Random(3)
+    checked = 0
+    for cluster in CLUSTERS:
+        # the reference has no ps fallback: compare where round-robin ps fit
+        ps_hosts = Counter(i % len(cluster.hosts) for i in range(count_ps(cluster)))
+        if all(n <= cluster.hosts[h].cpu_slots for h, n in ps_hosts.items()):
+            assert place(cluster) == _reference_place(cluster)
+            checked += 1
+    for _ in range(30):  # bigger, uneven clusters with counted workers
+        slots = [rng.randint(1, 12) for _ in range(rng.randint(20, 60))]
+        cluster = _cluster(slots, ps="per_host", workers=sum(slots) - len(slots) - 1,
+                           evaluator=True, chief=rng.choice(list(ChiefMode)))
+        if cluster.chief is ChiefMode.separate:
+            cluster.workers = int(cluster.workers) - 1
+        assert place(cluster) == _reference_place(cluster)
+        checked += 1
+    assert checked > 100
+
+
+def test_port_offset_shifts_every_port_so_two_clusters_share_hosts() -> None:
+    a = _cluster([8, 8], ps=2, workers=4)
+    b = _cluster([8, 8], ps=2, workers=4, port_offset=100)
+    ports_a = allocate_ports(a, place(a), {}, {})
+    ports_b = allocate_ports(b, place(b), {}, {})
+    assert {k: v + 100 for k, v in ports_a.items()} == ports_b
+    used_a = {(s.host, ports_a[(s.role, s.index)]) for s in place(a)}
+    used_b = {(s.host, ports_b[(s.role, s.index)]) for s in place(b)}
+    assert not used_a & used_b
+    assert min(ports_a.values()) == 2222 and min(ports_b.values()) == 2322
+
+
+def test_per_host_port_base_overrides_the_cluster_one() -> None:
+    cluster = _cluster([4, 4], ps="per_host", workers=2, port_offset=10)
+    cluster.hosts[1].port_base = 5000
+    slots = place(cluster)
+    ports = allocate_ports(cluster, slots, {}, {})
+    assert ports[(Role.PS, 0)] == 2232 and ports[(Role.PS, 1)] == 5010
+
+
+def test_preferred_ports_are_kept_and_held_ports_avoided() -> None:
+    cluster = _cluster([8], ps=1, workers=3)
+    slots = place(cluster)
+    fresh = allocate_ports(cluster, slots, {}, {})
+    assert sorted(fresh.values()) == [2222, 2223, 2224, 2225]
+    # worker/1 already runs on 2230 and keeps it; 2222 is held by a task being destroyed
+    ports = allocate_ports(cluster, slots, preferred={("worker/1", 0): 2230}, held={0: frozenset({2222})})
+    assert ports[(Role.WORKER, 1)] == 2230
+    assert 2222 not in ports.values()
+    assert sorted(ports.values()) == [2223, 2224, 2225, 2230]
+    # a preferred port that is held, or out of range, or on another host, is not kept
+    held = allocate_ports(cluster, slots, {("worker/1", 0): 2230}, {0: frozenset({2230})})
+    assert held[(Role.WORKER, 1)] != 2230
+    out = allocate_ports(cluster, slots, {("worker/1", 0): 9999}, {})
+    assert out == fresh
+    moved = allocate_ports(cluster, slots, {("worker/1", 1): 2230}, {})
+    assert moved == fresh
+
+
+def test_port_range_too_small_is_refused() -> None:
+    cluster = _cluster([8], ps=1, workers=4, port_range=3)
+    with pytest.raises(PlanError, match=r"cluster.port_range: host n0 has no free port in 2222-2224"):
+        allocate_ports(cluster, place(cluster), {}, {})
+
+
+def test_evaluator_gets_no_port_and_no_gpu() -> None:
+    cluster = _cluster([4, 4], [2, 2], ps=1, workers="per_gpu", evaluator=True)
+    slots = place(cluster)
+    ports = allocate_ports(cluster, slots, {}, {})
+    evaluator = [s for s in slots if s.role is Role.EVALUATOR]
+    assert len(evaluator) == 1 and evaluator[0].devices == ()
+    assert (Role.EVALUATOR, 0) not in ports
