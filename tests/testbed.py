@@ -205,14 +205,13 @@ class NetnsTestbed:
     tmpfs (a host that forgot to mount the shared disk).
     """
 
-    def __init__(self, tmp: Path, count: int = 3) -> None:
-        pid = os.getpid()
+    def __init__(self, tmp: Path, count: int = 3, tag: str = "") -> None:
+        prefix = f"tfp{os.getpid()}{tag}"  # unique per run; at most 15 chars per interface name
         self.tmp = tmp
-        self.suffix = f"{pid}"
-        self.bridge = f"tfp{pid}br"
-        self.namespaces = [f"tfp{pid}n{i}" for i in range(1, count + 1)]
-        self.veths = [f"tfp{pid}v{i}" for i in range(1, count + 1)]
-        self.subnet = _free_subnet(pid % 250)
+        self.bridge = f"{prefix}br"
+        self.namespaces = [f"{prefix}n{i}" for i in range(1, count + 1)]
+        self.veths = [f"{prefix}v{i}" for i in range(1, count + 1)]
+        self.subnet = _free_subnet(os.getpid() % 250)
         self.addresses = [f"10.77.{self.subnet}.1{i}" for i in range(1, count + 1)]
         self.shared_dir = tmp / "shared"
         self.unshared_dir = tmp / "nfs"

@@ -169,14 +169,21 @@ def put_tree_script(remote_dir: str) -> str:
 
 
 def read_script(path: str, offset: int, max_bytes: int, missing_ok: bool) -> str:
-    """Print up to ``max_bytes`` of ``path`` from byte ``offset``, base64 encoded.
+    """Print the start offset, then up to ``max_bytes`` of ``path`` from it, base64 encoded.
 
-    Exit status 3 when the file does not exist (unless ``missing_ok``).
+    A negative ``offset`` counts from the end of the file (``-4096``: the last 4 KiB). A missing
+    file exits with status 3, unless ``missing_ok`` (then it reads as empty).
     """
-    missing = "exit 0" if missing_ok else "echo 'no such file' >&2; exit 3"
+    first = "0" if offset < 0 else str(offset)
+    missing = f"echo {first}; exit 0" if missing_ok else "echo 'no such file' >&2; exit 3"
+    if offset < 0:
+        n = -offset
+        start = f"size=$(wc -c < {q(path)}) || exit 1; start=$((size > {n} ? size - {n} : 0))"
+    else:
+        start = f"start={offset}"
     return (
-        f"[ -e {q(path)} ] || {{ {missing}; }}; "
-        f"tail -c +{offset + 1} {q(path)} | head -c {max_bytes} | base64"
+        f"[ -e {q(path)} ] || {{ {missing}; }}; {start}; echo $start; "
+        f"tail -c +$((start + 1)) {q(path)} | head -c {max_bytes} | base64"
     )
 
 

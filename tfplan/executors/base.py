@@ -300,12 +300,20 @@ class Executor(ABC):
     def read_file(self, path: str, offset: int = 0, max_bytes: int = 16 << 20) -> tuple[bytes, int]:
         """Read a file from byte ``offset``; return the bytes and the offset after them.
 
+        Args:
+            path: the file on the host.
+            offset: where to start; negative counts from the end (``-4096``: the last 4 KiB).
+            max_bytes: read at most this much (call again from the returned offset for more).
+
+        Returns:
+            (data, offset of the byte after ``data``) - pass it back to read on.
+
         Raises:
             ExecutorError: the file does not exist or cannot be read.
         """
         return self._read(path, offset, max_bytes, missing_ok=False)
 
-    def read_log(self, path: str, offset: int = 0, max_bytes: int = 1 << 20) -> tuple[bytes, int]:
+    def read_log(self, path: str, offset: int = 0, max_bytes: int = 16 << 20) -> tuple[bytes, int]:
         """Like :meth:`read_file`, but a log that does not exist yet reads as empty."""
         return self._read(path, offset, max_bytes, missing_ok=True)
 
@@ -313,8 +321,10 @@ class Executor(ABC):
         result = self.run_script(
             _scripts.read_script(path, offset, max_bytes, missing_ok), f"read {path}"
         )
-        data = base64.b64decode(result.stdout)
-        return data, offset + len(data)
+        first, _, encoded = result.stdout.partition(b"\n")
+        data = base64.b64decode(encoded)
+        start = int(first)
+        return data, start + len(data)
 
     def start(self, spec: LaunchSpec) -> Launched:
         """Start ``spec.command`` detached, in its own session and process group.
