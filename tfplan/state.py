@@ -138,7 +138,7 @@ def check_plan_is_current(
         )
     if plan_lineage is None and current_lineage is not None and current_serial > 0:
         raise StaleStateError(
-            "the saved plan was made before any state existed, but tasks have been applied "
+            "the saved plan is stale: it was made before any state existed, but tasks have been applied "
             "since: run `tfplan plan` again"
         )
     if plan_serial != current_serial:

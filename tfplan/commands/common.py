@@ -20,7 +20,9 @@ __all__ = ["console", "err_console", "plan_context", "make_plan", "tf_version", 
 
 
 def console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    """stdout; when piped, wide enough that tables do not fold (scripts grep them)."""
+    width = None if sys.stdout.isatty() else 200
+    return Console(highlight=False, soft_wrap=True, width=width)
 
 
 def err_console() -> Console:

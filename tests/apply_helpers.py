@@ -1,0 +1,135 @@
+"""Helpers for the apply tests: run the real `tfplan` CLI in a folder, read its state, check PIDs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+
+# A stand-in for a training program: any command honouring TF_CONFIG can be launched. Roles:
+# ps serves until killed; the chief prints steps then exits with CHIEF_EXIT; workers exit 0
+# after WORKER_SECS, or WORKER_EXIT.
+FAKE_TASK = r"""
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+role, index = task["type"], task["index"]
+args = dict(a.split("=", 1) for a in sys.argv[1:])
+print(f"{role}/{index} up, cluster of {len(json.loads(os.environ['TF_CONFIG'])['cluster'])} jobs",
+      flush=True)
+if role == "ps":
+    while True:
+        time.sleep(0.2)
+chief = role == "chief" or (role == "worker" and index == 0 and "chief" not in
+                            json.loads(os.environ["TF_CONFIG"])["cluster"])
+if chief:
+    for step in range(1, int(args.get("steps", "3")) + 1):
+        print(f"step={step} loss={1.0 / step:.3f}", flush=True)
+        time.sleep(float(args.get("step_secs", "0.1")))
+    sys.exit(int(args.get("chief_exit", "0")))
+time.sleep(float(args.get("worker_secs", "0.5")))
+sys.exit(int(args.get("worker_exit", "0")))
+"""
+
+
+def free_port_base(count: int = 8) -> int:
+    """A base port with ``count`` free ports after it on loopback."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count >= 65000:
+            continue
+        if all(_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def tfplan(cwd: Path, *args: str, timeout: float = 240, check: bool = False,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI as a user would, in ``cwd``."""
+    full_env = {**os.environ, "TFPLAN_CONF": str(CONF), **(env or {})}
+    full_env.pop("TFPLAN_DEBUG", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfplan", *args], cwd=cwd, env=full_env, text=True,
+        capture_output=True, timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tfplan {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def base_overrides(tmp: Path, port_base: int, experiment: str = "t") -> list[str]:
+    return [
+        f"experiment.id={experiment}",
+        f"cluster.port_base={port_base}",
+        "cluster.port_range=20",
+        f"cluster.workdir={tmp}/work",
+        f"cluster.output_dir={tmp}/out",
+        "lifecycle.ps_grace_secs=1",
+        "lifecycle.stop_grace_secs=2",
+    ]
+
+
+def fake_overrides(tmp: Path, **args: str) -> list[str]:
+    script = tmp / "fake_task.py"
+    script.write_text(FAKE_TASK)
+    extra = " ".join(f"{k}={v}" for k, v in args.items())
+    return ["recipe=command", f"recipe.command='{sys.executable} {script} {extra}'".rstrip()]
+
+
+def state_of(cwd: Path, experiment: str = "t") -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((cwd / ".tfplan" / experiment / "state.json").read_text())
+    return data
+
+
+def alive(pid: int) -> bool:
+    """True when the process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def kill_groups(pgids: list[int]) -> None:
+    """Last-resort cleanup by process group (never by name)."""
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def recorded_groups(cwd: Path) -> list[int]:
+    groups: list[int] = []
+    for path in (cwd / ".tfplan").glob("*/state.json"):
+        for task in json.loads(path.read_text())["tasks"]:
+            groups.append(int(task["pgid"]))
+    return groups

@@ -1,0 +1,211 @@
+"""`tfplan apply` end to end through the real CLI: real processes on loopback, really stopped.
+
+Lifecycle cases use a tiny TF_CONFIG program (recipe=command: the bring-your-own-script path),
+so they take a second; one test runs the built-in TensorFlow recipe to its last step.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apply_helpers import (
+    CONF,
+    alive,
+    base_overrides,
+    fake_overrides,
+    free_port_base,
+    kill_groups,
+    recorded_groups,
+    state_of,
+    tfplan,
+    wait_until,
+)
+
+from tfplan.state import StateStore
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    """A user's folder; whatever the test leaves running is killed by recorded process group."""
+    yield tmp_path
+    kill_groups(recorded_groups(tmp_path))
+
+
+def _pids(state: dict[str, object]) -> list[int]:
+    return [int(t["pid"]) for t in state["tasks"]]  # type: ignore[index, union-attr]
+
+
+@pytest.mark.cluster
+def test_apply_trains_builtin_recipe_to_the_last_step_and_leaves_nothing(ws: Path) -> None:
+    port = free_port_base()
+    overrides = [*base_overrides(ws, port), "trainer.max_steps=120", "trainer.log_steps=40",
+                 "trainer.checkpoint_steps=60"]
+    planned = tfplan(ws, "plan", *overrides, check=True)
+    assert "Plan: 3 to add, 0 to change, 0 to destroy." in planned.stdout
+    applied = tfplan(ws, "apply", check=True)  # the saved plan, exactly
+    out = applied.stdout
+    assert "Apply complete! Tasks: 3 started" in out
+    assert "Training complete" in out
+    assert "worker/0     | step=" in out  # prefixed, streamed log lines
+    result = json.loads((ws / "out" / "result.json").read_text())
+    assert result["global_step"] >= 120
+    assert 0.0 < result["accuracy"] <= 1.0
+    state = state_of(ws)
+    statuses = {t["name"]: t["status"] for t in state["tasks"]}
+    assert statuses["worker/0"] == "succeeded"
+    assert statuses["ps/0"] in ("succeeded", "stopped")
+    assert not [pid for pid in _pids(state) if alive(pid)]
+    # The saved plan was used up: applying it again is refused as stale.
+    again = tfplan(ws, "apply")
+    assert again.returncode == 1
+    assert "stale" in again.stderr and again.stderr.count("\n") == 1
+
+
+def test_chief_success_stops_the_ps_that_never_exits(ws: Path) -> None:
+    port = free_port_base()
+    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port),
+                  *fake_overrides(ws, steps="3"), check=True)
+    assert "worker/0 succeeded (exit code 0)" in proc.stdout
+    assert "stopping ps/0, which did not exit by themselves" in proc.stdout
+    state = state_of(ws)
+    assert {t["name"]: t["status"] for t in state["tasks"]}["ps/0"] == "stopped"
+    assert not [pid for pid in _pids(state) if alive(pid)]
+
+
+def test_chief_failure_tears_everything_down(ws: Path) -> None:
+    port = free_port_base()
+    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port),
+                  *fake_overrides(ws, chief_exit="3", worker_secs="60"))
+    assert proc.returncode == 1
+    assert "worker/0 failed: tearing down the cluster" in proc.stdout
+    assert proc.stderr.startswith("error: training failed: worker/0 failed (exit code 3)")
+    state = state_of(ws)
+    statuses = {t["name"]: t["status"] for t in state["tasks"]}
+    assert statuses == {"ps/0": "stopped", "worker/0": "failed", "worker/1": "stopped"}
+    assert not [pid for pid in _pids(state) if alive(pid)]
+
+
+def test_failed_worker_is_reported_and_training_goes_on(ws: Path) -> None:
+    port = free_port_base()
+    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port),
+                  *fake_overrides(ws, steps="15", worker_exit="1", worker_secs="0.2"), check=True)
+    assert "worker/1 failed (exit code 1); the other workers go on" in proc.stdout
+    assert "Training complete" in proc.stdout
+    assert "step=15" in proc.stdout
+
+
+def test_detach_status_logs_destroy(ws: Path) -> None:
+    port = free_port_base()
+    overrides = [*base_overrides(ws, port), *fake_overrides(ws, steps="600", step_secs="0.1",
+                                                            worker_secs="120")]
+    tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
+    pids = _pids(state_of(ws))
+    assert len(pids) == 3 and all(alive(p) for p in pids)
+    wait_until(lambda: "step=" in (ws / "work" / "worker-0" / "task.log").read_text(), 30, "a step")
+    status = tfplan(ws, "status", check=True)
+    for name in ("ps/0", "worker/0", "worker/1"):
+        assert name in status.stdout
+    assert "running" in status.stdout
+    logs = tfplan(ws, "logs", "worker/0", check=True)
+    assert "worker/0" in logs.stdout and "step=" in logs.stdout
+    missing = tfplan(ws, "logs", "worker/9")
+    assert missing.returncode == 1 and "choose one of" in missing.stderr
+    # Re-planning with the same config while it runs: nothing to do.
+    replan = tfplan(ws, "plan", "--detailed-exitcode", *overrides)
+    assert replan.returncode == 0, replan.stdout + replan.stderr
+    assert "No changes." in replan.stdout
+    destroyed = tfplan(ws, "destroy", check=True)
+    assert "Destroy complete! 3 task(s) stopped" in destroyed.stdout
+    assert not [p for p in pids if alive(p)]
+    assert state_of(ws)["tasks"] == []
+
+
+def test_dead_task_is_planned_for_replacement_and_replaced(ws: Path) -> None:
+    port = free_port_base()
+    overrides = [*base_overrides(ws, port), *fake_overrides(ws, steps="600", worker_secs="120")]
+    tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
+    state = state_of(ws)
+    worker1 = next(t for t in state["tasks"] if t["name"] == "worker/1")
+    os.killpg(worker1["pgid"], signal.SIGKILL)
+    wait_until(lambda: not alive(worker1["pid"]), 10, "worker/1 to die")
+    replan = tfplan(ws, "plan", "--detailed-exitcode", *overrides)
+    assert replan.returncode == 2
+    assert "# worker/1 must be replaced" in replan.stdout
+    assert "the process is not running" in replan.stdout
+    assert "Plan: 1 to add, 0 to change, 1 to destroy." in replan.stdout
+    tfplan(ws, "apply", "--detach", check=True)
+    new = next(t for t in state_of(ws)["tasks"] if t["name"] == "worker/1")
+    assert new["pid"] != worker1["pid"] and alive(new["pid"])
+    tfplan(ws, "destroy", check=True)
+
+
+def test_port_taken_fails_preflight_and_starts_nothing(ws: Path) -> None:
+    port = free_port_base()
+    blocker = socket.socket()
+    blocker.bind(("0.0.0.0", port + 1))
+    blocker.listen()
+    try:
+        proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port), *fake_overrides(ws))
+    finally:
+        blocker.close()
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1
+    assert "preflight failed" in proc.stderr and str(port + 1) in proc.stderr
+    state_file = ws / ".tfplan" / "t" / "state.json"
+    assert not state_file.exists() or json.loads(state_file.read_text())["tasks"] == []
+
+
+def test_second_apply_is_refused_while_one_holds_the_lock(ws: Path) -> None:
+    port = free_port_base()
+    with StateStore(ws / ".tfplan" / "t").lock("apply"):
+        proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port), *fake_overrides(ws))
+    assert proc.returncode == 1
+    assert "is locked by tfplan apply" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_failed_start_stops_what_was_started(ws: Path) -> None:
+    port = free_port_base()
+    # worker/1's workdir cannot be created (a file is in the way of its parent): ps/0 and
+    # worker/0 start, worker/1 fails, and the apply must stop the two it started.
+    (ws / "work").mkdir()
+    (ws / "work" / "worker-1").write_text("not a folder")
+    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port), *fake_overrides(ws))
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1
+    state_file = ws / ".tfplan" / "t" / "state.json"
+    tasks = json.loads(state_file.read_text())["tasks"] if state_file.exists() else []
+    assert tasks == []
+    assert "worker-1" in proc.stderr or "worker/1" in proc.stderr
+
+
+def test_ctrl_c_stops_every_task_and_keeps_state_consistent(ws: Path) -> None:
+    port = free_port_base()
+    env = {**os.environ, "TFPLAN_CONF": str(CONF)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfplan", "apply", "--auto-approve", *base_overrides(ws, port),
+         *fake_overrides(ws, steps="600", worker_secs="120")],
+        cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "step=2" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    state = state_of(ws)
+    assert {t["status"] for t in state["tasks"]} == {"stopped"}
+    assert not [pid for pid in _pids(state) if alive(pid)]
