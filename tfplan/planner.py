@@ -65,7 +65,7 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext) -> Plan:
     hosts = tuple(_host_spec(cfg, h, ctx) for h in cluster.hosts)
     live = _live_tasks(state, cfg.experiment.id)
     preferred = {(t.name, _host_position(cluster.hosts, t.host)): t.port for t in live if t.port}
-    ports = allocate_ports(cluster, slots, preferred, held={})
+    ports = allocate_ports(cluster, slots, preferred, held=_held_ports(slots, live, cluster.hosts))
     cluster_spec = _cluster_spec(slots, ports, hosts)
     output_dir = _absolute(cluster.output_dir, ctx.cwd)
     workdir = _absolute(cluster.workdir, ctx.cwd)
@@ -76,8 +76,9 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext) -> Plan:
         "ps_grace_secs": str(cfg.lifecycle.ps_grace_secs),
         "stop_grace_secs": str(cfg.lifecycle.stop_grace_secs),
     }
+    tf_configs = _TfConfigs(cluster_spec)
     tasks = tuple(
-        _task(cfg, slot, hosts[slot.host], ports.get((slot.role, slot.index)), cluster_spec,
+        _task(cfg, slot, hosts[slot.host], ports.get((slot.role, slot.index)), tf_configs,
               workdir, output_dir, config_digest, settings)
         for slot in slots
     )
@@ -123,6 +124,39 @@ def _live_tasks(state: State | None, experiment_id: str) -> tuple[TaskState, ...
     if state is None:
         return ()
     return tuple(t for t in state.tasks if t.status == "running")
+
+
+def _held_ports(
+    slots: tuple[Slot, ...], live: tuple[TaskState, ...], hosts: list[HostConfig]
+) -> dict[int, frozenset[int]]:
+    """Ports of running tasks that no desired task keeps (destroyed, or moving to another host):
+    they stay bound until apply stops those tasks, so no new task may be given them."""
+    desired = {(f"{s.role.value}/{s.index}", s.host) for s in slots}
+    held: dict[int, set[int]] = {}
+    for task in live:
+        position = _host_position(hosts, task.host)
+        if task.port and position >= 0 and (task.name, position) not in desired:
+            held.setdefault(position, set()).add(task.port)
+    return {position: frozenset(ports) for position, ports in held.items()}
+
+
+class _TfConfigs:
+    """Every task's TF_CONFIG (exactly :func:`tf_config_json`'s text) and a digest of it.
+
+    Each TF_CONFIG lists the whole cluster, so encoding and hashing it afresh for every task
+    made planning quadratic (9,000 tasks: minutes). The cluster part is encoded and hashed once;
+    each task splices in its own small ``task`` part (keys sort "cluster" before "task").
+    """
+
+    def __init__(self, cluster_spec: dict[str, list[str]]) -> None:
+        cluster = tf_config_json(cluster_spec, "", 0)
+        self._head = cluster[: cluster.rindex(',"task":')]
+        self.cluster_digest = _digest(self._head)
+
+    def text(self, task_type: str, task_index: int) -> str:
+        task = json.dumps({"index": task_index, "type": task_type}, sort_keys=True,
+                          separators=(",", ":"))
+        return f'{self._head},"task":{task}}}'
 
 
 def _host_position(hosts: list[HostConfig], name: str) -> int:
@@ -179,7 +213,7 @@ def _task(
     slot: Slot,
     host: HostSpec,
     port: int | None,
-    cluster_spec: dict[str, list[str]],
+    tf_configs: _TfConfigs,
     workdir: str,
     output_dir: str,
     config_digest: str,
@@ -187,7 +221,7 @@ def _task(
 ) -> Task:
     task_dir = posixpath.join(workdir, f"{slot.role.value}-{slot.index}")
     run_yaml = posixpath.join(task_dir, "run.yaml")
-    tf_config = tf_config_json(cluster_spec, slot.role.value, slot.index)
+    tf_config = tf_configs.text(slot.role.value, slot.index)
     if cfg.recipe.kind == "command":
         command = tuple(shlex.split(cfg.recipe.command or ""))
     else:
@@ -210,7 +244,9 @@ def _task(
         "port": port,
         "devices": list(slot.devices),
         "command": list(command),
-        "env": env,
+        # TF_CONFIG is determined by the cluster spec and the task's own type and index
+        # (TFPLAN_TASK), so its digest stands for its text
+        "env": {**env, "TF_CONFIG": tf_configs.cluster_digest},
         "config_digest": config_digest,
     }
     return Task(

@@ -1,0 +1,268 @@
+"""The pure planner (tfplan.planner.plan): every shipped config, TF_CONFIG, sharding, diff vs state."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from tfplan.compose import compose_config, to_config
+from tfplan.config import Config
+from tfplan.plan import Action, Plan, Role, Task, VariableSpec
+from tfplan.planner import PlanContext, plan
+from tfplan.sharding import greedy_bytes, model_variables, round_robin
+from tfplan.state import State, TaskState
+from tfplan.tf_config import tf_config_json
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+CLUSTERS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
+ALGOS = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
+CTX = PlanContext(cwd="/home/user/project", local_python="/usr/bin/python3", tf_version="2.21.0")
+
+
+@lru_cache(maxsize=None)
+def _composed(overrides: tuple[str, ...]) -> Config:
+    return to_config(compose_config(list(overrides), CONF))
+
+
+def config(*overrides: str) -> Config:
+    """A fresh typed config (composition is cached: Hydra takes ~0.5 s per compose)."""
+    return copy.deepcopy(_composed(tuple(overrides)))
+
+
+def state_from(p: Plan, status: str = "running", serial: int = 3) -> State:
+    """A state in which every task of ``p`` runs exactly as planned."""
+    tasks = tuple(
+        TaskState(
+            name=t.name, role=t.role.value, index=t.index, host=t.host, address=t.address,
+            port=t.port, pid=1000 + i, pgid=1000 + i, log_path=t.log_path, workdir=t.workdir,
+            fingerprint=t.fingerprint, started_at=0.0, status=status, settings=dict(t.settings),
+            spec=t.to_dict(),
+        )
+        for i, t in enumerate(p.tasks)
+    )
+    return State(lineage="lineage-1", serial=serial, experiment_id=p.experiment_id,
+                 cluster_name=p.cluster_name, output_dir=p.output_dir, tasks=tasks)
+
+
+def test_conf_holds_the_expected_options() -> None:
+    assert CLUSTERS == ["3node", "gpu2x4", "local", "local_chief"]
+    assert ALGOS == ["downpour", "hogwild", "sync"]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("cluster", CLUSTERS)
+def test_every_cluster_and_algo_composes_and_plans(cluster: str, algo: str) -> None:
+    cfg = config(f"cluster={cluster}", f"algo={algo}")
+    p = plan(cfg, None, CTX)
+    assert p.cluster_name == cluster and p.run_config["algo"]["name"] == algo
+    assert p.has_changes and all(c.action is Action.CREATE for c in p.changes)
+    assert [c.task for c in p.changes] == [t.name for t in p.tasks]
+    roles = [t.role for t in p.tasks]
+    assert roles == sorted(roles, key=[Role.PS, Role.CHIEF, Role.WORKER, Role.EVALUATOR].index)
+    # exactly one chief, by the cluster's convention
+    chiefs = [t.name for t in p.tasks if t.is_chief]
+    assert chiefs == (["chief/0"] if cfg.cluster.chief.value == "separate" else ["worker/0"])
+    # the cluster spec lists every task but the evaluator, each address once
+    spec_tasks = {f"{job}/{i}": a for job, addrs in p.cluster_spec.items() for i, a in enumerate(addrs)}
+    assert set(spec_tasks) == {t.name for t in p.tasks if t.role is not Role.EVALUATOR}
+    assert len(set(spec_tasks.values())) == len(spec_tasks)
+    for task in p.tasks:
+        assert task.tf_config == tf_config_json(p.cluster_spec, task.role.value, task.index)
+        assert task.env["TF_CONFIG"] == task.tf_config
+        assert task.env["TFPLAN_TASK"] == task.name
+        if task.role is Role.EVALUATOR:
+            assert task.port is None
+        else:
+            assert spec_tasks[task.name] == f"{task.address}:{task.port}"
+    assert len({t.fingerprint for t in p.tasks}) == len(p.tasks)
+    assert plan(cfg, None, CTX) == p  # pure and deterministic
+    assert any("no authentication" in w for w in p.warnings)
+
+
+def test_counts_per_host_and_per_gpu() -> None:
+    p = plan(config("cluster=gpu2x4"), None, CTX)
+    names = [t.name for t in p.tasks]
+    assert names == ["ps/0", "ps/1", *[f"worker/{i}" for i in range(8)], "evaluator/0"]
+    assert [(t.host, t.devices) for t in p.tasks if t.role is Role.WORKER] == [
+        ("gpu1", ("0",)), ("gpu1", ("1",)), ("gpu1", ("2",)), ("gpu1", ("3",)),
+        ("gpu2", ("0",)), ("gpu2", ("1",)), ("gpu2", ("2",)), ("gpu2", ("3",)),
+    ]
+    assert p.task("ps/0").env["CUDA_VISIBLE_DEVICES"] == ""  # a ps never sees a GPU
+    assert p.task("worker/5").env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_local_plan_details() -> None:
+    p = plan(config("cluster=local"), None, CTX)
+    assert p.cluster_spec == {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"]}
+    assert p.hosts[0].executor == "local" and p.hosts[0].python == "/usr/bin/python3"
+    assert p.output_dir == "/home/user/project/outputs/default"  # relative: from the cwd
+    assert p.task("worker/1").command == (
+        "/usr/bin/python3", "-m", "recipes.train", "--config", "/tmp/tfplan/default/worker-1/run.yaml",
+    )
+    remote = plan(config("cluster=3node"), None, CTX)
+    assert {h.executor for h in remote.hosts} == {"ssh"} and remote.hosts[0].python == "python3"
+
+
+def test_port_offset_moves_every_address() -> None:
+    base = plan(config("cluster=3node"), None, CTX)
+    shifted = plan(config("cluster=3node", "cluster.port_offset=100"), None, CTX)
+    assert {t.name: t.port + 100 for t in base.tasks} == {t.name: t.port for t in shifted.tasks}  # type: ignore[operator]
+
+
+def test_recipe_command_runs_the_users_command() -> None:
+    p = plan(config("recipe=command", "recipe.command=python train.py --lr 0.1"), None, CTX)
+    assert all(t.command == ("python", "train.py", "--lr", "0.1") for t in p.tasks)
+
+
+# --- sharding preview -------------------------------------------------------------------------
+
+MODEL_DATA = [(m, d) for m in ("logreg", "mlp", "cnn") for d in ("digits", "mnist", "synthetic")]
+
+
+@pytest.mark.parametrize(("model", "data"), MODEL_DATA)
+def test_sharding_bytes_add_up_and_greedy_is_within_grahams_bound(model: str, data: str) -> None:
+    cfg = config(f"model={model}", f"data={data}")
+    variables = model_variables(cfg.model, cfg.data)
+    assert variables[0] == VariableSpec("global_step", (), 8)
+    total = sum(v.bytes for v in variables)
+    largest = max(v.bytes for v in variables)
+    for num_ps in range(1, 7):
+        rr, greedy = round_robin(variables, num_ps), greedy_bytes(variables, num_ps)
+        for placement in (rr, greedy):
+            assert sum(placement.bytes_per_ps) == total
+            assert len(placement.bytes_per_ps) == num_ps
+            assert set(placement.assignment) == {v.name for v in variables}
+        assert rr.assignment == {v.name: i % num_ps for i, v in enumerate(variables)}
+        # what holds for any variables: greedy (list scheduling in creation order) ends at most
+        # one variable above the mean, and round robin's max is at least the mean
+        assert max(greedy.bytes_per_ps) <= total / num_ps + largest
+        assert max(greedy.bytes_per_ps) <= max(rr.bytes_per_ps) + largest
+
+
+def test_mlp_and_logreg_shard_no_worse_with_greedy() -> None:
+    for model, data in MODEL_DATA:
+        if model == "cnn":
+            continue
+        cfg = config(f"model={model}", f"data={data}")
+        variables = model_variables(cfg.model, cfg.data)
+        for num_ps in range(1, 7):
+            assert max(greedy_bytes(variables, num_ps).bytes_per_ps) <= max(
+                round_robin(variables, num_ps).bytes_per_ps
+            )
+
+
+def test_greedy_is_not_always_better_than_round_robin() -> None:
+    # Greedy in creation order is not optimal: the cnn on digits over 3 ps ends 88 bytes worse,
+    # and so does this toy set (round robin 3/3, greedy 4/2).
+    toy = tuple(VariableSpec(n, (b,), b) for n, b in (("a", 2), ("b", 1), ("c", 1), ("d", 2)))
+    assert round_robin(toy, 2).bytes_per_ps == (3, 3)
+    assert greedy_bytes(toy, 2).bytes_per_ps == (4, 2)
+    cfg = config("model=cnn", "data=digits")
+    variables = model_variables(cfg.model, cfg.data)
+    assert max(greedy_bytes(variables, 3).bytes_per_ps) == max(round_robin(variables, 3).bytes_per_ps) + 88
+
+
+def test_sharding_preview_in_the_plan() -> None:
+    p = plan(config("cluster=3node", "model=mlp"), None, CTX)
+    assert [pl.strategy for pl in p.sharding.placements] == ["round_robin", "greedy_bytes"]
+    # mlp on digits: 64*128 + 128 + 128*10 + 10 floats, and an int64 global_step
+    assert p.sharding.total_bytes == 4 * (64 * 128 + 128 + 128 * 10 + 10) + 8
+    assert all(len(pl.bytes_per_ps) == 3 for pl in p.sharding.placements)
+
+
+# --- diff against the state -------------------------------------------------------------------
+
+def test_matching_state_means_no_changes_and_the_plan_records_its_lineage() -> None:
+    cfg = config("cluster=3node", "algo=downpour")
+    first = plan(cfg, None, CTX)
+    assert (first.state_lineage, first.state_serial) == (None, 0)
+    state = state_from(first)
+    again = plan(cfg, state, CTX)
+    assert not again.has_changes
+    assert all(c.action is Action.NOOP for c in again.changes)
+    assert again.tasks == first.tasks  # the running ports are kept
+    assert (again.state_lineage, again.state_serial) == ("lineage-1", 3)
+    assert again.task("ps/0") == first.task("ps/0")
+
+
+def test_a_failed_task_is_replaced_with_its_reason() -> None:
+    cfg = config("cluster=local")
+    first = plan(cfg, None, CTX)
+    state = state_from(first)
+    dead = dataclasses.replace(state.tasks[1], status="failed", exit_code=137)
+    p = plan(cfg, state.with_task(dead), CTX)
+    actions = {c.task: c for c in p.changes}
+    assert actions["worker/0"].action is Action.REPLACE
+    assert actions["worker/0"].reasons == ("the process is not running (status failed, exit code 137)",)
+    assert actions["worker/0"].previous["pid"] == 1001
+    assert {c.task for c in p.changes if c.action is Action.NOOP} == {"ps/0", "worker/1"}
+
+
+def test_a_changed_run_config_replaces_every_task() -> None:
+    state = state_from(plan(config("cluster=local"), None, CTX))
+    p = plan(config("cluster=local", "algo.lr=0.2"), state, CTX)
+    assert [c.action for c in p.changes] == [Action.REPLACE] * 3
+    assert all(c.reasons == ("the run config changed",) for c in p.changes)
+
+
+def test_a_changed_lifecycle_setting_updates_in_place() -> None:
+    state = state_from(plan(config("cluster=local"), None, CTX))
+    p = plan(config("cluster=local", "lifecycle.stop_grace_secs=30"), state, CTX)
+    assert [c.action for c in p.changes] == [Action.UPDATE] * 3
+    assert p.changes[0].reasons == ("stop_grace_secs: 5.0 -> 30.0",)
+    assert p.counts()[Action.UPDATE] == 3
+
+
+def test_fewer_workers_destroys_the_extra_task() -> None:
+    state = state_from(plan(config("cluster=3node"), None, CTX))
+    p = plan(config("cluster=3node", "cluster.workers=2"), state, CTX)
+    by_task = {c.task: c for c in p.changes}
+    assert by_task["worker/2"].action is Action.DESTROY
+    assert by_task["worker/2"].reasons == ("not in the configuration any more",)
+    assert by_task["worker/2"].previous["host"] == "node3"
+    # the cluster spec shrank, so every remaining task restarts with the new TF_CONFIG
+    assert by_task["worker/0"].action is Action.REPLACE
+    assert "TF_CONFIG changed (the cluster spec is different)" in by_task["worker/0"].reasons
+    assert len(p.changes) == 6
+
+
+def test_a_new_task_avoids_the_port_of_a_task_being_destroyed() -> None:
+    # worker/2 (127.0.0.1:2225) is destroyed while a new chief/0 is created: the chief must not
+    # be given 2225, which stays bound until apply stops worker/2
+    state = state_from(plan(config("cluster=local", "cluster.workers=3"), None, CTX))
+    p = plan(config("cluster=local", "cluster.workers=2", "cluster.chief=separate"), state, CTX)
+    assert {c.task: c.action for c in p.changes}["worker/2"] is Action.DESTROY
+    assert p.task("chief/0").port == 2226
+    assert [p.task(n).port for n in ("ps/0", "worker/0", "worker/1")] == [2222, 2223, 2224]
+
+
+def test_the_fingerprint_follows_the_tf_config() -> None:
+    a = plan(config("cluster=local"), None, CTX)
+    b = plan(config("cluster=local", "cluster.ps=2"), None, CTX)
+    # worker/1's own fields differ only through the cluster spec in its TF_CONFIG
+    assert a.task("ps/0").fingerprint != b.task("ps/0").fingerprint
+    assert json.loads(a.task("ps/0").tf_config)["cluster"] != json.loads(b.task("ps/0").tf_config)["cluster"]
+
+
+# --- JSON round trip --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("cluster=local",),
+        ("cluster=local_chief", "algo=sync", "model=cnn"),
+        ("cluster=gpu2x4", "algo=downpour", "data=mnist"),
+        ("cluster=3node", "recipe=command", "recipe.command=python t.py"),
+    ],
+)
+def test_plan_json_round_trip(overrides: tuple[str, ...]) -> None:
+    p = plan(config(*overrides), None, CTX)
+    assert Plan.from_json(p.to_json()) == p
+    with_state = plan(config(*overrides, "algo.lr=0.3"), state_from(p), CTX)
+    assert Plan.from_json(with_state.to_json()) == with_state
+    assert Task.from_dict(json.loads(json.dumps(p.tasks[0].to_dict()))) == p.tasks[0]
