@@ -9,22 +9,22 @@ from __future__ import annotations
 import importlib
 
 from tfplan.errors import ExecutorError
-from tfplan.executors.base import (
-    CommandResult,
-    Executor,
-    HostTarget,
-    Launched,
-    LaunchSpec,
-    LogStream,
-    ProcessInfo,
-    StopResult,
-)
+from tfplan.executors.base import Executor
 from tfplan.executors.group import HostResults, run_on_hosts
 from tfplan.executors.preflight import (
     PreflightRequest,
     PreflightResult,
     check_shared_dir,
     raise_for_preflight,
+)
+from tfplan.executors.specs import (
+    CommandResult,
+    HostTarget,
+    Launched,
+    LaunchSpec,
+    LogStream,
+    ProcessInfo,
+    StopResult,
 )
 
 __all__ = [

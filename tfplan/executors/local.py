@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from tfplan.errors import ExecutorError
 from tfplan.executors import _scripts
-from tfplan.executors.base import CommandResult, Executor, Launched, LaunchSpec
+from tfplan.executors.base import Executor
+from tfplan.executors.specs import CommandResult, Launched, LaunchSpec
 
 __all__ = ["LocalExecutor"]
 

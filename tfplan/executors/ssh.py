@@ -20,7 +20,8 @@ from fabric import Config, Connection
 
 from tfplan.errors import ExecutorError
 from tfplan.executors import _scripts
-from tfplan.executors.base import CommandResult, Executor, HostTarget, Launched, LaunchSpec
+from tfplan.executors.base import Executor
+from tfplan.executors.specs import CommandResult, HostTarget, Launched, LaunchSpec
 
 __all__ = ["SSHExecutor"]
 
