@@ -181,13 +181,17 @@ def _finish_chief(cfg: RunConfig, task: TaskInfo, server: Any, g: ReplicaGraph,
                   ds: data_mod.Dataset, result_path: str, recent: deque[float], first_gs: int,
                   wall: float, log: Log) -> None:
     """Held-out accuracy of the final ps weights, then result.json (atomically)."""
+    n_train = min(len(ds.x_train), 5000)  # a bounded sample: the loss of the final weights
     with v1.Session(server.target, config=session_config(task)) as sess:
         gs, eval_loss, acc = sess.run([g.global_step, g.eval_loss, g.eval_accuracy],
                                       feed_dict={g.x: ds.x_eval, g.y: ds.y_eval})
+        train_loss = sess.run(g.eval_loss, feed_dict={g.x: ds.x_train[:n_train],
+                                                      g.y: ds.y_train[:n_train]})
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
     result = {
         "status": "succeeded", "global_step": int(gs),
-        "loss": round(float(np.mean(recent)) if recent else float("nan"), 6),
+        "loss": round(float(train_loss), 6),
+        "last_batch_loss": round(float(np.mean(recent)) if recent else float("nan"), 6),
         "accuracy": round(float(acc), 6), "eval_loss": round(float(eval_loss), 6),
         "examples_per_sec": round((int(gs) - first_gs) * ex_per_gs / max(wall, 1e-9), 1),
         "wall_time_secs": round(wall, 3), "algo": cfg.algo.name,

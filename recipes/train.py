@@ -19,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import argparse  # noqa: E402
+import threading  # noqa: E402
 
 from recipes.config import ConfigError, load_run_config, task_from_env  # noqa: E402
 
@@ -40,6 +41,7 @@ def _run(config_path: str) -> int:
 
     tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
+    _quiet_cancelled_threads(tf.errors.CancelledError)
     if task.type == "ps":
         from recipes.runtime import run_ps
         return run_ps(task, _log)
@@ -48,6 +50,18 @@ def _run(config_path: str) -> int:
         return run_evaluator(cfg, _log)
     from recipes.replica import run_replica
     return run_replica(cfg, task, PROCESS_START, _log)
+
+
+def _quiet_cancelled_threads(cancelled: type) -> None:
+    """Why: closing a session cancels the sync chief's queue-runner thread, which then prints a
+    harmless CancelledError traceback; every other thread error still prints."""
+    default = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not isinstance(args.exc_value, cancelled):
+            default(args)
+
+    threading.excepthook = hook
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -184,3 +184,28 @@ class RecipeCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+# --- In-process cluster for the rule tests (ALGORITHMS.md "Correctness tests") -------------------
+
+class InProcessCluster:
+    """ps and worker ``tf.distribute.Server`` objects in this process, on loopback ports.
+
+    Each replica gets its own graph and session (between-graph replication), so a test can step
+    the workers round-robin from one thread, deterministically. Servers cannot be stopped in
+    process; make a fresh cluster per test (shared resources such as the sync token queue would
+    otherwise leak between tests).
+    """
+
+    def __init__(self, n_ps: int = 1, n_workers: int = 2) -> None:
+        import tensorflow as tf
+
+        ports = free_ports(n_ps + n_workers)
+        addr = [f"127.0.0.1:{p}" for p in ports]
+        self.cluster = {"ps": addr[:n_ps], "worker": addr[n_ps:]}
+        spec = tf.train.ClusterSpec(self.cluster)
+        self.ps = [tf.distribute.Server(spec, job_name="ps", task_index=i, start=True)
+                   for i in range(n_ps)]
+        self.workers = [tf.distribute.Server(spec, job_name="worker", task_index=i, start=True)
+                        for i in range(n_workers)]
+        self.spec = spec

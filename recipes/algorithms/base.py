@@ -105,7 +105,8 @@ def move_to_local_collection(variables: list[Any]) -> None:
     """
     graph = v1.get_default_graph()
     global_list = graph.get_collection_ref(v1.GraphKeys.GLOBAL_VARIABLES)
+    moving = {id(v) for v in variables}
+    # Identity, not ==: variables compare elementwise (and are unhashable) when eager is on.
+    global_list[:] = [v for v in global_list if id(v) not in moving]
     for var in variables:
-        if var in global_list:
-            global_list.remove(var)
         graph.add_to_collection(v1.GraphKeys.LOCAL_VARIABLES, var)

@@ -49,18 +49,22 @@ class Downpour(Algorithm):
             raise ValueError(f"unknown algo.ps_optimizer '{ps_optimizer}'; valid: sgd, adagrad")
         with v1.device(ctx.ps_device):
             center = problem.create_params(None)
-        with v1.device(ctx.worker_device), v1.variable_scope("local"):
-            local = problem.create_params(LOCAL)
-            pulled = _local_twins(center, "pulled")
-            grad_sum = _local_twins(center, "grad_sum")
-            loss = problem.loss_fn(local)
-            opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
-            before = set(v1.global_variables())
-            grads = opt.compute_gradients(loss, var_list=list(local.values()))
-            local_step = tf.group(opt.apply_gradients(grads),
-                                  *[grad_sum[k].assign_add(g) for k, (g, _) in zip(local, grads)],
-                                  name="local_step")
-            move_to_local_collection([v for v in v1.global_variables() if v not in before])
+        with v1.device(ctx.worker_device):
+            with v1.variable_scope("local"):
+                local = problem.create_params(LOCAL)
+                pulled = _local_twins(center, "pulled")
+                grad_sum = _local_twins(center, "grad_sum")
+                loss = problem.loss_fn(local)
+                opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
+                before = {id(v) for v in v1.global_variables()}
+                grads = opt.compute_gradients(loss, var_list=list(local.values()))
+                local_step = tf.group(
+                    opt.apply_gradients(grads),
+                    *[grad_sum[k].assign_add(g) for k, (g, _) in zip(local, grads)],
+                    name="local_step")
+                move_to_local_collection(
+                    [v for v in v1.global_variables() if id(v) not in before])
+            # Outside the "local" scope: the ps optimizer's slots are global, named model/...
             with tf.control_dependencies([local_step]):
                 push = self._push(ctx, center, local, pulled, grad_sum, ps_optimizer, window)
             with tf.control_dependencies([push]):
