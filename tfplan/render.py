@@ -61,9 +61,10 @@ def summary_line(plan: Plan) -> str:
 def plan_lines(plan: Plan) -> list[Line]:
     """Every line of the rendering, in order."""
     lines: list[Line] = []
+    hosts = _count(len({t.host for t in plan.tasks}), "host")
     header = (
         f'tfplan plan for experiment "{plan.experiment_id}" on cluster "{plan.cluster_name}" '
-        f"({len(plan.tasks)} tasks on {len({t.host for t in plan.tasks})} hosts)"
+        f"({_count(len(plan.tasks), 'task')} on {hosts})"
     )
     lines.append(("bold", header))
     lines.append(("", ""))
@@ -87,6 +88,10 @@ def plan_lines(plan: Plan) -> list[Line]:
     lines.append(("", ""))
     lines.append(("bold", summary_line(plan)))
     return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _change_block(plan: Plan, change: Change) -> list[Line]:

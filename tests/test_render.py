@@ -1,0 +1,98 @@
+"""Terraform-style rendering (tfplan.render), compared with golden files.
+
+Regenerate the goldens after an intended change with ``TFPLAN_UPDATE_GOLDEN=1 pytest
+tests/test_render.py`` and review the diff by eye before committing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tfplan.compose import compose_config, to_config
+from tfplan.plan import Plan
+from tfplan.planner import PlanContext, plan
+from tfplan.render import format_bytes, plan_lines, print_plan, summary_line
+from tfplan.state import State, TaskState
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+CTX = PlanContext(cwd="/home/user/project", local_python="/usr/bin/python3", tf_version="2.21.0")
+
+
+def _plan(*overrides: str, state: State | None = None) -> Plan:
+    return plan(to_config(compose_config(list(overrides), CONF)), state, CTX)
+
+
+def _text(p: Plan) -> str:
+    return "\n".join(text for _, text in plan_lines(p)) + "\n"
+
+
+def _state_from(p: Plan) -> State:
+    tasks = tuple(
+        TaskState(name=t.name, role=t.role.value, index=t.index, host=t.host, address=t.address,
+                  port=t.port, pid=100 + i, pgid=100 + i, log_path=t.log_path, workdir=t.workdir,
+                  fingerprint=t.fingerprint, started_at=0.0, settings=dict(t.settings),
+                  spec=t.to_dict())
+        for i, t in enumerate(p.tasks)
+    )
+    return State(lineage="L", serial=1, experiment_id=p.experiment_id, cluster_name=p.cluster_name,
+                 output_dir=p.output_dir, tasks=tasks)
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("TFPLAN_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"rendering differs from {path}"
+
+
+def test_golden_local_plan() -> None:
+    _check_golden("plan_local.txt", _text(_plan("cluster=local")))
+
+
+def _replace_destroy_plan() -> Plan:
+    """worker/2 gone from the config, ps/0 dead, the rest restarted for the new cluster spec."""
+    state = _state_from(_plan("cluster=local", "cluster.workers=3"))
+    dead = dataclasses.replace(state.tasks[0], status="failed", exit_code=1)
+    return _plan("cluster=local", state=state.with_task(dead))
+
+
+def test_golden_replace_and_destroy_plan() -> None:
+    _check_golden("plan_replace_destroy.txt", _text(_replace_destroy_plan()))
+
+
+def test_print_plan_without_a_terminal_is_the_plain_text() -> None:
+    p = _replace_destroy_plan()
+    out = io.StringIO()
+    print_plan(p, Console(file=out, force_terminal=False, width=80, highlight=False, soft_wrap=True))
+    assert "\x1b[" not in out.getvalue()
+    assert out.getvalue() == _text(p)
+
+
+def test_no_changes_and_legend_only_lists_actions_that_occur() -> None:
+    first = _plan("cluster=local")
+    same = _plan("cluster=local", state=_state_from(first))
+    text = _text(same)
+    assert "No changes. Your cluster matches the configuration." in text
+    assert "Plan:" not in text and "will perform" not in text
+    legend = [line for line in _text(first).splitlines() if line.startswith("  ") and
+              line.strip() in ("+ create", "~ update in-place", "- destroy",
+                               "-/+ destroy and then create replacement")]
+    assert legend == ["    + create"]
+    updated = _plan("cluster=local", "lifecycle.stop_grace_secs=9", state=_state_from(first))
+    assert "  # ps/0 will be updated in-place" in _text(updated)
+    assert summary_line(updated) == "Plan: 0 to add, 3 to change, 0 to destroy."
+
+
+@pytest.mark.parametrize(
+    ("size", "text"), [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (3 << 20, "3.0 MiB"),
+                       (5 << 40, "5120.0 GiB")],
+)
+def test_format_bytes(size: int, text: str) -> None:
+    assert format_bytes(size) == text
