@@ -73,7 +73,8 @@ class Downpour(Algorithm):
                 local_init = self._pull(center, local, pulled, grad_sum)
         return TrainGraph(params=center, train_params=local, loss=loss,
                           step_ops=[local_step] * (window - 1) + [push_pull],
-                          local_init_op=local_init)
+                          local_init_op=local_init,
+                          extras={"pulled": pulled, "grad_sum": grad_sum})
 
     @staticmethod
     def _push(ctx: BuildContext, center: Params, local: Params, pulled: Params,
