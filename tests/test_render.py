@@ -6,15 +6,18 @@ tests/test_render.py`` and review the diff by eye before committing.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import os
+from functools import cache
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from tfplan.compose import compose_config, to_config
+from tfplan.config import Config
 from tfplan.plan import Plan
 from tfplan.planner import PlanContext, plan
 from tfplan.render import format_bytes, plan_lines, print_plan, summary_line
@@ -25,8 +28,13 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 CTX = PlanContext(cwd="/home/user/project", local_python="/usr/bin/python3", tf_version="2.21.0")
 
 
+@cache
+def _composed(overrides: tuple[str, ...]) -> Config:
+    return to_config(compose_config(list(overrides), CONF))
+
+
 def _plan(*overrides: str, state: State | None = None) -> Plan:
-    return plan(to_config(compose_config(list(overrides), CONF)), state, CTX)
+    return plan(copy.deepcopy(_composed(overrides)), state, CTX)
 
 
 def _text(p: Plan) -> str:
@@ -70,7 +78,8 @@ def test_golden_replace_and_destroy_plan() -> None:
 def test_print_plan_without_a_terminal_is_the_plain_text() -> None:
     p = _replace_destroy_plan()
     out = io.StringIO()
-    print_plan(p, Console(file=out, force_terminal=False, width=80, highlight=False, soft_wrap=True))
+    console = Console(file=out, force_terminal=False, width=80, highlight=False, soft_wrap=True)
+    print_plan(p, console)
     assert "\x1b[" not in out.getvalue()
     assert out.getvalue() == _text(p)
 

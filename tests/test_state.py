@@ -30,7 +30,8 @@ def test_write_bumps_the_serial_and_round_trips(tmp_path: Path) -> None:
     assert store.load() is None
     written = store.write(State.empty(lineage="L").with_task(_task()))
     assert written.serial == 1 and store.load() == written
-    again = store.write(written.with_task(dataclasses.replace(_task(), status="failed", exit_code=1)))
+    failed = dataclasses.replace(_task(), status="failed", exit_code=1)
+    again = store.write(written.with_task(failed))
     assert again.serial == 2 and again.lineage == "L"
     loaded = store.load()
     assert loaded == again and loaded is not None and loaded.tasks[0].status == "failed"
@@ -52,7 +53,7 @@ def test_a_plan_is_current_until_the_state_moves_on(tmp_path: Path) -> None:
     assert (p.state_lineage, p.state_serial) == ("L", 1)
     check_plan_is_current(p.state_lineage, p.state_serial, store.load())  # current: no error
     store.write(state)  # someone applied since: serial 2
-    with pytest.raises(StaleStateError, match="made at state serial 1, the state is now at serial 2"):
+    with pytest.raises(StaleStateError, match="state serial 1, the state is now at serial 2"):
         check_plan_is_current(p.state_lineage, p.state_serial, store.load())
 
 

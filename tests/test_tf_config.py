@@ -38,7 +38,10 @@ def test_tf_config_json_is_standard_and_stable() -> None:
 
 @pytest.mark.parametrize(
     "overrides",
-    [["cluster=local"], ["cluster=local_chief"], ["cluster=3node"], ["cluster=gpu2x4", "algo=sync"]],
+    [
+        ["cluster=local"], ["cluster=local_chief"], ["cluster=3node"],
+        ["cluster=gpu2x4", "algo=sync"],
+    ],
 )
 def test_tensorflow_reads_every_tasks_tf_config(
     overrides: list[str], resolver_class: type, monkeypatch: pytest.MonkeyPatch

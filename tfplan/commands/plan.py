@@ -43,8 +43,8 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def run_plan(args: argparse.Namespace) -> int:
     if args.cfg:
-        cfg = compose_config(args.overrides, Path(args.config_dir).absolute() if args.config_dir else None)
-        print(OmegaConf.to_yaml(cfg), end="")
+        config_dir = Path(args.config_dir).absolute() if args.config_dir else None
+        print(OmegaConf.to_yaml(compose_config(args.overrides, config_dir)), end="")
         return 0
     cfg = compose(args.overrides, args.config_dir)
     workspace = workspace_from(args.workspace)

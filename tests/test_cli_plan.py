@@ -1,0 +1,211 @@
+"""`tfplan plan` and `tfplan show`: real subprocesses for the main paths, in-process for errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tfplan.cli import main
+from tfplan.plan import PLAN_FORMAT_VERSION, Plan
+from tfplan.state import State, StateStore, TaskState
+
+_ENV_KEYS = ("TFPLAN_WORKSPACE", "TFPLAN_CONF", "TFPLAN_DEBUG")
+
+
+def tfplan(cwd: Path, *args: str, debug: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in _ENV_KEYS}
+    if debug:
+        env["TFPLAN_DEBUG"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "tfplan", *args], cwd=cwd, env=env, capture_output=True,
+        text=True, timeout=120,
+    )
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    for key in _ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    return tmp_path
+
+
+# --- real subprocesses --------------------------------------------------------------------------
+
+def test_plan_saves_and_show_json_prints_the_same_plan(tmp_path: Path) -> None:
+    proc = tfplan(tmp_path, "plan", "cluster=3node", "algo=downpour")
+    assert proc.returncode == 0, proc.stderr
+    assert "Plan: 6 to add, 0 to change, 0 to destroy." in proc.stdout
+    assert "\x1b[" not in proc.stdout  # not a terminal: plain text
+    saved = tmp_path / ".tfplan" / "plan.json"
+    plan = Plan.from_json(saved.read_text())
+    assert plan.cluster_name == "3node" and len(plan.tasks) == 6
+    shown = tfplan(tmp_path, "show", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == json.loads(saved.read_text())
+
+
+def test_out_file_detailed_exitcode_and_show_file(tmp_path: Path) -> None:
+    proc = tfplan(tmp_path, "plan", "cluster=local", "-out", "my.plan", "--detailed-exitcode")
+    assert proc.returncode == 2, proc.stderr  # changes to make
+    assert "tfplan apply my.plan" in proc.stdout
+    assert not (tmp_path / ".tfplan" / "plan.json").exists()
+    shown = tfplan(tmp_path, "show", "my.plan", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == json.loads((tmp_path / "my.plan").read_text())
+    text = tfplan(tmp_path, "show", "my.plan")
+    assert "Plan: 3 to add, 0 to change, 0 to destroy." in text.stdout
+
+
+def test_detailed_exitcode_is_0_when_the_state_matches(tmp_path: Path) -> None:
+    first = tfplan(tmp_path, "plan", "cluster=local", "--json", "--no-save")
+    assert first.returncode == 0, first.stderr
+    plan = Plan.from_json(first.stdout)
+    # "succeeded" tasks match without a refresh reaching out to their (fake) processes
+    tasks = tuple(
+        TaskState(name=t.name, role=t.role.value, index=t.index, host=t.host, address=t.address,
+                  port=t.port, pid=10 + i, pgid=10 + i, log_path=t.log_path, workdir=t.workdir,
+                  fingerprint=t.fingerprint, started_at=0.0, status="succeeded", exit_code=0,
+                  settings=dict(t.settings), spec=t.to_dict())
+        for i, t in enumerate(plan.tasks)
+    )
+    StateStore(tmp_path / ".tfplan" / "default").write(
+        State(lineage="L", serial=0, experiment_id="default", cluster_name="local",
+              output_dir=plan.output_dir, tasks=tasks)
+    )
+    same = tfplan(tmp_path, "plan", "cluster=local", "--detailed-exitcode")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "No changes. Your cluster matches the configuration." in same.stdout
+    saved = Plan.from_json((tmp_path / ".tfplan" / "plan.json").read_text())
+    assert (saved.state_lineage, saved.state_serial) == ("L", 1)
+    changed = tfplan(tmp_path, "plan", "cluster=local", "algo.lr=0.5", "--detailed-exitcode")
+    assert changed.returncode == 2
+    assert "the run config changed" in changed.stdout
+
+
+def test_cfg_job_prints_the_composed_yaml(tmp_path: Path) -> None:
+    proc = tfplan(tmp_path, "plan", "--cfg", "job", "cluster=3node", "algo=sync")
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["cluster"]["name"] == "3node" and cfg["algo"]["name"] == "sync"
+    assert cfg["cluster"]["output_dir"] == "/shared/tfplan/default"  # interpolations resolved
+    assert not (tmp_path / ".tfplan").exists()
+
+
+def test_errors_are_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+    proc = tfplan(tmp_path, "plan", "algo=downpour", "algo.window=0")
+    assert proc.returncode == 1
+    assert proc.stderr == "error: algo.window: 0 < 1; use a window of at least 1 step\n"
+    assert proc.stdout == "" and not (tmp_path / ".tfplan").exists()
+    debug = tfplan(tmp_path, "plan", "algo=downpour", "algo.window=0", debug=True)
+    assert debug.returncode == 1
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert "tfplan.errors.ConfigError: algo.window: 0 < 1" in debug.stderr
+
+
+def test_plan_does_not_import_tensorflow(tmp_path: Path) -> None:
+    code = (
+        "import sys; from tfplan.cli import main; "
+        "rc = main(['plan', 'cluster=3node', 'algo=downpour']); "
+        "assert rc == 0, rc; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')); "
+        "print('TF' if bad else 'NO-TF', bad[:3])"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "NO-TF []"
+
+
+# --- bad input, in-process ----------------------------------------------------------------------
+
+BAD_INPUT = [
+    # (overrides, the error's start, a fragment of the fix)
+    (["cluster=nope"], "cluster: no option 'nope'",
+     "available options: 3node, gpu2x4, local, local_chief"),
+    (["cluster.foo=1"], "cluster.foo: no such key", "+cluster.foo=VALUE"),
+    (["algo.window=3"], "algo.window: no such key", "check the spelling"),  # hogwild has none
+    (["cluster.port_base=abc"], "cluster.port_base: Value 'abc' of type 'str' could not be "
+     "converted to Integer", "--cfg job"),
+    (["cluster.chief=boss"], "cluster.chief: Invalid value 'boss', expected one of "
+     "[worker0, separate]", "fix the value"),
+    (["algo=downpour", "algo.window=0"], "algo.window: 0 < 1", "at least 1 step"),
+    (["cluster.workers=20"], "cluster.hosts: no free slot for worker/7", "raise cluster.hosts[i]"),
+    (["algo=sync", "algo.replicas_to_aggregate=3"], "algo.replicas_to_aggregate: 3 but the "
+     "cluster has 2 training replicas", "use 1-2, or raise cluster.workers"),
+    (["algo=sync", "algo.backup_workers=2"], "algo.backup_workers: 2 backups with only 2",
+     "keep backup_workers below"),
+    (["cluster.port_base=80"], "cluster.port_base: ports 80-179 are outside 1024-65535",
+     "pick a port_base"),
+    (["cluster.port_offset=63300"], "cluster.port_base: ports 65522-65621", "port_offset"),
+    (["data=mnist", "data.path=null"], "data.path: mnist_npz needs a file path", "set data.path="),
+    (["recipe=command"], "recipe.command: is empty", 'recipe.command="python train.py'),
+    (["experiment.id=../etc"], "experiment.id: '../etc' is not a plain name", "letters, digits"),
+    (["cluster.hosts=[{address:10.0.0.1,name:a},{address:10.0.0.2,name:a}]"],
+     "cluster.hosts[1].name: host 'a' appears twice", "unique name"),
+    (["cluster.ps=0"], "cluster.ps: 0 parameter servers", "at least 1 (or per_host)"),
+    (["cluster.workers=per_gpu"], "cluster.workers: per_gpu but no host has gpus", "gpus"),
+    (["cluster=3node", "cluster.output_dir=out"], "cluster.output_dir: relative path 'out'",
+     "absolute folder that every host shares"),
+    (["algo.optimizer=lbfgs"], "algo.optimizer: unknown optimizer 'lbfgs'", "choose one of sgd"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "start", "fix"), BAD_INPUT, ids=lambda v: str(v)[:40])
+def test_bad_input_is_one_line_naming_the_key_and_writes_nothing(
+    overrides: list[str], start: str, fix: str, in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", *overrides]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"error: {start}") and err.endswith("\n")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert fix in err
+    assert "schema_" not in err
+    assert list(in_tmp.iterdir()) == []  # no .tfplan/plan.json, nothing at all
+
+
+def test_cfg_job_with_a_bad_override_is_an_error_too(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--cfg", "job", "cluster=nope"]) == 1
+    assert capsys.readouterr().err.startswith("error: cluster: no option 'nope'")
+
+
+def _show_error(path: Path | None, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["show", *([str(path)] if path else [])]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_show_without_a_plan_file(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _show_error(None, capsys)
+    assert err.startswith(f"error: no plan file at {in_tmp / '.tfplan' / 'plan.json'}")
+    assert "run `tfplan plan` first" in err
+    assert "no plan file at" in _show_error(in_tmp / "missing.json", capsys)
+
+
+def test_show_refuses_another_format_or_a_damaged_file(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "cluster=local", "-out", "p.json"]) == 0
+    capsys.readouterr()
+    data = json.loads((in_tmp / "p.json").read_text())
+    data["format_version"] = PLAN_FORMAT_VERSION + 1
+    (in_tmp / "old.json").write_text(json.dumps(data))
+    err = _show_error(in_tmp / "old.json", capsys)
+    assert f"is not a tfplan plan file of format {PLAN_FORMAT_VERSION} (found 2)" in err
+    assert "run `tfplan plan` again" in err
+    (in_tmp / "junk.json").write_text("{not json")
+    assert "cannot read plan file" in _show_error(in_tmp / "junk.json", capsys)
+    del data["tasks"]
+    data["format_version"] = PLAN_FORMAT_VERSION
+    (in_tmp / "cut.json").write_text(json.dumps(data))
+    assert "is damaged" in _show_error(in_tmp / "cut.json", capsys)
