@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from types import TracebackType
 
@@ -31,11 +32,13 @@ class HostPool:
     def __init__(self, hosts: Iterable[HostSpec]) -> None:
         self.hosts = {h.name: h for h in hosts}
         self._open: dict[str, Executor] = {}
+        self._lock = threading.Lock()  # tasks are stopped from several threads at once
 
     def __getitem__(self, name: str) -> Executor:
-        if name not in self._open:
-            self._open[name] = executor_for(target_of(self.hosts[name]))
-        return self._open[name]
+        with self._lock:
+            if name not in self._open:
+                self._open[name] = executor_for(target_of(self.hosts[name]))
+            return self._open[name]
 
     def targets(self, names: Iterable[str]) -> list[HostTarget]:
         return [target_of(self.hosts[n]) for n in names]

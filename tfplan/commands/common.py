@@ -6,15 +6,20 @@ import os
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from tfplan.compose import compose_config, to_config
-from tfplan.config import Config
 from tfplan.plan import Plan
-from tfplan.planner import PlanContext, plan
 from tfplan.state import State
 from tfplan.workspace import Workspace
+
+if TYPE_CHECKING:
+    from tfplan.config import Config
+    from tfplan.planner import PlanContext
+
+# Hydra (about 0.4 s to import) is loaded only by the verbs that compose a config, so that
+# status, logs and destroy start fast even on a host whose cores are busy training.
 
 __all__ = ["console", "err_console", "plan_context", "make_plan", "tf_version", "workspace_from"]
 
@@ -40,6 +45,8 @@ def tf_version() -> str:
 
 
 def plan_context() -> PlanContext:
+    from tfplan.planner import PlanContext
+
     return PlanContext(cwd=os.getcwd(), local_python=sys.executable, tf_version=tf_version())
 
 
@@ -48,8 +55,12 @@ def workspace_from(path: str | None) -> Workspace:
 
 
 def compose(overrides: list[str], config_dir: str | None) -> Config:
+    from tfplan.compose import compose_config, to_config
+
     return to_config(compose_config(overrides, Path(config_dir).absolute() if config_dir else None))
 
 
 def make_plan(cfg: Config, state: State | None) -> Plan:
+    from tfplan.planner import plan
+
     return plan(cfg, state, plan_context())
