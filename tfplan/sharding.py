@@ -24,26 +24,26 @@ def _var(name: str, *shape: int, itemsize: int = _FLOAT32) -> VariableSpec:
 
 
 def model_variables(model: ModelConfig, data: DataConfig) -> tuple[VariableSpec, ...]:
-    """The global variables of the model, in creation order, global_step first."""
+    """The global variables of the model, in creation order, global_step first.
+
+    Names and shapes mirror ``recipes/models.py`` (``model/conv<i>/{w,b}``, then
+    ``model/dense<i>/{w,b}``), so the preview matches what replica_device_setter places.
+    """
     variables = [_var("global_step", itemsize=_INT64)]
     features = data.image_size * data.image_size * data.channels
     if model.name == "cnn":
         side, channels = data.image_size, data.channels
         for i, out in enumerate(model.conv_channels):
-            variables += [_var(f"conv{i}/kernel", 3, 3, channels, out), _var(f"conv{i}/bias", out)]
+            variables += [_var(f"model/conv{i}/w", 3, 3, channels, out), _var(f"model/conv{i}/b", out)]
             side, channels = (side + 1) // 2, out  # 2x2 max-pool, SAME padding
         widths = [side * side * channels, model.dense]
-        names = ["dense0"]
+    elif model.name == "mlp":
+        widths = [features, *model.hidden]
     else:
-        hidden = list(model.hidden) if model.name == "mlp" else []
-        widths = [features, *hidden]
-        names = [f"hidden{i}" for i in range(len(hidden))]
-    for name, (fan_in, fan_out) in zip(names, zip(widths, widths[1:]), strict=True):
-        variables += [_var(f"{name}/kernel", fan_in, fan_out), _var(f"{name}/bias", fan_out)]
-    variables += [
-        _var("logits/kernel", widths[-1], data.num_classes),
-        _var("logits/bias", data.num_classes),
-    ]
+        widths = [features]
+    widths.append(data.num_classes)
+    for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+        variables += [_var(f"model/dense{i}/w", fan_in, fan_out), _var(f"model/dense{i}/b", fan_out)]
     return tuple(variables)
 
 
