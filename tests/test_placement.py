@@ -157,11 +157,12 @@ def _reference_place(cluster: ClusterConfig) -> tuple[Slot, ...]:
 
     slots = [take(Role.PS, i, i % len(cluster.hosts)) for i in range(count_ps(cluster))]
     if cluster.chief is ChiefMode.separate:
-        slots.append(take(Role.CHIEF, 0))
+        gpu_host = next((i for i, h in enumerate(cluster.hosts) if h.gpus > 0), None)
+        slots.append(take(Role.CHIEF, 0, gpu_host if cluster.workers == "per_gpu" else None))
     if cluster.workers == "per_gpu":
         index = 0
         for position, host in enumerate(cluster.hosts):
-            for _ in range(host.gpus):
+            for _ in range(host.gpus - next_gpu[position]):
                 slots.append(take(Role.WORKER, index, position))
                 index += 1
     else:
@@ -243,3 +244,17 @@ def test_evaluator_gets_no_port_and_no_gpu() -> None:
     evaluator = [s for s in slots if s.role is Role.EVALUATOR]
     assert len(evaluator) == 1 and evaluator[0].devices == ()
     assert (Role.EVALUATOR, 0) not in ports
+
+
+@pytest.mark.parametrize("chief", [ChiefMode.worker0, ChiefMode.separate])
+def test_per_gpu_gives_every_training_replica_its_own_gpu(chief: ChiefMode) -> None:
+    cluster = ClusterConfig(
+        name="g",
+        hosts=[HostConfig(address="10.0.0.1", cpu_slots=8, gpus=2),
+               HostConfig(address="10.0.0.2", cpu_slots=8, gpus=3)],
+        ps="per_host", workers="per_gpu", chief=chief,
+    )
+    replicas = [s for s in place(cluster) if s.role in (Role.WORKER, Role.CHIEF)]
+    assert len(replicas) == 5
+    assert all(len(s.devices) == 1 for s in replicas)
+    assert len({(s.host, s.devices) for s in replicas}) == 5

@@ -93,12 +93,15 @@ def place(cluster: ClusterConfig) -> tuple[Slot, ...]:
     for index in range(count_ps(cluster)):
         # round-robin over the hosts; a full host passes its ps on to the least used one
         slots.append(hosts.take(Role.PS, index, host=index % len(cluster.hosts), fallback=True))
+    per_gpu = cluster.workers == "per_gpu"
     if cluster.chief is ChiefMode.separate:
-        slots.append(hosts.take(Role.CHIEF, 0))
-    if cluster.workers == "per_gpu":
+        # One training replica per GPU: a separate chief is one of them, on the first GPU.
+        first_gpu_host = next((i for i, h in enumerate(cluster.hosts) if h.gpus > 0), None)
+        slots.append(hosts.take(Role.CHIEF, 0, host=first_gpu_host if per_gpu else None))
+    if per_gpu:
         index = 0
         for position, host in enumerate(cluster.hosts):
-            for _ in range(host.gpus):
+            for _ in range(host.gpus - hosts.next_gpu[position]):
                 slots.append(hosts.take(Role.WORKER, index, host=position))
                 index += 1
     else:

@@ -45,10 +45,11 @@ def count_ps(cluster: ClusterConfig) -> int:
 
 
 def count_workers(cluster: ClusterConfig) -> int:
-    """How many worker tasks (``per_gpu``: one per GPU over all hosts); the chief not included
-    when it is a separate task."""
+    """How many worker tasks. ``per_gpu``: one training replica per GPU over all hosts, so a
+    separate chief takes one GPU and the workers the others."""
     if cluster.workers == "per_gpu":
-        return sum(h.gpus for h in cluster.hosts)
+        gpus = sum(h.gpus for h in cluster.hosts)
+        return max(0, gpus - 1) if cluster.chief is ChiefMode.separate else gpus
     if isinstance(cluster.workers, bool) or not isinstance(cluster.workers, int):
         raise ConfigError(
             "cluster.workers",

@@ -6,10 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from tfplan.commands.common import compose, console, make_plan, workspace_from
-from tfplan.compose import compose_config
 from tfplan.refresh import refreshed_state
 from tfplan.render import print_plan
 
@@ -44,6 +41,10 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 def run_plan(args: argparse.Namespace) -> int:
     if args.cfg:
         config_dir = Path(args.config_dir).absolute() if args.config_dir else None
+        from omegaconf import OmegaConf  # Hydra/OmegaConf load only for the verbs that compose
+
+        from tfplan.compose import compose_config
+
         print(OmegaConf.to_yaml(compose_config(args.overrides, config_dir)), end="")
         return 0
     cfg = compose(args.overrides, args.config_dir)
