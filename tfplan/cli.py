@@ -17,6 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     from tfplan.commands import apply as apply_cmd
     from tfplan.commands import inspect as inspect_cmd
     from tfplan.commands import plan as plan_cmd
+    from tfplan.commands import report as report_cmd
+    from tfplan.commands import tensorboard as tensorboard_cmd
 
     parser = argparse.ArgumentParser(
         prog="tfplan",
@@ -28,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_parsers(subparsers)
     apply_cmd.add_parsers(subparsers)
     inspect_cmd.add_parsers(subparsers)
+    report_cmd.add_parsers(subparsers)
+    tensorboard_cmd.add_parsers(subparsers)
     return parser
 
 

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from tfplan.applier import apply_plan
-from tfplan.commands.common import compose, console, make_plan, workspace_from
+from tfplan.commands.common import console, make_plan, workspace_from
 from tfplan.commands.output import LogPrinter, step_progress
+from tfplan.commands.sweep import add_sweep_arguments, run_sweep_command
 from tfplan.errors import ApplyError, TfplanError
-from tfplan.hosts import HostPool
 from tfplan.plan import Action, Plan
 from tfplan.refresh import refreshed_state
-from tfplan.state import State, StateStore
 from tfplan.render import print_plan
-from tfplan.supervisor import Outcome, Supervisor, result_path
+from tfplan.runner import ExperimentRun
+from tfplan.supervisor import Outcome, result_path
 from tfplan.workspace import Workspace
 
 __all__ = ["add_parsers", "run_apply"]
@@ -41,22 +40,25 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
                        help="return once every task is started; tasks keep running")
     apply.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
     apply.add_argument("--workspace", help="workspace folder (default: .tfplan)")
+    add_sweep_arguments(apply)
     apply.set_defaults(func=run_apply)
 
 
 def run_apply(args: argparse.Namespace) -> int:
+    if args.multirun:
+        return run_sweep_command(args, args.args, dry_run=False)
     out = console()
     workspace = workspace_from(args.workspace)
-    plan, planned_now = _plan_to_apply(args, workspace, out)
+    plan, planned_now, config_yaml = _plan_to_apply(args, workspace, out)
     if planned_now:
         print_plan(plan, out)
         if plan.has_changes and not _approved(args, out):
             out.print("Apply cancelled.")
             return 1
-    store = workspace.store(plan.experiment_id)
-    with store.lock("apply"), HostPool(plan.hosts) as pool:
+    say = lambda line: out.print(f"tfplan | {line}", highlight=False)  # noqa: E731
+    with ExperimentRun(plan, workspace, say, config_yaml) as run:
         started = time.monotonic()
-        result = apply_plan(plan, store, pool, lambda line: out.print(f"tfplan | {line}", highlight=False))
+        result = run.apply()
         counts = plan.counts()
         out.print(
             f"\nApply complete! Tasks: {len(result.started)} started, "
@@ -64,18 +66,22 @@ def run_apply(args: argparse.Namespace) -> int:
             f"({time.monotonic() - started:.1f}s)."
         )
         if args.detach:
+            run.detached = True
             out.print(f"Detached. Follow with: tfplan logs -f -e {plan.experiment_id}; "
                       f"stop with: tfplan destroy -e {plan.experiment_id}")
             return 0
         if not any(t.status == "running" for t in result.state.tasks):
             return 0
         max_steps = plan.run_config.get("trainer", {}).get("max_steps")
-        outcome = _supervise(result.state, store, pool, out, max_steps)
-        _report(outcome, plan, pool, out)
-        return 0 if outcome.succeeded else 1
+        outcome = _supervise(run, out, max_steps)
+    _report(outcome, plan, run.result, out)
+    return 0 if outcome.succeeded else 1
 
 
-def _plan_to_apply(args: argparse.Namespace, workspace: Workspace, out: Console) -> tuple[Plan, bool]:
+def _plan_to_apply(
+    args: argparse.Namespace, workspace: Workspace, out: Console
+) -> tuple[Plan, bool, str | None]:
+    """(the plan, whether it was made just now, the resolved config when composed here)."""
     overrides = [a for a in args.args if "=" in a or a.startswith(("+", "~"))]
     files = [a for a in args.args if a not in overrides]
     if files and overrides:
@@ -86,12 +92,19 @@ def _plan_to_apply(args: argparse.Namespace, workspace: Workspace, out: Console)
     if len(files) > 1:
         raise TfplanError(f"apply takes one plan file, got {len(files)}: {' '.join(files)}")
     if files:
-        return workspace.load_plan(Path(files[0])), False
+        return workspace.load_plan(Path(files[0])), False, None
     if not overrides and workspace.default_plan_path.exists():
         out.print(f"Applying the saved plan {workspace.default_plan_path}")
-        return workspace.load_plan(), False
-    cfg = compose(overrides, args.config_dir)
-    return make_plan(cfg, refreshed_state(workspace.store(cfg.experiment.id))), True
+        return workspace.load_plan(), False, None
+    from omegaconf import OmegaConf
+
+    from tfplan.compose import compose_config, to_config
+
+    config_dir = Path(args.config_dir).absolute() if args.config_dir else None
+    composed = compose_config(overrides, config_dir)
+    cfg = to_config(composed)
+    plan = make_plan(cfg, refreshed_state(workspace.store(cfg.experiment.id)))
+    return plan, True, OmegaConf.to_yaml(composed)
 
 
 def _approved(args: argparse.Namespace, out: Console) -> bool:
@@ -103,28 +116,17 @@ def _approved(args: argparse.Namespace, out: Console) -> bool:
     return input("  Enter a value: ").strip() == "yes"
 
 
-def _supervise(
-    state: State, store: StateStore, pool: HostPool, out: Console, max_steps: int | None
-) -> Outcome:
+def _supervise(run: ExperimentRun, out: Console, max_steps: int | None) -> Outcome:
     printer = LogPrinter(out)
     with step_progress(out, max_steps) as on_step:
-        supervisor = Supervisor(store, pool, printer.emit, on_step=on_step)
         try:
-            return supervisor.run(state)
+            return run.supervise(printer.emit, on_step)
         except KeyboardInterrupt:
             out.print("Interrupted: every task was stopped; the state records them as stopped.")
             raise
 
 
-def _report(outcome: Outcome, plan: Plan, pool: HostPool, out: Console) -> None:
-    chief = next((t for t in plan.tasks if t.is_chief), None)
-    result = None
-    if chief is not None:
-        try:
-            data, _ = pool[chief.host].read_log(result_path(plan.output_dir), 0)
-            result = json.loads(data.decode() or "null")
-        except (TfplanError, ValueError):
-            result = None
+def _report(outcome: Outcome, plan: Plan, result: dict[str, Any] | None, out: Console) -> None:
     if outcome.succeeded:
         out.print(f"\n[bold green]Training complete[/]: {outcome.reason}.")
     else:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from tfplan.commands.common import compose, console, make_plan, workspace_from
+from tfplan.commands.sweep import add_sweep_arguments, run_sweep_command
 from tfplan.refresh import refreshed_state
 from tfplan.render import print_plan
 
@@ -29,6 +30,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     plan.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
     plan.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     plan.add_argument("--no-save", action="store_true", help="do not write a plan file")
+    add_sweep_arguments(plan)
     plan.set_defaults(func=run_plan)
 
     show = subparsers.add_parser("show", help="show a saved plan")
@@ -39,6 +41,8 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    if args.multirun:  # a dry run of the whole sweep: one line per point, nothing saved
+        return run_sweep_command(args, args.overrides, dry_run=True)
     if args.cfg:
         config_dir = Path(args.config_dir).absolute() if args.config_dir else None
         from omegaconf import OmegaConf  # Hydra/OmegaConf load only for the verbs that compose
