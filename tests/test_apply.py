@@ -85,7 +85,8 @@ def test_chief_failure_tears_everything_down(ws: Path) -> None:
     proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port),
                   *fake_overrides(ws, chief_exit="3", worker_secs="60"))
     assert proc.returncode == 1
-    assert "worker/0 failed: tearing down the cluster" in proc.stdout
+    assert "worker/0 failed (exit code 3): tearing down the cluster" in proc.stdout
+    assert "not restarted: exit code 3 is permanent under policy ExitCode" in proc.stdout
     assert proc.stderr.startswith("error: training failed: worker/0 failed (exit code 3)")
     state = state_of(ws)
     statuses = {t["name"]: t["status"] for t in state["tasks"]}
@@ -97,7 +98,8 @@ def test_failed_worker_is_reported_and_training_goes_on(ws: Path) -> None:
     port = free_port_base()
     proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port),
                   *fake_overrides(ws, steps="15", worker_exit="1", worker_secs="0.2"), check=True)
-    assert "worker/1 failed (exit code 1); the other workers go on" in proc.stdout
+    assert "worker/1 failed (exit code 1); not restarted: exit code 1 is permanent" in proc.stdout
+    assert "the other tasks go on" in proc.stdout
     assert "Training complete" in proc.stdout
     assert "step=15" in proc.stdout
 

@@ -28,6 +28,7 @@ __all__ = [
     "LifecycleConfig",
     "ModelConfig",
     "RecipeConfig",
+    "RestartConfig",
     "SyncConfig",
     "TrainerConfig",
     "register_configs",
@@ -151,12 +152,32 @@ class RecipeConfig:
 
 
 @dataclass
-class LifecycleConfig:
-    """What the supervisor does when tasks end."""
+class RestartConfig:
+    """Restart policy per role, as TFJob offers: Never | OnFailure | Always | ExitCode.
 
-    on_chief_failure: str = "teardown"  # teardown | keep
-    ps_grace_secs: float = 5.0  # after the chief succeeds, ps/evaluator get this long to exit
+    ExitCode: exit codes 1-127 are permanent (a bug, bad data, NaN: restarting will not help),
+    128-255 (killed by a signal, e.g. 137 after SIGKILL or the OOM killer) are retried.
+    """
+
+    ps: str = "ExitCode"
+    chief: str = "ExitCode"
+    worker: str = "ExitCode"
+    evaluator: str = "ExitCode"
+    backoff_limit: int = 3  # restarts per task, at most
+    backoff_secs: float = 1.0  # wait before a restart; doubles with each restart of a task
+
+
+@dataclass
+class LifecycleConfig:
+    """What the supervisor does when tasks end, hang or fail."""
+
+    on_chief_failure: str = "teardown"  # teardown | keep (once the chief cannot be restarted)
+    ps_grace_secs: float = 5.0  # after the chief succeeds, a ps gets this long to exit by itself
+    evaluator_grace_secs: float = 120.0  # ... and the evaluator this long to evaluate the last step
     stop_grace_secs: float = 5.0  # SIGTERM, then SIGKILL after this long
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    progress_timeout_secs: Optional[float] = None  # a worker with no log line for this long hangs
+    deadline_secs: Optional[float] = None  # the whole job; then everything is stopped
 
 
 @dataclass

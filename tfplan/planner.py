@@ -71,15 +71,11 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext) -> Plan:
     workdir = _absolute(cluster.workdir, ctx.cwd)
     run_config = _run_config(cfg, output_dir)
     config_digest = _digest(run_config)
-    settings = {
-        "on_chief_failure": cfg.lifecycle.on_chief_failure,
-        "ps_grace_secs": str(cfg.lifecycle.ps_grace_secs),
-        "stop_grace_secs": str(cfg.lifecycle.stop_grace_secs),
-    }
+    settings = _job_settings(cfg)
     tf_configs = _TfConfigs(cluster_spec)
     tasks = tuple(
         _task(cfg, slot, hosts[slot.host], ports.get((slot.role, slot.index)), tf_configs,
-              workdir, output_dir, config_digest, settings)
+              workdir, output_dir, config_digest, _task_settings(cfg, slot.role))
         for slot in slots
     )
     changes = _diff(tasks, state)
@@ -100,6 +96,31 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext) -> Plan:
         state_lineage=state.lineage if state is not None else None,
         state_serial=state.serial if state is not None else 0,
     )
+
+
+def _job_settings(cfg: Config) -> dict[str, str]:
+    """Supervisor-side settings of the whole job (changing them restarts nothing)."""
+    life = cfg.lifecycle
+    return {
+        "on_chief_failure": life.on_chief_failure,
+        "ps_grace_secs": str(life.ps_grace_secs),
+        "evaluator_grace_secs": str(life.evaluator_grace_secs),
+        "stop_grace_secs": str(life.stop_grace_secs),
+        "deadline_secs": "" if life.deadline_secs is None else str(life.deadline_secs),
+    }
+
+
+def _task_settings(cfg: Config, role: Role) -> dict[str, str]:
+    """The job's settings plus this role's restart policy and liveness timeout."""
+    life = cfg.lifecycle
+    liveness = life.progress_timeout_secs if role in (Role.CHIEF, Role.WORKER) else None
+    return {
+        **_job_settings(cfg),
+        "restart_policy": str(getattr(life.restart, role.value)),
+        "backoff_limit": str(life.restart.backoff_limit),
+        "backoff_secs": str(life.restart.backoff_secs),
+        "progress_timeout_secs": "" if liveness is None else str(liveness),
+    }
 
 
 def _host_spec(cfg: Config, host: HostConfig, ctx: PlanContext) -> HostSpec:

@@ -125,8 +125,18 @@ def _task_fields(task: Task) -> list[tuple[str, str]]:
         ("command", _value(" ".join(task.command))),
         ("workdir", _value(task.workdir)),
         ("TF_CONFIG", task.tf_config),
+        ("restart", _restart(task)),
         ("pid", "(known after apply)"),
     ]
+
+
+def _restart(task: Task) -> str:
+    policy = task.settings.get("restart_policy", "Never")
+    if policy == "Never":
+        return '"Never"'
+    text = f'"{policy}" (up to {task.settings.get("backoff_limit", "0")} restarts'
+    timeout = task.settings.get("progress_timeout_secs")
+    return text + (f", hung after {timeout}s without a log line)" if timeout else ")")
 
 
 def _value(value: object) -> str:

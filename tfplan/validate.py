@@ -286,6 +286,35 @@ def _check_recipe_and_rest(cfg: Config) -> None:
         )
 
 
+RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
+
+
+def _check_lifecycle(cfg: Config) -> None:
+    life = cfg.lifecycle
+    for role in ("ps", "chief", "worker", "evaluator"):
+        policy = getattr(life.restart, role)
+        _require(
+            policy in RESTART_POLICIES,
+            f"lifecycle.restart.{role}",
+            f"unknown restart policy {policy!r}",
+            f"choose one of {', '.join(RESTART_POLICIES)}",
+        )
+    _require(life.restart.backoff_limit >= 0, "lifecycle.restart.backoff_limit",
+             f"{life.restart.backoff_limit} < 0", "use 0 (no restarts) or more")
+    _require(life.restart.backoff_secs >= 0, "lifecycle.restart.backoff_secs", "negative",
+             "use e.g. 1")
+    _require(life.ps_grace_secs >= 0, "lifecycle.ps_grace_secs", "negative", "use e.g. 5")
+    _require(life.evaluator_grace_secs >= 0, "lifecycle.evaluator_grace_secs", "negative",
+             "use e.g. 120")
+    _require(life.stop_grace_secs >= 0, "lifecycle.stop_grace_secs", "negative", "use e.g. 5")
+    if life.progress_timeout_secs is not None:
+        _require(life.progress_timeout_secs > 0, "lifecycle.progress_timeout_secs",
+                 "not positive", "use e.g. 120 (longer than the gap between log lines), or null")
+    if life.deadline_secs is not None:
+        _require(life.deadline_secs > 0, "lifecycle.deadline_secs", "not positive",
+                 "use e.g. 3600, or null")
+
+
 _CHECKS: tuple[Callable[[Config], None], ...] = (
     _check_hosts,
     _check_roles,
@@ -294,4 +323,5 @@ _CHECKS: tuple[Callable[[Config], None], ...] = (
     _check_model_and_data,
     _check_trainer,
     _check_recipe_and_rest,
+    _check_lifecycle,
 )

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from tfplan.applier import stop_tasks
 from tfplan.commands.common import console, workspace_from
-from tfplan.commands.output import LogPrinter
+from tfplan.commands.output import LogPrinter, step_progress
 from tfplan.errors import ApplyError, StateError
 from tfplan.hosts import HostPool
 from tfplan.state import State, StateStore, TaskState
@@ -35,6 +35,14 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     logs.add_argument("-e", "--experiment", help="experiment id (default: the only one)")
     logs.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     logs.set_defaults(func=run_logs)
+
+    watch = subparsers.add_parser(
+        "watch",
+        help="take supervision of running tasks back (after tfplan itself was stopped or killed)",
+    )
+    watch.add_argument("-e", "--experiment", help="experiment id (default: the only one)")
+    watch.add_argument("--workspace", help="workspace folder (default: .tfplan)")
+    watch.set_defaults(func=run_watch)
 
     destroy = subparsers.add_parser("destroy", help="stop every task of an experiment")
     destroy.add_argument("-e", "--experiment", help="experiment id (default: the only one)")
@@ -155,6 +163,26 @@ class _Follower(Supervisor):
     def close(self) -> None:
         self._stop_streams()
         self._drain()
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    """Supervise an experiment's tasks exactly as an attached apply does, from its state."""
+    store, state = _load(args)
+    out = console()
+    if not any(t.status == "running" for t in state.tasks):
+        out.print(f"Nothing runs in experiment {state.experiment_id}; see `tfplan status`.")
+        return 0
+    printer = LogPrinter(out)
+    with store.lock("watch"), HostPool(state.hosts) as pool:
+        state = store.load() or state
+        out.print(f"Watching {sum(t.status == 'running' for t in state.tasks)} running task(s) of "
+                  f"experiment {state.experiment_id}")
+        with step_progress(out, None) as on_step:
+            outcome = Supervisor(store, pool, printer.emit, on_step=on_step).run(state)
+    if not outcome.succeeded:
+        raise ApplyError(f"training failed: {outcome.reason}; see `tfplan logs -e {state.experiment_id}`")
+    out.print(f"Training complete: {outcome.reason}.")
+    return 0
 
 
 def run_destroy(args: argparse.Namespace) -> int:

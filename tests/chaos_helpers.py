@@ -1,0 +1,123 @@
+"""A running `tfplan apply` whose output the test can wait on, and checks every chaos test makes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from apply_helpers import CONF, alive, state_of
+
+STEP = re.compile(r"^(\S+)\s+\| .*\bstep=(\d+)")
+
+
+class ApplyRun:
+    """`tfplan apply` in the background; its stdout lines collected with arrival times."""
+
+    def __init__(self, cwd: Path, args: list[str]) -> None:
+        self.cwd = cwd
+        self.lines: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        env = {**os.environ, "TFPLAN_CONF": str(CONF)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tfplan", "apply", "--auto-approve", *args],
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+                self._cond.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float, after: int = 0) -> int:
+        """Index of the first line (from ``after``) matching ``pattern``."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for i in range(after, len(self.lines)):
+                    if regex.search(self.lines[i][1]):
+                        return i
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    tail = "\n".join(line for _, line in self.lines[-40:])
+                    raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n{tail}")
+                self._cond.wait(min(left, 0.5))
+
+    def wait_step(self, step: int, timeout: float, task: str = r"\S+") -> int:
+        deadline = time.monotonic() + timeout
+        after = 0
+        while True:
+            i = self.wait_for(rf"^{task}\s+\| .*\bstep=\d+", max(0.1, deadline - time.monotonic()),
+                              after)
+            match = STEP.match(self.lines[i][1])
+            if match and int(match.group(2)) >= step:
+                return i
+            after = i + 1
+
+    def finish(self, timeout: float) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self._reader.join(5)
+        return code
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def steps(self, after: int = 0, until: int | None = None) -> list[tuple[str, int]]:
+        """(task, global step) of every progress line in lines[after:until]."""
+        out = []
+        for _, line in self.lines[after:until]:
+            match = STEP.match(line)
+            if match:
+                out.append((match.group(1), int(match.group(2))))
+        return out
+
+
+def task_record(cwd: Path, name: str, experiment: str = "t") -> dict[str, Any]:
+    return next(t for t in state_of(cwd, experiment)["tasks"] if t["name"] == name)
+
+
+def kill_task(cwd: Path, name: str, sig: int = signal.SIGKILL) -> dict[str, Any]:
+    """Send ``sig`` to a task's whole process group, as a crash or the OOM killer would."""
+    task = task_record(cwd, name)
+    os.killpg(task["pgid"], sig)
+    return task
+
+
+def checkpoint_steps(output_dir: Path) -> list[int]:
+    return sorted(int(m.group(1)) for p in output_dir.glob("model.ckpt-*.index")
+                  if (m := re.search(r"ckpt-(\d+)\.index$", p.name)))
+
+
+def final_checkpoint_step(output_dir: Path) -> int:
+    """The global step stored in the latest checkpoint, read by TensorFlow itself."""
+    code = (
+        "import os; os.environ['TF_CPP_MIN_LOG_LEVEL']='3'\n"
+        "import sys, tensorflow as tf\n"
+        "path = tf.train.latest_checkpoint(sys.argv[1])\n"
+        "print(int(tf.train.load_checkpoint(path).get_tensor('global_step')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(output_dir)], capture_output=True,
+                         text=True, timeout=120, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def assert_nothing_left(cwd: Path, experiment: str = "t") -> None:
+    state = state_of(cwd, experiment)
+    assert all(t["status"] != "running" for t in state["tasks"]), state["tasks"]
+    left = [t["name"] for t in state["tasks"] if alive(t["pid"])]
+    assert not left, f"still running: {left}"

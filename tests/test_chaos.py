@@ -1,0 +1,127 @@
+"""Chaos: kill or freeze real tasks of a real cluster mid-run; training must still complete.
+
+Every test asserts: the job reaches its last step, the final checkpoint loads and holds the final
+global step, no step counter went back beyond the last checkpoint taken before the fault, the
+state file is consistent, and no process is left. Waits are on observed log lines, never sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apply_helpers import (
+    alive,
+    base_overrides,
+    free_port_base,
+    kill_groups,
+    recorded_groups,
+    state_of,
+    tfplan,
+)
+from chaos_helpers import (
+    ApplyRun,
+    assert_nothing_left,
+    checkpoint_steps,
+    final_checkpoint_step,
+    kill_task,
+    task_record,
+)
+
+pytestmark = pytest.mark.cluster
+
+MAX_STEPS = 1500
+FAULT_AT = 300
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    kill_groups(recorded_groups(tmp_path))
+
+
+def _args(ws: Path, *extra: str) -> list[str]:
+    return [
+        *base_overrides(ws, free_port_base()),
+        f"trainer.max_steps={MAX_STEPS}", "trainer.log_steps=50", "trainer.checkpoint_steps=100",
+        "trainer.summary_steps=100", "lifecycle.restart.backoff_secs=0.2", *extra,
+    ]
+
+
+def _finish_and_check(run: ApplyRun, ws: Path, recovered_line: int, last_ckpt: int) -> dict[str, object]:
+    """Wait for the end and check it; steps are compared from the victim's restart on (lines
+    printed just before the fault can still arrive after it)."""
+    code = run.finish(timeout=240)
+    assert code == 0, run.text()[-4000:]
+    assert "Training complete" in run.text()
+    result = json.loads((ws / "out" / "result.json").read_text())
+    assert result["global_step"] >= MAX_STEPS
+    assert final_checkpoint_step(ws / "out") == result["global_step"]
+    after = [step for _, step in run.steps(recovered_line + 1)]
+    assert after, "no training step after the fault"
+    assert min(after) >= last_ckpt, (min(after), last_ckpt)
+    assert_nothing_left(ws)
+    return result
+
+
+@pytest.mark.parametrize("victim", ["ps/0", "worker/0", "worker/1"])
+def test_sigkill_of_a_task_is_restarted_and_training_completes(ws: Path, victim: str) -> None:
+    run = ApplyRun(ws, _args(ws))
+    fault = run.wait_step(FAULT_AT, timeout=120, task="worker/0")
+    last_ckpt = max(checkpoint_steps(ws / "out"), default=0)
+    before = kill_task(ws, victim)
+    recovered = run.wait_for(rf"{victim}: restarted on localhost", timeout=30, after=fault)
+    restarted = task_record(ws, victim)
+    assert restarted["pid"] != before["pid"] and restarted["restarts"] == 1
+    assert restarted["port"] == before["port"]
+    if victim == "worker/0":
+        # The chief rejoins the live variables: no rollback at all, not even to the checkpoint.
+        step_at_fault = max(step for name, step in run.steps(0, fault + 1) if name == "worker/0")
+        last_ckpt = max(last_ckpt, step_at_fault - 100)
+    _finish_and_check(run, ws, recovered, last_ckpt)
+    assert (Path(restarted["log_path"] + ".0")).exists()  # the first life's log is kept
+
+
+def test_sigstop_hang_is_detected_killed_and_restarted(ws: Path) -> None:
+    run = ApplyRun(ws, _args(ws, "lifecycle.progress_timeout_secs=8"))
+    fault = run.wait_step(FAULT_AT, timeout=120, task="worker/1")
+    last_ckpt = max(checkpoint_steps(ws / "out"), default=0)
+    kill_task(ws, "worker/1", signal.SIGSTOP)
+    run.wait_for(r"worker/1: no log line for \d+s: treating it as hung", timeout=30, after=fault)
+    recovered = run.wait_for(r"worker/1: restarted on localhost", timeout=30, after=fault)
+    _finish_and_check(run, ws, recovered, last_ckpt)
+
+
+def test_evaluator_killed_is_restarted(ws: Path) -> None:
+    run = ApplyRun(ws, _args(ws, "cluster.evaluator=true", "trainer.eval_secs=0.5"))
+    fault = run.wait_step(FAULT_AT, timeout=120, task="worker/0")
+    last_ckpt = max(checkpoint_steps(ws / "out"), default=0)
+    kill_task(ws, "evaluator/0")
+    recovered = run.wait_for(r"evaluator/0: restarted on localhost", timeout=30, after=fault)
+    _finish_and_check(run, ws, recovered, last_ckpt)
+    metrics = (ws / "out" / "eval" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(metrics[-1])["global_step"] >= MAX_STEPS
+
+
+def test_killing_tfplan_leaves_tasks_running_and_watch_takes_over(ws: Path) -> None:
+    run = ApplyRun(ws, _args(ws))
+    fault = run.wait_step(FAULT_AT, timeout=120, task="worker/0")
+    last_ckpt = max(checkpoint_steps(ws / "out"), default=0)
+    run.proc.send_signal(signal.SIGKILL)
+    run.finish(timeout=10)
+    tasks = state_of(ws)["tasks"]
+    assert all(alive(t["pid"]) for t in tasks), "tasks must outlive tfplan"
+    status = tfplan(ws, "status", check=True)
+    assert status.stdout.count("running") >= 3
+    watch = tfplan(ws, "watch", timeout=240)
+    assert watch.returncode == 0, watch.stdout[-3000:] + watch.stderr
+    assert "Training complete" in watch.stdout
+    result = json.loads((ws / "out" / "result.json").read_text())
+    assert result["global_step"] >= MAX_STEPS
+    assert final_checkpoint_step(ws / "out") == result["global_step"]
+    assert result["global_step"] >= last_ckpt
+    assert_nothing_left(ws)
+    assert fault > 0
