@@ -20,11 +20,11 @@ STEP = re.compile(r"^(\S+)\s+\| .*\bstep=(\d+)")
 class ApplyRun:
     """`tfplan apply` in the background; its stdout lines collected with arrival times."""
 
-    def __init__(self, cwd: Path, args: list[str]) -> None:
+    def __init__(self, cwd: Path, args: list[str], env: dict[str, str] | None = None) -> None:
         self.cwd = cwd
         self.lines: list[tuple[float, str]] = []
         self._cond = threading.Condition()
-        env = {**os.environ, "TFPLAN_CONF": str(CONF)}
+        env = {**os.environ, "TFPLAN_CONF": str(CONF), **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tfplan", "apply", "--auto-approve", *args],
             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,9 @@ from apply_helpers import (
     state_of,
     tfplan,
 )
+from test_apply_ssh import _conf_with_cluster
+from test_apply_ssh import _host as _ssh_host
+from testbed import NetnsTestbed
 from chaos_helpers import (
     ApplyRun,
     assert_nothing_left,
@@ -125,3 +129,41 @@ def test_killing_tfplan_leaves_tasks_running_and_watch_takes_over(ws: Path) -> N
     assert result["global_step"] >= last_ckpt
     assert_nothing_left(ws)
     assert fault > 0
+
+
+@pytest.mark.netns
+def test_unreachable_host_is_replaced_on_the_others_and_training_completes(
+    ws: Path, netns_testbed: NetnsTestbed
+) -> None:
+    """h3 drops off the network mid-run: after host_timeout_secs its worker is lost, the
+    supervisor re-plans on h1 and h2 (new cluster spec, every task restarts from the last
+    checkpoint) and training completes; once h3 is back, destroy stops what was left there."""
+    hosts = [_ssh_host(t) for t in netns_testbed.targets()]
+    env = _conf_with_cluster(ws, "three", {
+        "hosts": hosts, "ps": 1, "workers": 2,
+        "ssh_known_hosts": str(netns_testbed.known_hosts),
+        "workdir": str(ws / "work"), "output_dir": str(ws / "out"),
+    })
+    args = ["cluster=three", "experiment.id=t", f"trainer.max_steps={MAX_STEPS}",
+            "trainer.log_steps=50", "trainer.checkpoint_steps=100", "lifecycle.ps_grace_secs=2",
+            "lifecycle.host_timeout_secs=6"]
+    run = ApplyRun(ws, args, env=env)
+    h3 = netns_testbed.namespaces[2]
+    try:
+        fault = run.wait_step(FAULT_AT, timeout=150, task="worker/0")
+        lost = task_record(ws, "worker/1")
+        assert lost["host"] == "h3"
+        last_ckpt = max(checkpoint_steps(ws / "out"), default=0)
+        subprocess.run(["ip", "-n", h3, "link", "set", "eth0", "down"], check=True)
+        run.wait_for(r"host\(s\) h3 unreachable for \d+s: lost worker/1", timeout=60, after=fault)
+        recovered = run.wait_for(r"worker/0: started on h\d", timeout=60, after=fault)
+        _finish_and_check(run, ws, recovered, last_ckpt)
+    finally:
+        subprocess.run(["ip", "-n", h3, "link", "set", "eth0", "up"], check=False)
+    state = state_of(ws)
+    assert "h3" not in {t["host"] for t in state["tasks"]}
+    assert [t["name"] for t in state["lost"]] == ["worker/1"]
+    destroyed = tfplan(ws, "destroy", env=env, timeout=120)
+    assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
+    assert f"Stopped worker/1 left on h3 (pid {lost['pid']})" in destroyed.stdout
+    assert state_of(ws)["lost"] == []

@@ -279,3 +279,33 @@ def test_plan_json_round_trip(overrides: tuple[str, ...]) -> None:
     assert all(c.action is Action.REPLACE for c in with_state.changes)
     assert Plan.from_json(with_state.to_json()) == with_state
     assert Task.from_dict(json.loads(json.dumps(p.tasks[0].to_dict()))) == p.tasks[0]
+
+
+def test_unreachable_host_gets_no_task_and_its_tasks_are_replaced_elsewhere() -> None:
+    from dataclasses import replace as _replace
+
+    from tfplan.compose import compose_config, to_config
+    from tfplan.planner import PlanContext, plan
+    from tfplan.state import State, TaskState
+
+    cfg = to_config(compose_config(["cluster=3node", "cluster.ps=1", "cluster.workers=2"]))
+    ctx = PlanContext(cwd="/w", local_python="/usr/bin/python3", tf_version="2.21.0")
+    first = plan(cfg, None, ctx)
+    tasks = tuple(
+        TaskState(name=t.name, role=t.role.value, index=t.index, host=t.host, address=t.address,
+                  port=t.port, pid=100 + i, pgid=100 + i, log_path=t.log_path, workdir=t.workdir,
+                  fingerprint=t.fingerprint, started_at=0.0, settings=dict(t.settings),
+                  spec=t.to_dict())
+        for i, t in enumerate(first.tasks)
+    )
+    down = next(t.host for t in first.tasks if t.name == "worker/1")
+    state = _replace(State.empty("L"), serial=4,
+                     tasks=tuple(_replace(t, status="unreachable") if t.host == down else t
+                                 for t in tasks))
+    second = plan(cfg, state, ctx)
+    assert down not in {t.host for t in second.tasks}
+    change = next(c for c in second.changes if c.task == "worker/1")
+    assert change.action.value == "replace" and change.reasons == (f"host {down} is unreachable",)
+    assert any(f"host {down} is unreachable" in w for w in second.warnings)
+    # the others are replaced too: the cluster spec changed
+    assert all(c.action.value == "replace" for c in second.changes)

@@ -60,9 +60,13 @@ def apply_plan(plan: Plan, store: StateStore, pool: HostPool, say: Say) -> Apply
         cluster_name=plan.cluster_name,
         output_dir=plan.output_dir,
         hosts=_merged_hosts(state, plan),
+        config=plan.source_config,
     )
     by_action = {c.task: c.action for c in plan.changes}
+    unreachable = {c.task for c in plan.changes if c.previous.get("status") == "unreachable"}
     to_stop = [t for t in state.tasks if by_action.get(t.name) in (Action.DESTROY, Action.REPLACE)]
+    state = _abandon([t for t in to_stop if t.name in unreachable], state, say)
+    to_stop = [t for t in to_stop if t.name not in unreachable]
     state = stop_tasks(state, to_stop, store, pool, say, forget=True)
     to_start = [t for t in plan.tasks if by_action.get(t.name) in (Action.CREATE, Action.REPLACE)]
     updated = [t for t in plan.tasks if by_action.get(t.name) is Action.UPDATE]
@@ -81,6 +85,16 @@ def apply_plan(plan: Plan, store: StateStore, pool: HostPool, say: Say) -> Apply
         stopped=tuple(t.name for t in to_stop),
         updated=tuple(t.name for t in updated),
     )
+
+
+def _abandon(tasks: list[TaskState], state: State, say: Say) -> State:
+    """Tasks on hosts tfplan cannot reach: keep them in ``state.lost`` so that a later
+    ``tfplan destroy`` stops them once their host is back."""
+    for task in tasks:
+        say(f"{task.name}: host {task.host} is unreachable; pid {task.pid} may still run there "
+            "(`tfplan destroy` stops it once the host is back)")
+        state = replace(state.without_task(task.name), lost=(*state.lost, task))
+    return state
 
 
 def _merged_hosts(state: State, plan: Plan) -> tuple[HostSpec, ...]:

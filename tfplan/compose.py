@@ -16,7 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tfplan.config import Config, register_configs
 from tfplan.errors import ConfigError
 
-__all__ = ["conf_dir", "compose_config", "to_config"]
+__all__ = ["conf_dir", "compose_config", "config_from_dict", "to_config"]
 
 
 def conf_dir() -> Path:
@@ -105,3 +105,21 @@ def _missing_option(error: MissingConfigException) -> ConfigError:
 
 def resolved_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(cfg)
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """A typed Config from the plain data a plan carries (``Plan.source_config["config"]``).
+
+    Raises:
+        ConfigError: the data no longer fits the schemas (e.g. written by another version).
+    """
+    from tfplan.config import _GROUP_SCHEMAS, AlgoConfig
+
+    algo_schema = _GROUP_SCHEMAS["algo"].get(f"schema_{data.get('algo', {}).get('name')}", AlgoConfig)
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(Config), {"algo": OmegaConf.structured(algo_schema)}, data
+        )
+        return cast(Config, OmegaConf.to_object(merged))
+    except OmegaConfBaseException as error:
+        raise _one_line(error) from error

@@ -178,6 +178,8 @@ class LifecycleConfig:
     restart: RestartConfig = field(default_factory=RestartConfig)
     progress_timeout_secs: Optional[float] = None  # a worker with no log line for this long hangs
     deadline_secs: Optional[float] = None  # the whole job; then everything is stopped
+    host_timeout_secs: float = 20.0  # a host unreachable this long has lost its tasks
+    on_host_failure: str = "replace"  # replace (re-plan on the other hosts) | fail
 
 
 @dataclass

@@ -183,6 +183,9 @@ class Plan:
     state_lineage: str | None  # the state this plan was made against (None: no state yet)
     state_serial: int
     format_version: int = PLAN_FORMAT_VERSION
+    # The typed config as plain data, paths absolute, plus the planning context: what the
+    # supervisor needs to plan again on its own (e.g. around a host that went down).
+    source_config: dict[str, Any] = field(default_factory=dict)
 
     def host(self, name: str) -> HostSpec:
         for host in self.hosts:
@@ -238,6 +241,7 @@ class Plan:
             "warnings": list(self.warnings),
             "state_lineage": self.state_lineage,
             "state_serial": self.state_serial,
+            "source_config": self.source_config,
         }
 
     @classmethod
@@ -271,6 +275,7 @@ class Plan:
             warnings=tuple(data["warnings"]),
             state_lineage=data["state_lineage"],
             state_serial=int(data["state_serial"]),
+            source_config=dict(data.get("source_config", {})),
         )
 
     def to_json(self) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from tfplan.config import ChiefMode, Config, HostConfig
+from tfplan.config import ChiefMode, ClusterConfig, Config, HostConfig
 from tfplan.placement import Slot, allocate_ports, host_name, place
 from tfplan.plan import Action, Change, HostSpec, Plan, Role, Task
 from tfplan.sharding import preview_sharding
@@ -61,7 +61,8 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext) -> Plan:
     """
     validate(cfg)
     cluster = cfg.cluster
-    slots = place(cluster)
+    down = _unreachable_hosts(state)
+    slots = place(_without(cluster, down))
     hosts = tuple(_host_spec(cfg, h, ctx) for h in cluster.hosts)
     live = _live_tasks(state, cfg.experiment.id)
     preferred = {(t.name, _host_position(cluster.hosts, t.host)): t.port for t in live if t.port}
@@ -92,10 +93,40 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext) -> Plan:
         tf_version=ctx.tf_version,
         settings=settings,
         sharding=preview_sharding(cfg.model, cfg.data, count_ps(cluster)),
-        warnings=_warnings(cfg, ports),
+        warnings=_warnings(cfg, ports) + _down_warnings(down),
         state_lineage=state.lineage if state is not None else None,
         state_serial=state.serial if state is not None else 0,
+        source_config=_source_config(cfg, ctx, output_dir, workdir),
     )
+
+
+def _unreachable_hosts(state: State | None) -> frozenset[str]:
+    """Hosts the refreshed state could not reach: nothing new is placed there."""
+    if state is None:
+        return frozenset()
+    return frozenset(t.host for t in state.tasks if t.status == "unreachable")
+
+
+def _without(cluster: ClusterConfig, down: frozenset[str]) -> ClusterConfig:
+    if not down:
+        return cluster
+    hosts = [dataclasses.replace(h, cpu_slots=0, gpus=0) if host_name(h) in down else h
+             for h in cluster.hosts]
+    return dataclasses.replace(cluster, hosts=hosts)
+
+
+def _down_warnings(down: frozenset[str]) -> tuple[str, ...]:
+    return tuple(
+        f"host {name} is unreachable: its tasks are placed on the other hosts, and since the "
+        "cluster spec changes every task restarts from the last checkpoint" for name in sorted(down)
+    )
+
+
+def _source_config(cfg: Config, ctx: PlanContext, output_dir: str, workdir: str) -> dict[str, Any]:
+    config = _plain(cfg)
+    config["cluster"]["output_dir"] = output_dir
+    config["cluster"]["workdir"] = workdir
+    return {"config": config, "context": dataclasses.asdict(ctx)}
 
 
 def _job_settings(cfg: Config) -> dict[str, str]:
@@ -107,6 +138,8 @@ def _job_settings(cfg: Config) -> dict[str, str]:
         "evaluator_grace_secs": str(life.evaluator_grace_secs),
         "stop_grace_secs": str(life.stop_grace_secs),
         "deadline_secs": "" if life.deadline_secs is None else str(life.deadline_secs),
+        "host_timeout_secs": str(life.host_timeout_secs),
+        "on_host_failure": life.on_host_failure,
     }
 
 
@@ -313,6 +346,13 @@ def _previous(old: TaskState) -> dict[str, Any]:
 def _change(task: Task, old: TaskState | None) -> Change:
     if old is None:
         return Change(task=task.name, action=Action.CREATE)
+    if old.status == "unreachable":
+        return Change(
+            task=task.name,
+            action=Action.REPLACE,
+            reasons=(f"host {old.host} is unreachable",),
+            previous=_previous(old),
+        )
     if old.status not in ("running", "succeeded"):
         exit_note = f", exit code {old.exit_code}" if old.exit_code is not None else ""
         return Change(

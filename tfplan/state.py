@@ -72,6 +72,8 @@ class State:
     output_dir: str
     tasks: tuple[TaskState, ...]
     hosts: tuple[HostSpec, ...] = ()  # how to reach the hosts the tasks run on
+    lost: tuple[TaskState, ...] = ()  # tasks left behind on hosts that became unreachable
+    config: dict[str, Any] = field(default_factory=dict)  # the plan's source_config
     supervisor_pid: int | None = None  # the tfplan process supervising, when attached
     version: int = STATE_FORMAT_VERSION
 
@@ -104,6 +106,7 @@ class State:
         data = asdict(self)
         data["tasks"] = [asdict(t) for t in self.tasks]
         data["hosts"] = [asdict(h) for h in self.hosts]
+        data["lost"] = [asdict(t) for t in self.lost]
         return data
 
     @classmethod
@@ -116,6 +119,8 @@ class State:
             output_dir=data["output_dir"],
             tasks=tuple(TaskState.from_dict(t) for t in data["tasks"]),
             hosts=tuple(HostSpec(**h) for h in data.get("hosts", [])),
+            lost=tuple(TaskState.from_dict(t) for t in data.get("lost", [])),
+            config=dict(data.get("config", {})),
             supervisor_pid=data.get("supervisor_pid"),
             version=int(data.get("version", STATE_FORMAT_VERSION)),
         )

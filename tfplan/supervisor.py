@@ -28,7 +28,7 @@ from typing import Any
 
 from tfplan.applier import stop_tasks
 from tfplan.errors import TfplanError
-from tfplan.executors import LaunchSpec
+from tfplan.executors import LaunchSpec, run_on_hosts
 from tfplan.hosts import HostPool
 from tfplan.policy import backoff_delay, decide_restart
 from tfplan.state import State, StateStore, TaskState
@@ -49,19 +49,18 @@ class Outcome:
 
 
 def collect_status(state: State, pool: HostPool) -> dict[str, Any]:
-    """ProcessInfo (or the exception of its host) for every running task, by task name."""
+    """ProcessInfo (or the exception of its host) for every running task, by task name; all
+    hosts are asked at once, so one silent host costs one status timeout, not one per host."""
     running = [t for t in state.tasks if t.status == "running"]
+    by_host = {h: [t for t in running if t.host == h] for h in sorted({t.host for t in running})}
+
+    def ask(tasks: list[TaskState]) -> Any:
+        return pool[tasks[0].host].status([t.pid for t in tasks], [t.workdir for t in tasks])
+
     out: dict[str, Any] = {}
-    for host in sorted({t.host for t in running}):
-        mine = [t for t in running if t.host == host]
-        try:
-            infos = pool[host].status([t.pid for t in mine], [t.workdir for t in mine])
-        except TfplanError as error:
-            for task in mine:
-                out[task.name] = error
-            continue
-        for task in mine:
-            out[task.name] = infos.get(task.pid)
+    for host, result in run_on_hosts(by_host, ask).items():
+        for task in by_host[host]:
+            out[task.name] = result if isinstance(result, BaseException) else result.get(task.pid)
     return out
 
 
@@ -113,6 +112,7 @@ class Supervisor:
         self._life_started: dict[str, float] = {}
         self._pending: dict[str, float] = {}  # task name -> when to restart it
         self._done_at: float | None = None  # when the chief succeeded
+        self._unreachable_since: dict[str, float] = {}  # host -> first failed status check
         self._started = time.monotonic()
 
     # -- public ---------------------------------------------------------------------------
@@ -196,6 +196,10 @@ class Supervisor:
     def _observe(self, state: State) -> State:
         """Mark tasks whose process ended, and schedule restarts their policy asks for."""
         infos = collect_status(state, self.pool)
+        before = state.lineage, state.serial
+        state = self._hosts_down(state, infos)
+        if (state.lineage, state.serial) != before:
+            return state  # the tasks changed under the status just read: read again next tick
         changed = False
         for task in state.tasks:
             ended = ended_status(infos.get(task.name)) if task.status == "running" else None
@@ -206,6 +210,62 @@ class Supervisor:
             changed = True
             self._on_ended(replace(task, status=status, exit_code=code))
         return self.store.write(state) if changed else state
+
+    def _hosts_down(self, state: State, infos: dict[str, Any]) -> State:
+        """Hosts whose status checks fail for ``host_timeout_secs`` have lost their tasks:
+        re-plan on the other hosts (``on_host_failure=replace``) or let the lifecycle decide."""
+        now = time.monotonic()
+        failing = {t.host for t in state.tasks if isinstance(infos.get(t.name), BaseException)}
+        for host in list(self._unreachable_since):
+            if host not in failing:
+                del self._unreachable_since[host]
+                self._say(f"host {host} answers again")
+        down = []
+        for host in sorted(failing):
+            since = self._unreachable_since.setdefault(host, now)
+            mine = [t for t in state.tasks if t.host == host and t.status == "running"]
+            if since == now:
+                self._say(f"host {host} does not answer ({infos[mine[0].name]}); waiting")
+            timeout = _setting(mine[0], "host_timeout_secs", 20.0) or 20.0
+            if now - since >= timeout:
+                down.append(host)
+                for task in mine:
+                    state = state.with_task(replace(task, status="unreachable"))
+        if not down:
+            return state
+        state = self.store.write(state)
+        lost = ", ".join(t.name for t in state.tasks if t.host in down)
+        self._say(f"host(s) {', '.join(down)} unreachable for "
+                  f"{now - min(self._unreachable_since[h] for h in down):.0f}s: lost {lost}")
+        for host in down:
+            del self._unreachable_since[host]
+        anyone = next(t for t in state.tasks if t.host in down)
+        if anyone.settings.get("on_host_failure", "replace") == "replace" and self._done_at is None:
+            return self._replan(state)
+        return state
+
+    def _replan(self, state: State) -> State:
+        """Plan again from the config the state carries (the down hosts get no task) and apply
+        it: every task restarts with the new cluster spec, the chief from the last checkpoint."""
+        from tfplan.applier import apply_plan
+        from tfplan.compose import config_from_dict
+        from tfplan.planner import PlanContext, plan
+
+        if not state.config:
+            self._say("the state carries no config to re-plan from: run `tfplan plan` and `apply`")
+            return state
+        new_plan = plan(config_from_dict(state.config["config"]), state,
+                        PlanContext(**state.config["context"]))
+        self._say("re-planning the cluster on the hosts that answer")
+        for stream in self._streams.values():
+            stream.stop()
+        self._streams.clear()
+        self._pending.clear()
+        result = apply_plan(new_plan, self.store, self.pool, self._say)
+        for task in result.state.tasks:
+            if task.status == "running":
+                self._follow(task)
+        return result.state
 
     def _on_ended(self, task: TaskState) -> None:
         shown = _exit(task)

@@ -5,8 +5,8 @@
            └─ sweeper: basic | optuna | ...   a=1,2 b=x,y, range(), choice(), glob(); or samples
                 └─ ClusterLauncher            hydra/launcher=tfplan: id, folder, ports, concurrency
                      └─ PointTask(cfg)        plan + apply + supervise one cluster (ExperimentRun)
-                                              returns its held-out accuracy (NaN when it failed),
-                                              which an optimising sweeper maximises
+                                              returns its held-out accuracy, which an optimising
+                                              sweeper maximises (0.0 for a failed point)
 
 A failed point (bad value, preflight, training failure) is recorded with its reason and the
 others go on. Everything lands in the sweep folder (``cluster.output_dir`` of the sweep id,
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import sys
 import tempfile
@@ -41,6 +40,12 @@ from tfplan.workspace import Workspace
 __all__ = ["PointRecord", "SweepSpec", "SweepRecord", "run_sweep", "sweep_spec", "SweepOutput"]
 
 Say = Callable[[str], None]
+
+# What a failed point returns to the sweeper: the worst accuracy. Not NaN and not an exception:
+# Optuna's sweeper stops the whole sweep on either (a failed trial beyond max_failure_rate=0),
+# and one failed point must not stop the others; a point with no accuracy should also steer an
+# optimiser away. The table and files show it as failed, with its reason, all the same.
+FAILED_METRIC = 0.0
 
 
 @dataclass(frozen=True)
@@ -260,7 +265,7 @@ class PointTask:
             point = replace(point, status="failed", reason=str(error))
         with self._lock:
             self.planned.append(point)
-        return math.nan
+        return FAILED_METRIC
 
     def _run(self, point: PointRecord, cfg: Any) -> float:
         from tfplan.runner import ExperimentRun
@@ -293,7 +298,7 @@ class PointTask:
             point = replace(point, status="failed", reason=f"{type(error).__name__}: {error}")
         self._end(point, say)
         accuracy = (result or {}).get("accuracy") if point.status == "succeeded" else None
-        return float(accuracy) if isinstance(accuracy, (int, float)) else math.nan
+        return float(accuracy) if isinstance(accuracy, (int, float)) else FAILED_METRIC
 
     def _end(self, point: PointRecord, say: Say) -> None:
         assert self.record is not None

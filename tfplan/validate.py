@@ -310,6 +310,10 @@ def _check_lifecycle(cfg: Config) -> None:
     if life.progress_timeout_secs is not None:
         _require(life.progress_timeout_secs > 0, "lifecycle.progress_timeout_secs",
                  "not positive", "use e.g. 120 (longer than the gap between log lines), or null")
+    _require(life.host_timeout_secs > 0, "lifecycle.host_timeout_secs", "not positive",
+             "use e.g. 20")
+    _require(life.on_host_failure in ("replace", "fail"), "lifecycle.on_host_failure",
+             f"{life.on_host_failure!r}", "use replace or fail")
     if life.deadline_secs is not None:
         _require(life.deadline_secs > 0, "lifecycle.deadline_secs", "not positive",
                  "use e.g. 3600, or null")

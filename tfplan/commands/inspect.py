@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from rich.table import Table
@@ -12,7 +13,7 @@ from rich.table import Table
 from tfplan.applier import stop_tasks
 from tfplan.commands.common import console, workspace_from
 from tfplan.commands.output import LogPrinter, step_progress
-from tfplan.errors import ApplyError, StateError
+from tfplan.errors import ApplyError, StateError, TfplanError
 from tfplan.hosts import HostPool
 from tfplan.state import State, StateStore, TaskState
 from tfplan.supervisor import STEP_PATTERN, Supervisor, collect_status
@@ -185,6 +186,21 @@ def run_watch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_lost(state: State, store: StateStore, pool: HostPool, say: Any) -> list[TaskState]:
+    """Stop the tasks left on hosts that were unreachable; return those still out of reach."""
+    remaining = []
+    for task in state.lost:
+        try:
+            pool[task.host].stop(task.pid, task.pgid, float(task.settings.get("stop_grace_secs", "5")))
+            say(f"Stopped {task.name} left on {task.host} (pid {task.pid})")
+        except TfplanError as error:
+            say(f"{task.name} on {task.host}: {error}")
+            remaining.append(task)
+    if len(remaining) != len(state.lost):
+        store.write(replace(state, lost=tuple(remaining)))
+    return remaining
+
+
 def run_destroy(args: argparse.Namespace) -> int:
     store, state = _load(args)
     out = console()
@@ -197,12 +213,19 @@ def run_destroy(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with store.lock("destroy"), HostPool(state.hosts) as pool:
         state = store.load() or state
-        stop_tasks(state, list(state.tasks), store, pool, lambda line: out.print(f"tfplan | {line}"),
-                   forget=True)
+        say = lambda line: out.print(f"tfplan | {line}")  # noqa: E731
+        state = stop_tasks(state, list(state.tasks), store, pool, say, forget=True)
         left = [n for n, i in collect_status(state, pool).items()
                 if i is not None and not isinstance(i, BaseException) and i.alive]
         if left:
             raise ApplyError(f"still running after destroy: {', '.join(left)}; run `tfplan destroy` again")
+        unreachable = _stop_lost(state, store, pool, say)
+        if unreachable:
+            raise ApplyError(
+                f"{len(unreachable)} task(s) left on unreachable hosts "
+                f"({', '.join(f'{t.name} pid {t.pid} on {t.host}' for t in unreachable)}): "
+                "run `tfplan destroy` again once the host answers"
+            )
     out.print(f"Destroy complete! {len(running)} task(s) stopped, state cleared "
               f"({time.monotonic() - started:.1f}s).")
     return 0

@@ -47,6 +47,9 @@ __all__ = [
 ]
 
 
+STATUS_TIMEOUT_SECS = 5.0
+
+
 class Executor(ABC):
     """Does things on one host: preflight, copy files, start/stop/observe detached tasks.
 
@@ -259,7 +262,9 @@ class Executor(ABC):
         if not pids:
             return {}
         dirs = list(workdirs) if workdirs is not None else [None] * len(pids)
-        result = self.run_script(_scripts.status_script(pids, dirs), "read process status")
+        # Short: the supervisor polls this, and a host that went silent must not stall it.
+        result = self.run_script(_scripts.status_script(pids, dirs), "read process status",
+                                 timeout=STATUS_TIMEOUT_SECS)
         return _parse_status(pids, result.stdout.decode())
 
     def stream_log(self, path: str, pid: int, on_line: Callable[[str], None]) -> LogStream:
