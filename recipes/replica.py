@@ -65,7 +65,9 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, dim: int) -> ReplicaGrap
                        replica_index=task.replica_index, is_chief=task.is_chief,
                        worker_device=task.device, ps_device=setter, global_step=global_step)
     problem = Problem(create_params=model.create_params,
-                      loss_fn=lambda p: loss_and_accuracy(model.logits(p, x), y)[0])
+                      loss_fn=lambda p: loss_and_accuracy(model.logits(p, x), y)[0],
+                      inputs=(x, y),
+                      loss_on=lambda p, bx, by: loss_and_accuracy(model.logits(p, bx), by)[0])
     train = get_algorithm(cfg.algo.name).build(ctx, problem)
     with v1.device(task.device):
         _, accuracy = loss_and_accuracy(model.logits(train.train_params, x), y)
@@ -116,6 +118,17 @@ def _send_done_tokens(server: Any, task: TaskInfo, g: ReplicaGraph, log: Log) ->
                     "the launcher will have to stop it")
 
 
+def _make_server(task: TaskInfo, cpu_devices: int) -> Any:
+    """This replica's server; with ``cpu_devices`` > 1 it exposes that many CPU devices (for
+    in-graph towers: a server ignores ``tf.config.set_logical_device_configuration``)."""
+    if cpu_devices <= 1:
+        return make_server(task)
+    config = session_config(task)
+    config.device_count["CPU"] = cpu_devices
+    return tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type,
+                                task_index=task.index, config=config, start=True)
+
+
 def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log = print) -> int:
     """Train this replica to ``max_steps``; returns the exit code.
 
@@ -130,7 +143,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         os.makedirs(cfg.output_dir, exist_ok=True)
         if os.path.exists(result_path):
             os.remove(result_path)  # stale, from an earlier run: the evaluator watches for it
-    server = make_server(task)
+    server = _make_server(task, get_algorithm(cfg.algo.name).cpu_devices(cfg.algo))
     config = session_config(task)
     g = build_replica_graph(cfg, task, ds.dim)
     scaffold = v1.train.Scaffold(local_init_op=g.train.local_init_op, summary_op=g.summary_op)

@@ -17,6 +17,15 @@ _MODULES: dict[str, str] = {
     "hogwild": "recipes.algorithms.hogwild:Hogwild",
     "downpour": "recipes.algorithms.downpour:Downpour",
     "sync": "recipes.algorithms.sync:SyncSGD",
+    "downpour_easy": "recipes.algorithms.downpour_easy:DownpourEasy",
+    "agn": "recipes.algorithms.agn:AGN",
+    "sagn": "recipes.algorithms.sagn:SAGN",
+    "sync_lr": "recipes.algorithms.sync_lr:SyncLR",
+    "dynsgd": "recipes.algorithms.dynsgd:DynSGD",
+    "adag": "recipes.algorithms.adag:ADAG",
+    "easgd": "recipes.algorithms.easgd:EASGD",
+    "eamsgd": "recipes.algorithms.eamsgd:EAMSGD",
+    "multi_gpu": "recipes.algorithms.multi_gpu:MultiGPU",
 }
 
 

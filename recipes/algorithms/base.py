@@ -33,11 +33,15 @@ class Problem:
 
     ``create_params(collections)`` creates a fresh set of model variables in the current device and
     variable scope (``None`` = the default global collections). ``loss_fn(params)`` builds a *new*
-    forward pass and loss from any parameter dict each time it is called.
+    forward pass and loss from any parameter dict each time it is called. ``inputs`` (the
+    minibatch ``(x, y)`` that ``loss_fn`` reads) and ``loss_on(params, x, y)`` (the loss of any
+    batch) are optional; in-graph replication (``multi_gpu``) needs them to split the minibatch.
     """
 
     create_params: Callable[[Optional[list[str]]], Params]
     loss_fn: Callable[[Params], tf.Tensor]
+    inputs: Optional[tuple[tf.Tensor, tf.Tensor]] = None
+    loss_on: Optional[Callable[[Params, tf.Tensor, tf.Tensor], tf.Tensor]] = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,12 @@ class Algorithm(ABC):
     """One training algorithm; subclasses set ``name`` and implement :meth:`build`."""
 
     name: ClassVar[str]
+
+    def cpu_devices(self, algo: AlgoConf) -> int:
+        """How many CPU devices this replica's server must expose (in-graph CPU towers need
+        more than one; ``tf.config.set_logical_device_configuration`` does not reach a
+        ``tf.distribute.Server``, ``ConfigProto.device_count`` does)."""
+        return 1
 
     @abstractmethod
     def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:

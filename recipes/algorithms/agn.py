@@ -1,0 +1,65 @@
+"""AGN, accumulated gradient normalization (Hermans' thesis; dist-keras calls it ``ADAG``).
+
+A replica takes T local steps of ``algo.optimizer`` on its copy, then commits the window's delta
+divided by T, center += (theta_T - theta_pull) / T, and pulls (the copy is overwritten by the
+center). With SGD that is -(1/T) sum_t lr * g(theta_t): the *normalized* accumulated update, so
+T=1 is DOWNPOUR. The seed guide's AGN.py sends ``reduce_mean`` of T gradients all taken at the
+pulled weights (its window is unrolled in one graph) through a ps Adam, i.e. async Adam; here
+each local step is its own run and the forward pass is re-evaluated.
+
+Config keys: ``window`` (T, default 12 as dist-keras), ``optimizer`` and ``lr`` (the local
+steps). ``global_step`` += T per commit, so ``max_steps`` counts minibatches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from recipes.algorithms.base import Algorithm, BuildContext, Params, Problem, TrainGraph
+from recipes.algorithms.local import (
+    add_global_steps,
+    assign_all,
+    create_local_copy,
+    local_optimizer_step,
+    local_twins,
+    positive_int,
+    read_all,
+    window_ops,
+)
+
+v1 = tf.compat.v1
+
+
+class AGN(Algorithm):
+    name = "agn"
+    default_window = 12
+
+    def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
+        window = positive_int(ctx, "window", self.default_window)
+        with v1.device(ctx.ps_device):
+            center = problem.create_params(None)
+        with v1.device(ctx.worker_device):
+            local = create_local_copy(problem)
+            with v1.variable_scope("local"):
+                pulled = local_twins(center, "pulled")
+            loss = problem.loss_fn(local)
+            local_step = local_optimizer_step(ctx, loss, local)
+            with tf.control_dependencies([local_step]):
+                delta = {k: (local[k].read_value() - pulled[k].read_value()) / float(window)
+                         for k in center}
+            commit = self.commit(ctx, center, pulled, delta, window)
+            with tf.control_dependencies([commit]):
+                exchange = assign_all([local, pulled], read_all(center), "pull")
+            with tf.control_dependencies([v1.local_variables_initializer()]):
+                local_init = assign_all([local, pulled], read_all(center), "local_init")
+        return TrainGraph(params=center, train_params=local, loss=loss,
+                          step_ops=window_ops(local_step, exchange, window),
+                          local_init_op=local_init, extras={"pulled": pulled})
+
+    def commit(self, ctx: BuildContext, center: Params, pulled: Params,
+               delta: dict[str, Any], window: int) -> Any:
+        """center += delta (each variable's add is atomic; no lock across variables)."""
+        return tf.group(*[center[k].assign_add(delta[k]) for k in center],
+                        add_global_steps(ctx, window), name="commit")

@@ -1,0 +1,95 @@
+"""DynSGD: staleness-aware commits, center += delta / (tau + 1), with a clock on the ps.
+
+Rule ([TH] Eq. ``dynsgd_ps``; dist-keras ``DynSGDParameterServer``): the ps keeps a clock c
+(commits so far); a replica remembers the clock of its last pull, m. A commit of the window's
+accumulated delta (theta_T - theta_pull, *not* divided by T, as dist-keras sends it) is scaled by
+1 / (tau + 1) with tau = c - m, the number of other replicas' commits since the pull; then
+c += 1 and the replica pulls the center and the clock.
+
+"read clock -> scale -> add -> increment -> read the center and clock for the pull" runs inside
+one ``tf.CriticalSection`` whose mutex lives on the ps next to the clock (``shared_name``, so
+every replica's graph locks the same mutex): no commit can land between a replica's staleness
+read and its add, and the pulled center is exactly the one the pulled clock names (dist-keras
+computes the staleness outside its lock). The scale itself is computed on the ps.
+
+Config keys: ``window`` (T, default 5 as dist-keras), ``optimizer`` and ``lr`` (local steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph
+from recipes.algorithms.local import (
+    LOCAL,
+    add_global_steps,
+    assign_all,
+    create_local_copy,
+    local_optimizer_step,
+    local_twins,
+    positive_int,
+    read_all,
+    window_ops,
+)
+
+v1 = tf.compat.v1
+LOCK_NAME = "dynsgd_commit_lock"
+
+
+class DynSGD(Algorithm):
+    name = "dynsgd"
+
+    def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
+        window = positive_int(ctx, "window", 5)
+        with v1.device(ctx.ps_device):
+            center = problem.create_params(None)
+            clock = v1.get_variable("dynsgd/clock", shape=[], dtype=tf.int64,
+                                    initializer=v1.zeros_initializer(), trainable=False,
+                                    use_resource=True)
+        with v1.device(clock.device):
+            lock = tf.CriticalSection(name="dynsgd_lock", shared_name=LOCK_NAME)
+        with v1.device(ctx.worker_device):
+            local = create_local_copy(problem)
+            with v1.variable_scope("local"):
+                pulled = local_twins(center, "pulled")
+                pulled_clock = v1.get_variable("dynsgd/pulled_clock", shape=[], dtype=tf.int64,
+                                               initializer=v1.zeros_initializer(),
+                                               collections=LOCAL, trainable=False,
+                                               use_resource=True)
+            loss = problem.loss_fn(local)
+            local_step = local_optimizer_step(ctx, loss, local)
+            with tf.control_dependencies([local_step]):
+                delta = {k: local[k].read_value() - pulled[k].read_value() for k in center}
+                seen = pulled_clock.read_value()
+
+            def commit_and_read() -> tuple[Any, Any, dict[str, Any]]:
+                with v1.device(clock.device):
+                    tau = clock.read_value() - seen
+                    scale = 1.0 / (tf.cast(tau, tf.float32) + 1.0)
+                adds = []
+                for k in center:
+                    with v1.device(center[k].device):
+                        adds.append(center[k].assign_add(delta[k] * scale))
+                with tf.control_dependencies(adds):
+                    new_clock = clock.assign_add(tf.constant(1, tf.int64)).read_value()
+                with tf.control_dependencies([new_clock]):
+                    values = read_all(center)
+                return tau, new_clock, values
+
+            tau, new_clock, values = lock.execute(commit_and_read, name="commit")
+            exchange = tf.group(assign_all([local, pulled], values, "pull"),
+                                pulled_clock.assign(new_clock), add_global_steps(ctx, window),
+                                name="exchange")
+            with tf.control_dependencies([v1.local_variables_initializer()]):
+                init_values, init_clock = lock.execute(lambda: (read_all(center),
+                                                                clock.read_value()),
+                                                       name="local_init_read")
+                local_init = tf.group(assign_all([local, pulled], init_values, "local_init"),
+                                      pulled_clock.assign(init_clock))
+        return TrainGraph(params=center, train_params=local, loss=loss,
+                          step_ops=window_ops(local_step, exchange, window),
+                          local_init_op=local_init,
+                          extras={"clock": clock, "pulled_clock": pulled_clock, "tau": tau,
+                                  "pulled": pulled})

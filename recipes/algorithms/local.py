@@ -1,0 +1,113 @@
+"""Helpers shared by the algorithms that train a worker-local copy (AGN, DynSGD, ADAG, EASGD, ...).
+
+The pattern, as in DOWNPOUR: the center lives on the ps; each replica keeps a copy and the
+local optimizer's slots in ``LOCAL_VARIABLES`` on its own device (neither checkpointed nor
+waited for by the other replicas); every local step is its own ``session.run`` with its own
+minibatch, so the forward pass is re-evaluated on the updated copy (the seed guide's unrolled
+window computes T gradients at the pulled weights).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from recipes.algorithms.base import (
+    BuildContext,
+    Params,
+    Problem,
+    make_optimizer,
+    move_to_local_collection,
+)
+
+__all__ = ["LOCAL", "LocalOptimizer", "add_global_steps", "assign_all", "create_local_copy",
+           "local_optimizer_step", "local_twins", "option", "positive_int", "read_all",
+           "window_ops"]
+
+v1 = tf.compat.v1
+LOCAL = [v1.GraphKeys.LOCAL_VARIABLES]
+
+
+def option(ctx: BuildContext, key: str, default: Any) -> Any:
+    """An algorithm option from the run config (absent or null: ``default``)."""
+    return ctx.algo.get(key, default)
+
+
+def positive_int(ctx: BuildContext, key: str, default: int) -> int:
+    value = int(option(ctx, key, default))
+    if value < 1:
+        raise ValueError(f"algo.{key} must be >= 1, got {value}")
+    return value
+
+
+def local_twins(params: Params, suffix: str) -> Params:
+    """Zero-initialised worker-local variables shaped like ``params`` (call on the worker)."""
+    return {k: v1.get_variable(f"{v.op.name}_{suffix}", shape=v.shape, dtype=v.dtype.base_dtype,
+                               initializer=v1.zeros_initializer(), collections=LOCAL,
+                               trainable=False, use_resource=True)
+            for k, v in params.items()}
+
+
+def create_local_copy(problem: Problem) -> Params:
+    """The model's variables again, as ``local/model/...`` in LOCAL_VARIABLES (call on the
+    worker device)."""
+    with v1.variable_scope("local"):
+        return problem.create_params(LOCAL)
+
+
+class LocalOptimizer:
+    """``algo.optimizer`` (lr ``algo.lr``) on the local copy; its slots go local.
+
+    One optimizer, one set of gradients: :meth:`apply` may be called more than once (e.g. a
+    plain step and an exchange step) and every apply shares the same slots.
+    """
+
+    def __init__(self, ctx: BuildContext, loss: Any, local: Params) -> None:
+        self._local = local
+        self.opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
+        self.grads = self.opt.compute_gradients(loss, var_list=list(local.values()))
+
+    def apply(self, grad_sums: Params | None = None,
+              control: list[Any] | None = None) -> Any:
+        """One local step.
+
+        Args:
+            grad_sums: when given, each gradient is also added to its accumulator.
+            control: ops the update must wait for (e.g. reads that need the pre-step weights).
+        """
+        # Slots are named after the local variables (local/model/w/Adam) and moved local.
+        before = {id(v) for v in v1.global_variables()}
+        with tf.control_dependencies(control or []):
+            ops = [self.opt.apply_gradients(self.grads)]
+            if grad_sums is not None:
+                ops += [grad_sums[k].assign_add(g)
+                        for k, (g, _) in zip(self._local, self.grads, strict=True)]
+        step = tf.group(*ops, name="local_step")
+        move_to_local_collection([v for v in v1.global_variables() if id(v) not in before])
+        return step
+
+
+def local_optimizer_step(ctx: BuildContext, loss: Any, local: Params,
+                         grad_sums: Params | None = None) -> Any:
+    """One step of a fresh :class:`LocalOptimizer` (see there)."""
+    return LocalOptimizer(ctx, loss, local).apply(grad_sums)
+
+
+def assign_all(targets: list[Params], values: dict[str, Any], name: str) -> Any:
+    """Assign ``values[k]`` to ``t[k]`` for every dict ``t`` in ``targets``, as one op."""
+    return tf.group(*[t[k].assign(values[k]) for t in targets for k in values], name=name)
+
+
+def read_all(params: Params) -> dict[str, Any]:
+    return {k: v.read_value() for k, v in params.items()}
+
+
+def window_ops(local_step: Any, exchange: Any, window: int) -> list[Any]:
+    """``step_ops`` for a window of T runs whose last run also exchanges with the ps."""
+    return [local_step] * (window - 1) + [exchange]
+
+
+def add_global_steps(ctx: BuildContext, n: int) -> Any:
+    """``global_step += n`` (global_step counts minibatches, whatever the algorithm)."""
+    return ctx.global_step.assign_add(tf.constant(n, ctx.global_step.dtype.base_dtype))

@@ -1,0 +1,77 @@
+"""In-graph replication on one machine: one tower per device, gradients averaged, one update.
+
+Each run splits the minibatch into ``towers`` interleaved slices (rows i, i+k, ...), builds the
+forward and backward pass of slice i on device i of this task (``/device:GPU:i``, or the task's
+logical ``/device:CPU:i``; the replica's server then exposes ``towers`` CPU devices), and applies
+the size-weighted mean of the tower gradients, which equals the gradient of the whole minibatch,
+to the ps variables with ``algo.optimizer``. The parameters are read once per run and shared by
+the towers. Unlike the guide's ``Multiple-GPUs-Single-Machine`` (one process per GPU, Hogwild
+between them: the planner's ``workers=per_gpu`` does that for every other algorithm), the GPUs
+of one machine form one replica. With several worker tasks, each is such a replica and they
+update the ps asynchronously, as Hogwild replicas.
+
+Config keys: ``towers`` (default 2), ``device`` (``cpu`` | ``gpu``, default cpu), ``optimizer``,
+``lr``. One global step = one minibatch (all towers together).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph, make_optimizer
+from recipes.algorithms.local import positive_int
+from recipes.config import AlgoConf
+
+v1 = tf.compat.v1
+
+
+def tower_settings(algo: AlgoConf) -> tuple[int, str]:
+    towers = int(algo.get("towers", 2))
+    device = str(algo.get("device", "cpu")).lower()
+    if towers < 1:
+        raise ValueError(f"algo.towers must be >= 1, got {towers}")
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"algo.device must be cpu or gpu, got {device}")
+    return towers, device
+
+
+class MultiGPU(Algorithm):
+    name = "multi_gpu"
+
+    def cpu_devices(self, algo: AlgoConf) -> int:
+        towers, device = tower_settings(algo)
+        return towers if device == "cpu" else 1
+
+    def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
+        towers, device = tower_settings(ctx.algo)
+        positive_int(ctx, "towers", 2)
+        if problem.inputs is None or problem.loss_on is None:
+            raise ValueError("multi_gpu needs Problem.inputs and Problem.loss_on")
+        x, y = problem.inputs
+        with v1.device(ctx.ps_device):
+            params = problem.create_params(None)
+        keys = list(params)
+        with v1.device(ctx.worker_device):
+            values = {k: params[k].read_value() for k in keys}  # one read, shared by the towers
+            n = tf.shape(x)[0]
+        losses, grads, weights = [], [], []
+        for i in range(towers):
+            with v1.device(f"{ctx.worker_device}/device:{device.upper()}:{i}"), \
+                    tf.name_scope(f"tower{i}"):
+                rows = tf.range(i, n, towers)
+                loss_i = problem.loss_on(values, tf.gather(x, rows), tf.gather(y, rows))
+                grads.append(tf.gradients(loss_i, [values[k] for k in keys]))
+                losses.append(loss_i)
+                weights.append(tf.cast(tf.size(rows), tf.float32) / tf.cast(n, tf.float32))
+        with v1.device(ctx.worker_device):
+            loss = tf.add_n([w * t for w, t in zip(weights, losses, strict=True)], name="loss")
+            mean: list[Any] = [tf.add_n([w * g[j] for w, g in zip(weights, grads, strict=True)])
+                               for j in range(len(keys))]
+        with v1.device(ctx.ps_device):
+            opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
+            train_op = opt.apply_gradients(list(zip(mean, [params[k] for k in keys], strict=True)),
+                                           global_step=ctx.global_step)
+        return TrainGraph(params=params, train_params=params, loss=loss, step_ops=[train_op],
+                          extras={"towers": towers, "tower_losses": losses})
