@@ -1,0 +1,202 @@
+"""`tfplan plan -m` / `tfplan apply -m`: sweeps where every point is a whole cluster, through the
+real CLI. The lifecycle cases run a small TF_CONFIG program (recipe=command, a second a point);
+one sweep runs the built-in TensorFlow recipe end to end and looks at it with TensorBoard."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apply_helpers import free_port_base, kill_groups, recorded_groups, tfplan, wait_until
+from sweep_helpers import command, result_task, sweep_overrides, sweep_record
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    """A user's folder; whatever the test leaves running is killed by recorded process group."""
+    yield tmp_path
+    kill_groups(recorded_groups(tmp_path))
+
+
+def _ports(ws: Path, experiment: str) -> set[int]:
+    state = json.loads((ws / ".tfplan" / experiment / "state.json").read_text())
+    return {int(t["port"]) for t in state["tasks"] if t.get("port")}
+
+
+def test_plan_m_is_a_dry_run_of_every_point_with_the_total(ws: Path) -> None:
+    port = free_port_base(40)
+    proc = tfplan(ws, "plan", "-m", "algo=hogwild,downpour", "algo.lr=0.01,-1",
+                  *sweep_overrides(ws, port), "--concurrency", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # one point cannot be planned
+    lines = proc.stdout.splitlines()
+    points = [line for line in lines if line.lstrip().startswith("#")]
+    assert len(points) == 4
+    assert points[0].split() == ["#0", "algo=hogwild", "algo.lr=0.01", "3", "tasks", "ports",
+                                 f"{port}-{port + 2}", "experiment", "s-0"]
+    # Each point gets its own window of cluster.port_range ports.
+    assert f"ports {port + 20}-{port + 22}" in points[2]
+    assert "#1" in points[1] and "error: algo.lr: -1.0 is not positive" in points[1]
+    assert ("Sweep: 4 points, 6 tasks in all; concurrency 2: at most 6 tasks at once. "
+            "2 point(s) cannot be planned.") in proc.stdout
+    # A dry run: no folder, no state, no saved plan.
+    assert not (ws / "out").exists() and not (ws / ".tfplan").exists()
+
+
+def test_sweep_errors_are_one_line_and_start_nothing(ws: Path) -> None:
+    port = free_port_base(20)
+    cases = {
+        ("experiment.id=a,b",): "experiment.id: cannot be swept",
+        ("algo.lrr=0.1,0.2",): "no such key",
+        ("hydra/launcher=basic",): "tfplan runs the points with its own launcher",
+        ("hydra/sweeper=nosuch",): "hydra/sweeper: no option 'nosuch'",
+    }
+    for extra, message in cases.items():
+        proc = tfplan(ws, "apply", "-m", "--auto-approve", *sweep_overrides(ws, port)[1:], *extra)
+        assert proc.returncode == 1, extra
+        assert message in proc.stderr and proc.stderr.count("\n") == 1, (extra, proc.stderr)
+    assert not (ws / ".tfplan").exists()
+
+
+def test_a_failing_point_is_reported_and_the_other_completes(ws: Path) -> None:
+    port = free_port_base(30)
+    script = result_task(ws)
+    commands = f"{command(script, acc='0.9')},{command(script, acc='0.7', exit='3')}"
+    proc = tfplan(ws, "apply", "-m", "--auto-approve", *sweep_overrides(ws, port),
+                  "recipe=command", f"recipe.command={commands}", "algo.lr=0.05,-1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "Sweep complete! 1 succeeded, 3 failed." in out
+    # Points: (acc=0.9, lr=0.05), (acc=0.9, lr=-1), (exit=3, lr=0.05), (exit=3, lr=-1).
+    assert "#2 tfplan | failed: worker/0 failed (exit code 3)" in out
+    assert "#1 tfplan | failed: algo.lr: -1.0 is not positive" in out  # refused before starting
+    rows = {int(r["num"]): r for r in csv.DictReader((ws / "out" / "results.csv").open())}
+    assert rows[0]["status"] == "succeeded" and float(rows[0]["accuracy"]) == 0.9
+    assert rows[2]["status"] == "failed" and rows[2]["reason"] == "worker/0 failed (exit code 3)"
+    assert rows[2]["accuracy"] == "" and rows[2]["global_step"] == "4"  # steps it reached
+    assert rows[1]["status"] == rows[3]["status"] == "failed"
+    assert "algo.lr: -1.0 is not positive" in rows[3]["reason"]
+    # Sequential by default: each point starts once the one before it has ended.
+    points = sorted(sweep_record(ws / "out")["points"], key=lambda p: p["num"])
+    for before, after in zip(points, points[1:], strict=False):
+        assert after["started_at"] >= before["ended_at"]
+    assert not [g for g in recorded_groups(ws) if _group_alive(g)]
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_concurrency_two_runs_two_clusters_at_once_on_their_own_ports(ws: Path) -> None:
+    port = free_port_base(30)
+    script = result_task(ws)
+    proc = tfplan(ws, "apply", "-m", "--auto-approve", "--concurrency", "2",
+                  *sweep_overrides(ws, port), "recipe=command",
+                  f"recipe.command={command(script, steps='12', step_secs='0.25')}",
+                  "algo.lr=0.03,0.06", check=True)
+    assert "Sweep complete! 2 succeeded, 0 failed." in proc.stdout
+    first, second = sorted(sweep_record(ws / "out")["points"], key=lambda p: p["num"])
+    # Both clusters ran at the same time...
+    assert second["started_at"] < first["ended_at"] and first["started_at"] < second["ended_at"]
+    # ...each on its own window of ports, and each trained to the end.
+    ports0, ports1 = _ports(ws, "s-0"), _ports(ws, "s-1")
+    assert len(ports0) == len(ports1) == 3 and not ports0 & ports1
+    assert {min(ports0), min(ports1)} == {port, port + 10}
+    results = json.loads((ws / "out" / "results.json").read_text())["points"]
+    assert [round(p["accuracy"], 6) for p in results] == [0.98, 0.99]  # 1 - |lr - 0.05|
+
+
+def test_optuna_sweeper_maximises_the_held_out_accuracy(ws: Path) -> None:
+    """Hydra's sweeper plugins drive the points: Optuna samples algo.lr and gets back each
+    point's held-out accuracy (the fake program reports 1 - |lr - 0.05|)."""
+    try:
+        import hydra_plugins.hydra_optuna_sweeper  # noqa: F401
+    except ImportError:
+        pytest.fail("hydra-optuna-sweeper is not installed: pip install hydra-optuna-sweeper")
+    port = free_port_base(30)
+    script = result_task(ws)
+    proc = tfplan(ws, "apply", "-m", "--auto-approve", *sweep_overrides(ws, port),
+                  "recipe=command", f"recipe.command={command(script, steps='2')}",
+                  "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3",
+                  "hydra.sweeper.direction=maximize", "hydra.sweeper.sampler.seed=7",
+                  "algo.lr=interval(0.01,0.1)", check=True)
+    assert "Sweep complete! 3 succeeded, 0 failed." in proc.stdout
+    results = json.loads((ws / "out" / "results.json").read_text())["points"]
+    assert len(results) == 3
+    best = (ws / "out" / "optimization_results.yaml").read_text()
+    import yaml
+
+    best_value = yaml.safe_load(best)["best_value"]
+    assert best_value == pytest.approx(max(p["accuracy"] for p in results))
+
+
+@pytest.mark.cluster
+def test_real_two_point_sweep_end_to_end_with_report_and_tensorboard(ws: Path) -> None:
+    port = free_port_base(30)
+    proc = tfplan(ws, "apply", "-m", "--auto-approve", *sweep_overrides(ws, port),
+                  "algo.lr=0.02,0.2", "trainer.max_steps=40", "trainer.log_steps=20",
+                  "trainer.checkpoint_steps=20", "cluster.evaluator=true",
+                  "trainer.eval_secs=0.5", timeout=400, check=True)
+    out = proc.stdout
+    assert "Sweep complete! 2 succeeded, 0 failed." in out
+    assert "Sweep: 2 points, 8 tasks in all" in out  # ps, 2 workers, evaluator per point
+    report = json.loads((ws / "out" / "results.json").read_text())["points"]
+    csv_rows = list(csv.DictReader((ws / "out" / "results.csv").open()))
+    for num, (row, csv_row) in enumerate(zip(report, csv_rows, strict=True)):
+        point_dir = ws / "out" / str(num)
+        result = json.loads((point_dir / "result.json").read_text())
+        assert row["overrides"] == ["algo.lr=0.02", "algo.lr=0.2"][num].replace("'", "")
+        assert row["status"] == "succeeded" and result["global_step"] >= 40
+        for key in ("global_step", "accuracy", "loss", "examples_per_sec"):
+            assert row[key] == result[key]
+            assert float(csv_row[key]) == result[key]
+        assert f"{result['accuracy']:.4f}" in out  # the table shows the real figure
+        assert row["curve"] and row["curve"][-1][1] == result["accuracy"]
+        assert (point_dir / "checkpoint").is_file()
+        assert (point_dir / "tfplan" / "logs" / "worker-0.log").read_text().count("step=") >= 2
+    assert (ws / "out" / "accuracy.png").stat().st_size > 10_000
+    assert (ws / "out" / "multirun.yaml").is_file()  # Hydra's own record of the sweep
+    _tensorboard_shows_both_points(ws)
+
+
+def _tensorboard_shows_both_points(ws: Path) -> None:
+    proc = tfplan(ws, "tensorboard", "s", "--detach", "--port", str(free_port_base(1)), check=True)
+    line = next(ln for ln in proc.stdout.splitlines() if "http://" in ln)
+    url = line.split(": ", 1)[1].split()[0]
+    pid = int(line.rsplit("pid ", 1)[1].rstrip(")"))
+    try:
+        assert url.startswith("http://127.0.0.1:")
+        runs: list[str] = []
+
+        def both_runs() -> bool:
+            nonlocal runs
+            with urllib.request.urlopen(url + "data/runs", timeout=5) as response:
+                runs = json.loads(response.read())
+            return {"0", "1"} <= set(runs)
+
+        wait_until(both_runs, 60, "TensorBoard to list both points")
+        assert "0/eval" in runs and "1/eval" in runs
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _pid_alive(pid):
+            time.sleep(0.1)
+    assert not _pid_alive(pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
