@@ -371,5 +371,8 @@ def run_sweep(spec: SweepSpec, workspace: Workspace, output: SweepOutput) -> lis
     record = SweepRecord(sweep_dir / "sweep.json", header)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     index_output(workspace, spec.sweep_id, spec.sweep_dir, "sweep")
-    _run_hydra(spec, PointTask(spec, workspace, output, record), spec.sweep_dir)
+    try:
+        _run_hydra(spec, PointTask(spec, workspace, output, record), spec.sweep_dir)
+    finally:  # again, so that the sweep, not its last point, is the latest thing applied here
+        index_output(workspace, spec.sweep_id, spec.sweep_dir, "sweep")
     return sorted(record.points.values(), key=lambda p: p.num)
