@@ -112,6 +112,65 @@ class SyncConfig(AlgoConfig):
 
 
 @dataclass
+class DownpourEasyConfig(AlgoConfig):
+    name: str = "downpour_easy"
+    window: int = 3  # T local plain-SGD steps between pushes
+    ps_optimizer: str = "adagrad"  # sgd (delta) | adagrad (on the sum of the T gradients)
+
+
+@dataclass
+class AgnConfig(AlgoConfig):
+    name: str = "agn"
+    window: int = 12  # T local steps; the commit is the window's delta / T
+
+
+@dataclass
+class AdagConfig(AgnConfig):
+    name: str = "adag"
+    gamma: float = 1e-4  # per-weight scale 1 / ((center moved)^2 / gamma + 1)
+
+
+@dataclass
+class DynSgdConfig(AlgoConfig):
+    name: str = "dynsgd"
+    window: int = 5  # T local steps; the commit is scaled by 1 / (staleness + 1)
+
+
+@dataclass
+class EasgdConfig(AlgoConfig):
+    name: str = "easgd"
+    window: int = 10  # an elastic exchange every T local steps
+    alpha: Optional[float] = None  # moving rate in [0, 1]; null = 0.9 / training replicas
+
+
+@dataclass
+class EamsgdConfig(EasgdConfig):
+    name: str = "eamsgd"
+    momentum: float = 0.9  # Nesterov delta, in [0, 1)
+
+
+@dataclass
+class SagnConfig(SyncConfig):
+    name: str = "sagn"
+    window: int = 5  # T local steps per synchronous round
+    ps_optimizer: str = "sgd"  # sgd | adagrad | adam | momentum, wrapped in SyncReplicasOptimizer
+
+
+@dataclass
+class SyncLrConfig(SyncConfig):
+    name: str = "sync_lr"
+    lrs: list[float] = field(default_factory=list)  # one per training replica; [] = the rule
+    lr_decay: float = 0.5  # the rule when lrs is empty: replica i gets lr * lr_decay**i
+
+
+@dataclass
+class MultiGpuConfig(AlgoConfig):
+    name: str = "multi_gpu"
+    towers: int = 2  # in-graph towers per worker task, one per device
+    device: str = "cpu"  # cpu (logical CPU devices) | gpu
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING  # logreg | mlp | cnn
     hidden: list[int] = field(default_factory=list)  # mlp hidden sizes
@@ -205,6 +264,15 @@ _GROUP_SCHEMAS: dict[str, dict[str, Any]] = {
         "schema_hogwild": HogwildConfig,
         "schema_downpour": DownpourConfig,
         "schema_sync": SyncConfig,
+        "schema_downpour_easy": DownpourEasyConfig,
+        "schema_agn": AgnConfig,
+        "schema_adag": AdagConfig,
+        "schema_dynsgd": DynSgdConfig,
+        "schema_easgd": EasgdConfig,
+        "schema_eamsgd": EamsgdConfig,
+        "schema_sagn": SagnConfig,
+        "schema_sync_lr": SyncLrConfig,
+        "schema_multi_gpu": MultiGpuConfig,
     },
     "model": {"schema_model": ModelConfig},
     "data": {"schema_data": DataConfig},

