@@ -138,8 +138,18 @@ class RoleSessionCreator(v1.train.SessionCreator):
         return self._manager
 
     def _ps_initialized(self) -> bool:
-        with v1.Session(self._target, config=self._config) as sess:
-            return len(sess.run(self._probe)) == 0
+        """Whether the ps hold initialised variables; waits (without spinning) while a ps is
+        unreachable, e.g. while it restarts: MonitoredSession retries create_session at once,
+        and a busy retry loop starves the restarting ps of the CPU it needs to start."""
+        deadline = time.monotonic() + self._join_timeout
+        while True:
+            try:
+                with v1.Session(self._target, config=self._config) as sess:
+                    return len(sess.run(self._probe)) == 0
+            except (tf.errors.UnavailableError, tf.errors.AbortedError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(POLL_SECS)
 
     def create_session(self) -> Any:
         self._scaffold.finalize()
