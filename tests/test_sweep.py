@@ -200,3 +200,42 @@ def _pid_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> None:
+    import subprocess
+    import sys
+
+    from apply_helpers import CONF
+
+    port = free_port_base(30)
+    script = result_task(ws)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfplan", "apply", "-m", "--auto-approve", "--concurrency", "2",
+         *sweep_overrides(ws, port), "recipe=command",
+         f"recipe.command={command(script, steps='600', step_secs='0.2')}", "algo.lr=0.01,0.02"],
+        cwd=ws, env={**os.environ, "TFPLAN_CONF": str(CONF)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        started: set[str] = set()
+        for line in proc.stdout:
+            if "worker/0: started" in line:
+                started.add(line.split()[0])
+            if started == {"#0", "#1"}:
+                break
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "Interrupted: every running point was stopped." in out
+    for experiment in ("s-0", "s-1"):
+        state = json.loads((ws / ".tfplan" / experiment / "state.json").read_text())
+        statuses = {t["name"]: t["status"] for t in state["tasks"]}
+        assert statuses["ps/0"] == statuses["worker/0"] == "stopped", statuses
+        assert not [t for t in state["tasks"] if _pid_alive(int(t["pid"]))]
+    assert {p["status"] for p in sweep_record(ws / "out")["points"]} == {"interrupted"}
