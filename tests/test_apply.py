@@ -211,3 +211,16 @@ def test_ctrl_c_stops_every_task_and_keeps_state_consistent(ws: Path) -> None:
     state = state_of(ws)
     assert {t["status"] for t in state["tasks"]} == {"stopped"}
     assert not [pid for pid in _pids(state) if alive(pid)]
+
+
+def test_logs_follow_streams_until_the_task_ends(ws: Path) -> None:
+    port = free_port_base()
+    overrides = [*base_overrides(ws, port), *fake_overrides(ws, steps="20", step_secs="0.1",
+                                                            worker_secs="1")]
+    tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
+    followed = tfplan(ws, "logs", "-f", "worker/0", timeout=60, check=True)
+    lines = [line for line in followed.stdout.splitlines() if line.startswith("worker/0")]
+    assert lines[-1].endswith("step=20 loss=0.050"), lines[-3:]
+    assert sum("step=" in line for line in lines) == 20
+    assert not any(line.startswith("worker/1") for line in followed.stdout.splitlines())
+    tfplan(ws, "destroy", check=True)

@@ -146,14 +146,16 @@ class _Follower(Supervisor):
     """Streams logs until the chosen tasks end, without any lifecycle action."""
 
     def follow(self, state: State, names: set[str]) -> None:
-        subset = State.from_dict({**state.to_dict(), "tasks": [
-            t for t in state.to_dict()["tasks"] if t["name"] in names]})
-        self._start_streams(subset)
+        subset = replace(state, tasks=tuple(t for t in state.tasks if t.name in names))
+        for task in subset.tasks:
+            if task.status == "running":
+                self._follow(task)
         try:
             while True:
                 self._drain()
                 infos: dict[str, Any] = collect_status(subset, self.pool)
-                if all(i is None or isinstance(i, BaseException) or not i.alive for i in infos.values()):
+                if all(i is None or isinstance(i, BaseException) or not i.alive
+                       for i in infos.values()):
                     time.sleep(0.3)
                     self._drain()
                     return
