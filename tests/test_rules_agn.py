@@ -59,7 +59,9 @@ def build_with(cluster: InProcessCluster, conf: AlgoConf, n: int,
             train = (build or get_algorithm(conf.name)).build(ctx, make_problem(x, y))
             global_init = v1.variables_initializer(v1.global_variables())
             local_init = train.local_init_op or v1.local_variables_initializer()
-        sess = v1.Session(cluster.workers[i].target, graph=graph)
+        # Strict placement, as the runtime's sessions (a bare v1.Session places softly).
+        sess = v1.Session(cluster.workers[i].target, graph=graph,
+                          config=v1.ConfigProto(allow_soft_placement=False))
         if i == 0:
             sess.run(global_init)
         sess.run(local_init)
@@ -228,7 +230,7 @@ def test_dynsgd_without_interleaved_commits_applies_the_whole_delta() -> None:
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_dynsgd_k_interleaved_commits_scale_the_delta_by_one_over_k_plus_one(k: int) -> None:
-    a, b = build_replicas(InProcessCluster(n_workers=2), algo("dynsgd", window=1), 2)
+    a, b = build_with(InProcessCluster(n_workers=2), algo("dynsgd", window=1), 2, linreg_problem)
     batches = data_batches(k + 1, seed=14)
     for i in range(k):
         assert exchange_with_tau(b, i, *batches[i]) == 0  # b pulled each time: never stale

@@ -121,7 +121,7 @@ class DownpourEasyConfig(AlgoConfig):
 @dataclass
 class AgnConfig(AlgoConfig):
     name: str = "agn"
-    window: int = 12  # T local steps; the commit is the window's delta / T
+    window: int = 4  # T local steps; the commit is the window's delta / T
 
 
 @dataclass
@@ -139,7 +139,7 @@ class DynSgdConfig(AlgoConfig):
 @dataclass
 class EasgdConfig(AlgoConfig):
     name: str = "easgd"
-    window: int = 10  # an elastic exchange every T local steps
+    window: int = 4  # an elastic exchange every T local steps
     alpha: Optional[float] = None  # moving rate in [0, 1]; null = 0.9 / training replicas
 
 
@@ -152,7 +152,7 @@ class EamsgdConfig(EasgdConfig):
 @dataclass
 class SagnConfig(SyncConfig):
     name: str = "sagn"
-    window: int = 5  # T local steps per synchronous round
+    window: int = 2  # T local steps per synchronous round
     ps_optimizer: str = "sgd"  # sgd | adagrad | adam | momentum, wrapped in SyncReplicasOptimizer
 
 

@@ -11,7 +11,7 @@ commit, so a commit moves the parameters twice over the wire (read, then add). L
 dist-keras' parameter server it takes no lock across variables: a commit of another replica
 landing between the read and the add makes that scale slightly stale.
 
-Config keys: ``window`` (T, default 12), ``gamma`` (default 1e-4, the thesis' recommendation),
+Config keys: ``window`` (T, default 4), ``gamma`` (default 1e-4, the thesis' recommendation),
 ``optimizer`` and ``lr`` (the local steps).
 """
 

@@ -7,8 +7,8 @@ T=1 is DOWNPOUR. The seed guide's AGN.py sends ``reduce_mean`` of T gradients al
 pulled weights (its window is unrolled in one graph) through a ps Adam, i.e. async Adam; here
 each local step is its own run and the forward pass is re-evaluated.
 
-Config keys: ``window`` (T, default 12 as dist-keras), ``optimizer`` and ``lr`` (the local
-steps). ``global_step`` += T per commit, so ``max_steps`` counts minibatches.
+Config keys: ``window`` (T, default 4; dist-keras uses 12 with 10-40 workers), ``optimizer``
+and ``lr`` (the local steps). ``global_step`` += T per commit, so ``max_steps`` counts minibatches.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ v1 = tf.compat.v1
 
 class AGN(Algorithm):
     name = "agn"
-    default_window = 12
+    default_window = 4
 
     def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
         window = positive_int(ctx, "window", self.default_window)

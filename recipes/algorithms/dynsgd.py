@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph
+from recipes.algorithms.base import Algorithm, BuildContext, Params, Problem, TrainGraph
 from recipes.algorithms.local import (
     LOCAL,
     add_global_steps,
@@ -30,12 +30,20 @@ from recipes.algorithms.local import (
     local_optimizer_step,
     local_twins,
     positive_int,
-    read_all,
     window_ops,
 )
 
 v1 = tf.compat.v1
 LOCK_NAME = "dynsgd_commit_lock"
+
+
+def read_on_ps(params: Params) -> dict[str, Any]:
+    """Each variable's value, read on its own (ps) device."""
+    values = {}
+    for k, var in params.items():
+        with v1.device(var.device):
+            values[k] = var.read_value()
+    return values
 
 
 class DynSGD(Algorithm):
@@ -64,6 +72,9 @@ class DynSGD(Algorithm):
                 delta = {k: local[k].read_value() - pulled[k].read_value() for k in center}
                 seen = pulled_clock.read_value()
 
+            # Every op inside the lock sits on the ps next to the variable it touches: the
+            # lock's output identities are colocated with these ops, and a read of a ps
+            # variable placed on the worker cannot be (strict placement fails).
             def commit_and_read() -> tuple[Any, Any, dict[str, Any]]:
                 with v1.device(clock.device):
                     tau = clock.read_value() - seen
@@ -72,19 +83,23 @@ class DynSGD(Algorithm):
                 for k in center:
                     with v1.device(center[k].device):
                         adds.append(center[k].assign_add(delta[k] * scale))
-                with tf.control_dependencies(adds):
+                with tf.control_dependencies(adds), v1.device(clock.device):
                     new_clock = clock.assign_add(tf.constant(1, tf.int64)).read_value()
                 with tf.control_dependencies([new_clock]):
-                    values = read_all(center)
+                    values = read_on_ps(center)
                 return tau, new_clock, values
+
+            def read_center_and_clock() -> tuple[dict[str, Any], Any]:
+                with v1.device(clock.device):
+                    now = clock.read_value()
+                return read_on_ps(center), now
 
             tau, new_clock, values = lock.execute(commit_and_read, name="commit")
             exchange = tf.group(assign_all([local, pulled], values, "pull"),
                                 pulled_clock.assign(new_clock), add_global_steps(ctx, window),
                                 name="exchange")
             with tf.control_dependencies([v1.local_variables_initializer()]):
-                init_values, init_clock = lock.execute(lambda: (read_all(center),
-                                                                clock.read_value()),
+                init_values, init_clock = lock.execute(read_center_and_clock,
                                                        name="local_init_read")
                 local_init = tf.group(assign_all([local, pulled], init_values, "local_init"),
                                       pulled_clock.assign(init_clock))

@@ -9,7 +9,7 @@ point in the variable, so the elastic term would act on a shifted variable. The 
 x **+** delta*v: dist-keras' ``EAMSGDWorker`` evaluates the gradient at x - delta*v (and scales
 the step by two learning rates); ``lookahead_sign`` exists only so a test can build that bug.
 
-Config keys: ``window`` (T, default 10), ``alpha`` (default null = 0.9 / n_replicas),
+Config keys: ``window`` (T, default 4), ``alpha`` (default null = 0.9 / n_replicas),
 ``momentum`` (delta, default 0.9 as dist-keras), ``lr``. ``optimizer`` is not used.
 """
 
@@ -38,7 +38,7 @@ class EAMSGD(Algorithm):
     lookahead_sign: ClassVar[float] = 1.0
 
     def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
-        window = positive_int(ctx, "window", 10)
+        window = positive_int(ctx, "window", 4)
         alpha = elastic_alpha(ctx)
         delta = float(option(ctx, "momentum", 0.9))
         if not 0.0 <= delta < 1.0:

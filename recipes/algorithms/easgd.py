@@ -10,7 +10,7 @@ waits for E; then ``x -= E`` and ``center += E``. Exchanges come at runs T, 2T, 
 replica (the paper counts t from 0 and exchanges at 0, T, ...: the same sequence, since the
 exchange at t=0 is a no-op when x starts at the center).
 
-Config keys: ``window`` (T, default 10), ``alpha`` (the moving rate, alpha = lr * rho; default
+Config keys: ``window`` (T, default 4), ``alpha`` (the moving rate, alpha = lr * rho; default
 null = 0.9 / n_replicas, the paper's beta = 0.9 split over the replicas, as [Z]'s ``mva=0.9/p``),
 ``optimizer`` and ``lr`` (local steps). ``global_step`` += T per exchange.
 """
@@ -60,7 +60,7 @@ class EASGD(Algorithm):
     name = "easgd"
 
     def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
-        window = positive_int(ctx, "window", 10)
+        window = positive_int(ctx, "window", 4)
         alpha = elastic_alpha(ctx)
         with v1.device(ctx.ps_device):
             center = problem.create_params(None)

@@ -13,7 +13,7 @@ TF's R initial tokens (what ``sync`` does) the first dequeue does not wait: the 
 read the center before the first round, and each replica's second window, computed from that
 stale copy with local step 0, would be dropped as stale.
 
-Config keys: ``window`` (T, default 5 as the guide), ``optimizer`` (local), ``ps_optimizer``
+Config keys: ``window`` (T, default 2; the guide uses 5), ``optimizer`` (local), ``ps_optimizer``
 (default sgd; any of sgd/adagrad/adam/momentum), ``lr`` (both), and sync's
 ``replicas_to_aggregate``, ``backup_workers``, ``run_timeout_secs``, ``stop_grace_secs``.
 One global step = one round = R*T minibatches.
@@ -43,7 +43,7 @@ class SAGN(Algorithm):
     name = "sagn"
 
     def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
-        window = positive_int(ctx, "window", 5)
+        window = positive_int(ctx, "window", 2)
         r = replicas_to_aggregate(ctx)
         timeout = float(option(ctx, "run_timeout_secs", 30.0))
         with v1.device(ctx.ps_device):
