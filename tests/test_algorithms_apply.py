@@ -1,0 +1,69 @@
+"""Every algorithm end to end as a real cluster: ``tfplan apply`` of 1 ps + 2 workers on loopback.
+
+One short run each (40 minibatches in all: ``max_steps`` 40, or 20 rounds of 2 for the
+synchronous ones, 10 rounds of 2 workers x T=2 for sagn), with the algorithm's shipped
+defaults: the chief reaches the last step and writes its result, every task ends by itself or is
+stopped, nothing is left running. Convergence is the bench's job (docs/algorithms.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from apply_helpers import (
+    CONF,
+    alive,
+    base_overrides,
+    free_port_base,
+    kill_groups,
+    recorded_groups,
+    state_of,
+    tfplan,
+)
+
+from tfplan.validate import ALGORITHMS
+
+MINIBATCHES = 40
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    kill_groups(recorded_groups(tmp_path))
+
+
+def minibatches_per_step(algo: str) -> int:
+    if algo in ("sync", "sync_lr"):
+        return 2
+    if algo == "sagn":
+        return 2 * int(yaml.safe_load((CONF / "algo" / "sagn.yaml").read_text())["window"])
+    return 1
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_algorithm_trains_as_a_real_cluster_through_apply(algo: str, ws: Path) -> None:
+    steps = math.ceil(MINIBATCHES / minibatches_per_step(algo))
+    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, free_port_base()),
+                  f"algo={algo}", f"trainer.max_steps={steps}", "trainer.log_steps=10",
+                  f"trainer.checkpoint_steps={steps}", timeout=180)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+    assert "Apply complete! Tasks: 3 started" in proc.stdout
+    run_yaml = yaml.safe_load((ws / "work" / "worker-0" / "run.yaml").read_text())
+    assert run_yaml["algo"]["name"] == algo
+    result = json.loads((ws / "out" / "result.json").read_text())
+    assert result["status"] == "succeeded" and result["algo"] == algo
+    assert result["global_step"] >= steps
+    assert math.isfinite(result["loss"]) and 0.0 < result["accuracy"] <= 1.0
+    assert result["replicas"] == 2 and result["ps"] == 1
+    state = state_of(ws)
+    statuses = {t["name"]: t["status"] for t in state["tasks"]}
+    assert statuses["worker/0"] == "succeeded", statuses
+    assert statuses["worker/1"] in ("succeeded", "stopped"), statuses
+    assert statuses["ps/0"] in ("succeeded", "stopped"), statuses
+    assert not [t["pid"] for t in state["tasks"] if alive(int(t["pid"]))]
