@@ -17,6 +17,7 @@ from tfplan.planner import PlanContext, plan
 from tfplan.sharding import greedy_bytes, model_variables, round_robin
 from tfplan.state import State, TaskState
 from tfplan.tf_config import tf_config_json
+from tfplan.validate import ALGORITHMS
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 CLUSTERS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
@@ -51,7 +52,9 @@ def state_from(p: Plan, status: str = "running", serial: int = 3) -> State:
 
 def test_conf_holds_the_expected_options() -> None:
     assert CLUSTERS == ["3node", "gpu2x4", "local", "local_chief"]
-    assert ALGOS == ["downpour", "hogwild", "sync"]
+    assert ALGOS == ["adag", "agn", "downpour", "downpour_easy", "dynsgd", "eamsgd", "easgd",
+                     "hogwild", "multi_gpu", "sagn", "sync", "sync_lr"]
+    assert tuple(ALGOS) == tuple(sorted(ALGORITHMS))
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -124,10 +124,14 @@ def data_batches(n: int, size: int = 8, seed: int = 0) -> list[tuple[np.ndarray,
     return out
 
 
-def test_registry_lists_the_three_algorithms_and_rejects_unknown() -> None:
-    assert available() == ["downpour", "hogwild", "sync"]
-    with pytest.raises(ValueError, match="valid: downpour, hogwild, sync"):
-        get_algorithm("easgd")
+ALL_ALGORITHMS = ["adag", "agn", "downpour", "downpour_easy", "dynsgd", "eamsgd", "easgd",
+                  "hogwild", "multi_gpu", "sagn", "sync", "sync_lr"]
+
+
+def test_registry_lists_every_algorithm_and_rejects_unknown() -> None:
+    assert available() == ALL_ALGORITHMS
+    with pytest.raises(ValueError, match="valid: adag, agn, downpour"):
+        get_algorithm("downpour_hard")
 
 
 @pytest.mark.parametrize("name,extra", [("hogwild", {}), ("sync", {}),
