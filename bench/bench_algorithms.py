@@ -32,8 +32,20 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
-ORDER = ["hogwild", "downpour", "downpour_easy", "agn", "adag", "dynsgd", "easgd", "eamsgd",
-         "sync", "sync_lr", "sagn", "multi_gpu"]
+ORDER = [
+    "hogwild",
+    "downpour",
+    "downpour_easy",
+    "agn",
+    "adag",
+    "dynsgd",
+    "easgd",
+    "eamsgd",
+    "sync",
+    "sync_lr",
+    "sagn",
+    "multi_gpu",
+]
 REPLICAS = 2
 BATCH = 64
 SYNC_ROUND = {"sync": 1, "sync_lr": 1, "sagn": None}  # minibatches per replica per global step
@@ -76,18 +88,31 @@ def run_one(name: str, minibatches: int, root: Path) -> dict[str, Any]:
     ws.mkdir(parents=True)
     steps = math.ceil(minibatches / minibatches_per_step(name))
     overrides = [
-        f"experiment.id=bench-{name}", f"cluster.port_base={free_port_base()}",
-        "cluster.port_range=20", f"cluster.workdir={ws}/work", f"cluster.output_dir={ws}/out",
-        "cluster.evaluator=true", f"algo={name}", f"trainer.max_steps={steps}",
+        f"experiment.id=bench-{name}",
+        f"cluster.port_base={free_port_base()}",
+        "cluster.port_range=20",
+        f"cluster.workdir={ws}/work",
+        f"cluster.output_dir={ws}/out",
+        "cluster.evaluator=true",
+        f"algo={name}",
+        f"trainer.max_steps={steps}",
         f"trainer.checkpoint_steps={max(1, steps // 15)}",
         f"trainer.log_steps={max(1, steps // 5)}",
-        "trainer.eval_secs=0.3", "lifecycle.ps_grace_secs=2", "lifecycle.stop_grace_secs=2",
+        "trainer.eval_secs=0.3",
+        "lifecycle.ps_grace_secs=2",
+        "lifecycle.stop_grace_secs=2",
     ]
     env = {**os.environ, "TFPLAN_CONF": str(CONF)}
     env.pop("TFPLAN_DEBUG", None)
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tfplan", "apply", "--auto-approve", *overrides],
-                          cwd=ws, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfplan", "apply", "--auto-approve", *overrides],
+        cwd=ws,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     apply_secs = time.monotonic() - started
     result_path = ws / "out" / "result.json"
     if proc.returncode != 0 or not result_path.exists():
@@ -101,9 +126,15 @@ def run_one(name: str, minibatches: int, root: Path) -> dict[str, Any]:
         for line in metrics.read_text().splitlines():
             point = json.loads(line)
             curve.append((max(0.0, point["time"] - t0), point["accuracy"], point["global_step"]))
-    return {"name": name, "steps": steps, "minibatches": steps * minibatches_per_step(name),
-            "result": result, "curve": curve, "apply_secs": apply_secs,
-            "defaults": algo_defaults(name)}
+    return {
+        "name": name,
+        "steps": steps,
+        "minibatches": steps * minibatches_per_step(name),
+        "result": result,
+        "curve": curve,
+        "apply_secs": apply_secs,
+        "defaults": algo_defaults(name),
+    }
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
@@ -115,10 +146,21 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 5.5))
     styles = ["-", "--", "-.", ":"]
     for i, run in enumerate(r for r in runs if "error" not in r):
-        pts = sorted(run["curve"]) + [(run["result"]["wall_time_secs"],
-                                       run["result"]["accuracy"], run["result"]["global_step"])]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[i % 4], marker=".",
-                label=run["name"], linewidth=1.4)
+        pts = sorted(run["curve"]) + [
+            (
+                run["result"]["wall_time_secs"],
+                run["result"]["accuracy"],
+                run["result"]["global_step"],
+            )
+        ]
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            styles[i % 4],
+            marker=".",
+            label=run["name"],
+            linewidth=1.4,
+        )
     ax.set_xlabel("wall time since the chief's first step (s)")
     ax.set_ylabel("held-out accuracy (digits, 360 images)")
     ax.set_title("1 ps + 2 workers on loopback, each algorithm with its conf/algo defaults")
@@ -130,9 +172,13 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
 
 def settings(defaults: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in defaults.items()
-                     if k not in ("run_timeout_secs", "stop_grace_secs", "backup_workers",
-                                  "replicas_to_aggregate") and v not in (None, []))
+    return ", ".join(
+        f"{k}={v}"
+        for k, v in defaults.items()
+        if k
+        not in ("run_timeout_secs", "stop_grace_secs", "backup_workers", "replicas_to_aggregate")
+        and v not in (None, [])
+    )
 
 
 NOTES = """
@@ -177,20 +223,28 @@ def report(runs: list[dict[str, Any]], minibatches: int, png: str, total: float)
         lines.append(
             f"| `{run['name']}` | {settings(run['defaults'])} | {r['accuracy']:.3f} | "
             f"{r['global_step']} | {run['minibatches']} | {r['wall_time_secs']:.1f} | "
-            f"{r['examples_per_sec']:.0f} |")
+            f"{r['examples_per_sec']:.0f} |"
+        )
     head = [
-        "# The algorithms side by side", "",
-        "Rules, config keys and defaults: [runtime.md](runtime.md).", "",
+        "# The algorithms side by side",
+        "",
+        "Rules, config keys and defaults: [runtime.md](runtime.md).",
+        "",
         f"Measured by `bench/bench_algorithms.py --minibatches {minibatches}` on "
         f"{platform.node() or 'this machine'} ({os.cpu_count()} cores, "
         f"{platform.python_version()}), {time.strftime('%Y-%m-%d')}; the {len(runs)} applies "
-        f"took {total / 60:.1f} min in all (start-up, training, evaluation, teardown).", "",
+        f"took {total / 60:.1f} min in all (start-up, training, evaluation, teardown).",
+        "",
         f"Every run: `tfplan apply` of 1 ps + 2 workers + an evaluator on loopback, MLP 64-128-10, "
         f"digits, batch {BATCH}, {minibatches} minibatches in all (= "
         f"{minibatches * BATCH:,} examples, about {minibatches * BATCH / 1437:.0f} epochs). "
         "Accuracy = the chief's final held-out accuracy of the ps weights; wall time and "
-        "examples/s = from the chief's first to its last step (start-up excluded).", "",
-        *lines, "", f"![held-out accuracy against wall time]({png})", NOTES.rstrip(),
+        "examples/s = from the chief's first to its last step (start-up excluded).",
+        "",
+        *lines,
+        "",
+        f"![held-out accuracy against wall time]({png})",
+        NOTES.rstrip(),
     ]
     return "\n".join(head) + "\n"
 
@@ -202,8 +256,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "docs" / "algorithms.md"))
     parser.add_argument("--png", default=str(REPO / "docs" / "algorithms.png"))
     parser.add_argument("--json", default="", help="also write the raw runs here")
-    parser.add_argument("--reuse", default="", help="raw runs of an earlier bench (--json) to "
-                        "keep for the algorithms not run now")
+    parser.add_argument(
+        "--reuse",
+        default="",
+        help="raw runs of an earlier bench (--json) to keep for the algorithms not run now",
+    )
     args = parser.parse_args()
     names = [n for n in ORDER if not args.only or n in args.only.split(",")]
     started = time.monotonic()
@@ -213,9 +270,12 @@ def main() -> None:
             run = run_one(name, args.minibatches, Path(tmp))
             runs.append(run)
             r = run.get("result", {})
-            print(f"{name:14s} acc={r.get('accuracy')} steps={r.get('global_step')} "
-                  f"wall={r.get('wall_time_secs')} ex/s={r.get('examples_per_sec')} "
-                  f"apply={run.get('apply_secs', 0):.0f}s {run.get('error', '')}", flush=True)
+            print(
+                f"{name:14s} acc={r.get('accuracy')} steps={r.get('global_step')} "
+                f"wall={r.get('wall_time_secs')} ex/s={r.get('examples_per_sec')} "
+                f"apply={run.get('apply_secs', 0):.0f}s {run.get('error', '')}",
+                flush=True,
+            )
             if "error" in run:
                 print(run["log"], flush=True)
     if args.reuse:

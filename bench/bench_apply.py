@@ -34,9 +34,14 @@ ENV = {**os.environ, "TFPLAN_CONF": str(REPO / "conf")}
 
 def overrides(tmp: Path, steps: int) -> list[str]:
     return [
-        "experiment.id=bench", f"cluster.port_base={free_port_base()}", "cluster.port_range=10",
-        f"cluster.workdir={tmp}/work", f"cluster.output_dir={tmp}/out",
-        f"trainer.max_steps={steps}", "trainer.log_steps=1000", "trainer.checkpoint_steps=1000",
+        "experiment.id=bench",
+        f"cluster.port_base={free_port_base()}",
+        "cluster.port_range=10",
+        f"cluster.workdir={tmp}/work",
+        f"cluster.output_dir={tmp}/out",
+        f"trainer.max_steps={steps}",
+        "trainer.log_steps=1000",
+        "trainer.checkpoint_steps=1000",
     ]
 
 
@@ -53,21 +58,40 @@ def wait_first_steps(tmp: Path, started: float, timeout: float = 180) -> float:
 def run_tfplan_launch(tmp: Path) -> float:
     args = overrides(tmp, 100000)
     started = time.monotonic()
-    subprocess.run([*TFPLAN, "apply", "--auto-approve", "--detach", *args], cwd=tmp, env=ENV,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [*TFPLAN, "apply", "--auto-approve", "--detach", *args],
+        cwd=tmp,
+        env=ENV,
+        check=True,
+        capture_output=True,
+    )
     elapsed = wait_first_steps(tmp, started)
-    subprocess.run([*TFPLAN, "destroy", "--auto-approve"], cwd=tmp, env=ENV, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*TFPLAN, "destroy", "--auto-approve"], cwd=tmp, env=ENV, check=True, capture_output=True
+    )
     return elapsed
 
 
 def run_shell_launch(tmp: Path) -> float:
     """The same tasks (commands, env, run.yaml, code) started by a plain shell script."""
     args = overrides(tmp, 100000)
-    subprocess.run([*TFPLAN, "plan", "--no-save", "--json", *args], cwd=tmp, env=ENV, check=True,
-                   capture_output=True)
-    plan = json.loads(subprocess.run([*TFPLAN, "plan", "--json", "--no-save", *args], cwd=tmp,
-                                     env=ENV, check=True, capture_output=True, text=True).stdout)
+    subprocess.run(
+        [*TFPLAN, "plan", "--no-save", "--json", *args],
+        cwd=tmp,
+        env=ENV,
+        check=True,
+        capture_output=True,
+    )
+    plan = json.loads(
+        subprocess.run(
+            [*TFPLAN, "plan", "--json", "--no-save", *args],
+            cwd=tmp,
+            env=ENV,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     import yaml
 
     code = Path(plan["code_dir"])
@@ -80,8 +104,10 @@ def run_shell_launch(tmp: Path) -> float:
         (workdir / "run.yaml").write_text(yaml.safe_dump(plan["run_config"]))
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in task["env"].items())
         cmd = " ".join(shlex.quote(c) for c in task["command"])
-        lines.append(f"cd {shlex.quote(str(workdir))}; env {env} setsid {cmd} > "
-                     f"{shlex.quote(task['log_path'])} 2>&1 < /dev/null & echo $!")
+        lines.append(
+            f"cd {shlex.quote(str(workdir))}; env {env} setsid {cmd} > "
+            f"{shlex.quote(task['log_path'])} 2>&1 < /dev/null & echo $!"
+        )
     script = tmp / "start.sh"
     script.write_text("\n".join(lines) + "\n")
     started = time.monotonic()
@@ -98,8 +124,13 @@ def run_shell_launch(tmp: Path) -> float:
 def run_teardown(tmp: Path) -> float:
     """Seconds from result.json appearing to `tfplan apply` (attached) returning."""
     args = overrides(tmp, 60)
-    proc = subprocess.Popen([*TFPLAN, "apply", "--auto-approve", *args], cwd=tmp, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*TFPLAN, "apply", "--auto-approve", *args],
+        cwd=tmp,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     result = tmp / "out" / "result.json"
     while not result.exists():
         if proc.poll() is not None:
@@ -112,14 +143,20 @@ def run_teardown(tmp: Path) -> float:
 
 def run_destroy(tmp: Path) -> tuple[float, int]:
     args = overrides(tmp, 100000)
-    subprocess.run([*TFPLAN, "apply", "--auto-approve", "--detach", *args], cwd=tmp, env=ENV,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [*TFPLAN, "apply", "--auto-approve", "--detach", *args],
+        cwd=tmp,
+        env=ENV,
+        check=True,
+        capture_output=True,
+    )
     wait_first_steps(tmp, time.monotonic())
     state = json.loads((tmp / ".tfplan" / "bench" / "state.json").read_text())
     pids = [t["pid"] for t in state["tasks"]]
     started = time.monotonic()
-    subprocess.run([*TFPLAN, "destroy", "--auto-approve"], cwd=tmp, env=ENV, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*TFPLAN, "destroy", "--auto-approve"], cwd=tmp, env=ENV, check=True, capture_output=True
+    )
     return time.monotonic() - started, sum(1 for p in pids if alive(p))
 
 
@@ -129,7 +166,7 @@ def main() -> None:
     repeats = parser.parse_args().repeats
     tfplan_launch, shell_launch, teardown, destroy, left = [], [], [], [], []
     for i in range(repeats):
-        for kind in (("tfplan", "shell") if i % 2 == 0 else ("shell", "tfplan")):
+        for kind in ("tfplan", "shell") if i % 2 == 0 else ("shell", "tfplan"):
             with tempfile.TemporaryDirectory() as tmp:
                 if kind == "tfplan":
                     tfplan_launch.append(run_tfplan_launch(Path(tmp)))
@@ -141,19 +178,36 @@ def main() -> None:
             secs, remaining = run_destroy(Path(tmp))
             destroy.append(secs)
             left.append(remaining)
-        print(f"round {i + 1}: tfplan {tfplan_launch[-1]:.2f}s shell {shell_launch[-1]:.2f}s "
-              f"teardown {teardown[-1]:.2f}s destroy {destroy[-1]:.2f}s left {left[-1]}", flush=True)
+        print(
+            f"round {i + 1}: tfplan {tfplan_launch[-1]:.2f}s shell {shell_launch[-1]:.2f}s "
+            f"teardown {teardown[-1]:.2f}s destroy {destroy[-1]:.2f}s left {left[-1]}",
+            flush=True,
+        )
     med = statistics.median
     ratio = med(tfplan_launch) / med(shell_launch)
     rows = [
         ("launch -> first step of every worker, tfplan apply", f"{med(tfplan_launch):.2f} s", ""),
         ("launch -> first step of every worker, shell script", f"{med(shell_launch):.2f} s", ""),
-        ("ratio tfplan / shell (target <= 1.2)", f"{ratio:.2f}x", "pass" if ratio <= 1.2 else "MISS"),
-        ("training done -> all tasks exited, apply returned (target <= 1 s)",
-         f"{med(teardown):.2f} s", "pass" if med(teardown) <= 1 else "MISS"),
-        ("tfplan destroy of a running cluster (target <= 2 s)", f"{med(destroy):.2f} s",
-         "pass" if med(destroy) <= 2 else "MISS"),
-        ("processes left after destroy (all rounds)", str(sum(left)), "pass" if not sum(left) else "MISS"),
+        (
+            "ratio tfplan / shell (target <= 1.2)",
+            f"{ratio:.2f}x",
+            "pass" if ratio <= 1.2 else "MISS",
+        ),
+        (
+            "training done -> all tasks exited, apply returned (target <= 1 s)",
+            f"{med(teardown):.2f} s",
+            "pass" if med(teardown) <= 1 else "MISS",
+        ),
+        (
+            "tfplan destroy of a running cluster (target <= 2 s)",
+            f"{med(destroy):.2f} s",
+            "pass" if med(destroy) <= 2 else "MISS",
+        ),
+        (
+            "processes left after destroy (all rounds)",
+            str(sum(left)),
+            "pass" if not sum(left) else "MISS",
+        ),
     ]
     text = [
         "# Benchmark: apply, teardown, destroy",
@@ -166,10 +220,14 @@ def main() -> None:
         "|---|---|---|",
         *[f"| {a} | {b} | {c} |" for a, b, c in rows],
         "",
-        "Raw (s): tfplan " + ", ".join(f"{x:.2f}" for x in tfplan_launch)
-        + "; shell " + ", ".join(f"{x:.2f}" for x in shell_launch)
-        + "; teardown " + ", ".join(f"{x:.2f}" for x in teardown)
-        + "; destroy " + ", ".join(f"{x:.2f}" for x in destroy),
+        "Raw (s): tfplan "
+        + ", ".join(f"{x:.2f}" for x in tfplan_launch)
+        + "; shell "
+        + ", ".join(f"{x:.2f}" for x in shell_launch)
+        + "; teardown "
+        + ", ".join(f"{x:.2f}" for x in teardown)
+        + "; destroy "
+        + ", ".join(f"{x:.2f}" for x in destroy),
         "",
         "The shell script starts the very same commands with the same environment, run.yaml and "
         "code (taken from `tfplan plan --json`), so the ratio is tfplan's own overhead: composing "

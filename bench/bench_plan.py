@@ -75,7 +75,9 @@ def tensorflow_imports() -> list[str]:
     with tempfile.TemporaryDirectory() as cwd:
         proc = subprocess.run(
             [sys.executable, "-X", "importtime", "-m", "tfplan", *PLAN_ARGS],
-            cwd=cwd, capture_output=True, text=True,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
         )
     if proc.returncode != 0:
         raise SystemExit(f"tfplan plan failed: {proc.stderr[-500:]}")
@@ -91,8 +93,12 @@ def tensorflow_imports() -> list[str]:
 def cluster_config(hosts: int) -> Config:
     cfg = to_config(compose_config(["cluster=gpu2x4", "algo=downpour"], ROOT / "conf"))
     cfg.cluster.hosts = [
-        HostConfig(address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}", name=f"gpu{i}",
-                   cpu_slots=10, gpus=8)
+        HostConfig(
+            address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
+            name=f"gpu{i}",
+            cpu_slots=10,
+            gpus=8,
+        )
         for i in range(hosts)
     ]
     cfg.cluster.workers = "per_gpu"
@@ -129,17 +135,19 @@ def bench_scale(runs: int) -> dict[str, dict[str, float]]:
     # counted workers (not per_gpu) go through the least-used-host search on every task
     counted = cluster_config(1000)
     counted.cluster.workers = 8000
-    counted_place = statistics.median(
-        _timed(partial(place, counted.cluster)) for _ in range(runs)
-    )
+    counted_place = statistics.median(_timed(partial(place, counted.cluster)) for _ in range(runs))
     # placement alone over more sizes, to tell growth with the cluster from cache effects
     curve = {}
     for n in (3, 30, 300, 1000):
         cfg = cluster_config(n)
         count = len(place(cfg.cluster))
-        curve[f"place_us_per_task_{n}"] = statistics.median(
-            _timed(partial(place_and_ports, cfg)) for _ in range(max(runs, 3000 // n))
-        ) / count * 1e6
+        curve[f"place_us_per_task_{n}"] = (
+            statistics.median(
+                _timed(partial(place_and_ports, cfg)) for _ in range(max(runs, 3000 // n))
+            )
+            / count
+            * 1e6
+        )
     out: dict[str, dict[str, float]] = {"curve": curve}
     for n in (3, 1000):
         total, placing = statistics.median(plans[n]), statistics.median(places[n])
@@ -176,12 +184,20 @@ def machine() -> str:
     except (OSError, ValueError, IndexError):
         mem = "RAM unknown"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{cpu}, {os.cpu_count()} cores, {mem}, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}; load average {load:.1f} at the start")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {mem}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}; load average {load:.1f} at the start"
+    )
 
 
-def report(cli: dict[str, float], tf_modules: list[str], scale: dict[str, dict[str, float]],
-           runs: int, started: str, where: str) -> str:
+def report(
+    cli: dict[str, float],
+    tf_modules: list[str],
+    scale: dict[str, dict[str, float]],
+    runs: int,
+    started: str,
+    where: str,
+) -> str:
     s3, s1k, r, c = scale["3"], scale["1000"], scale["ratio"], scale["curve"]
     target = "met" if r["plan_per_task"] <= 2 else "NOT met"
     return f"""# Benchmark: `tfplan plan`
@@ -198,12 +214,12 @@ falls on both sides of each ratio alike; expect ±10% between runs of this scrip
 
 | command | median wall time |
 |---|---|
-| `tfplan plan cluster=3node algo=downpour` (subprocess) | {cli['tfplan']:.3f} s |
-| `python -c 'import hydra'` | {cli['hydra']:.3f} s |
-| ratio | {cli['ratio']:.1f}x |
+| `tfplan plan cluster=3node algo=downpour` (subprocess) | {cli["tfplan"]:.3f} s |
+| `python -c 'import hydra'` | {cli["hydra"]:.3f} s |
+| ratio | {cli["ratio"]:.1f}x |
 
 TensorFlow modules imported by `tfplan plan` (`python -X importtime`): \
-{', '.join(tf_modules) if tf_modules else 'none'}.
+{", ".join(tf_modules) if tf_modules else "none"}.
 
 ## Planning at scale (in process, `planner.plan` only)
 
@@ -211,29 +227,29 @@ workers=per_gpu, ps=per_host, 8 GPUs and 10 cpu_slots per host.
 
 | hosts | tasks | plan total | plan per task | placement+ports total | placement per task |
 |---|---|---|---|---|---|
-| 3 | {s3['tasks']:.0f} | {s3['plan_s'] * 1e3:.1f} ms | {s3['plan_us_per_task']:.0f} µs \
-| {s3['place_s'] * 1e3:.2f} ms | {s3['place_us_per_task']:.1f} µs |
-| 1,000 | {s1k['tasks']:.0f} | {s1k['plan_s']:.2f} s | {s1k['plan_us_per_task']:.0f} µs \
-| {s1k['place_s'] * 1e3:.1f} ms | {s1k['place_us_per_task']:.1f} µs |
-| ratio 1,000 / 3 | | {r['plan_total']:.0f}x | **{r['plan_per_task']:.1f}x** | \
-| {r['place_per_task']:.1f}x |
+| 3 | {s3["tasks"]:.0f} | {s3["plan_s"] * 1e3:.1f} ms | {s3["plan_us_per_task"]:.0f} µs \
+| {s3["place_s"] * 1e3:.2f} ms | {s3["place_us_per_task"]:.1f} µs |
+| 1,000 | {s1k["tasks"]:.0f} | {s1k["plan_s"]:.2f} s | {s1k["plan_us_per_task"]:.0f} µs \
+| {s1k["place_s"] * 1e3:.1f} ms | {s1k["place_us_per_task"]:.1f} µs |
+| ratio 1,000 / 3 | | {r["plan_total"]:.0f}x | **{r["plan_per_task"]:.1f}x** | \
+| {r["place_per_task"]:.1f}x |
 
 Target (1,000 hosts no more than 2x the per-task time of 3 hosts): **{target}** for the whole
-plan ({r['plan_per_task']:.1f}x). The 3-host figure per task includes the per-plan fixed costs
+plan ({r["plan_per_task"]:.1f}x). The 3-host figure per task includes the per-plan fixed costs
 (validation, sharding preview, warnings), which flatters it a little. Placement and port
-allocation alone measured {r['place_per_task']:.1f}x per task when alternated with whole plans
+allocation alone measured {r["place_per_task"]:.1f}x per task when alternated with whole plans
 (1,000-host plans leave 1.3 GiB of garbage behind them); on their own they stay flat:
 
-{' | '.join(f"{n} hosts {c[f'place_us_per_task_{n}']:.1f} µs" for n in (3, 30, 300, 1000))}.
+{" | ".join(f"{n} hosts {c[f'place_us_per_task_{n}']:.1f} µs" for n in (3, 30, 300, 1000))}.
 
 Placement with a counted `workers=8000` on the same 1,000 hosts (every worker searches for the
-least used host): {r['counted_place_s'] * 1e3:.0f} ms, {r['counted_place_us_per_task']:.1f} µs \
+least used host): {r["counted_place_s"] * 1e3:.0f} ms, {r["counted_place_us_per_task"]:.1f} µs \
 per task.
 
 ## Where the time goes
 
 Every task's TF_CONFIG lists the whole cluster, so the plan's output grows with tasks²: at
-1,000 hosts the 9,001 TF_CONFIG strings hold {r['tf_config_mib']:.0f} MiB. Building them is
+1,000 hosts the 9,001 TF_CONFIG strings hold {r["tf_config_mib"]:.0f} MiB. Building them is
 memory-bound (allocating and copying the text) and is the only part of the planner whose cost
 per task grows with the cluster; the rest is linear. Two quadratic costs were removed while
 making this benchmark:

@@ -41,9 +41,14 @@ STEP = re.compile(r"^(\S+)\s+\| .*\bstep=(\d+)")
 def one_round(victim: str, sig: int) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
-        args = [*base_overrides(ws, free_port_base()), "trainer.max_steps=1500",
-                "trainer.log_steps=25", "trainer.checkpoint_steps=100",
-                "lifecycle.restart.backoff_secs=0.2", "lifecycle.progress_timeout_secs=5"]
+        args = [
+            *base_overrides(ws, free_port_base()),
+            "trainer.max_steps=1500",
+            "trainer.log_steps=25",
+            "trainer.checkpoint_steps=100",
+            "lifecycle.restart.backoff_secs=0.2",
+            "lifecycle.progress_timeout_secs=5",
+        ]
         run = ApplyRun(ws, args)
         try:
             fault_line = run.wait_step(300, timeout=180, task="worker/0")
@@ -78,8 +83,15 @@ def main() -> None:
     for label, (victim, sig) in FAULTS.items():
         rounds = [one_round(victim, sig) for _ in range(repeats)]
         print(label, rounds, flush=True)
-        rows.append((label, statistics.median(r[0] for r in rounds),
-                     statistics.median(r[1] for r in rounds), max(r[2] for r in rounds), rounds))
+        rows.append(
+            (
+                label,
+                statistics.median(r[0] for r in rounds),
+                statistics.median(r[1] for r in rounds),
+                max(r[2] for r in rounds),
+                rounds,
+            )
+        )
     lines = [
         "# Reliability: recovery time and steps lost per fault",
         "",

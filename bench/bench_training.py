@@ -62,18 +62,28 @@ print(json.dumps(rates))
 
 
 def single_process(batch: int, secs: float = 2.0) -> float:
-    out = subprocess.run([sys.executable, "-c", SINGLE, str(REPO), str(batch), str(secs)],
-                         capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SINGLE, str(REPO), str(batch), str(secs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return statistics.median(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def cluster_run(algo: dict[str, Any], batch: int, max_steps: int,
-                evaluator: bool = False) -> tuple[float, dict[str, float]]:
+def cluster_run(
+    algo: dict[str, Any], batch: int, max_steps: int, evaluator: bool = False
+) -> tuple[float, dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
-        cfg = run_config(Path(tmp) / "out", algo, max_steps=max_steps, model=MODEL,
-                         data={**DATA, "batch_size": batch},
-                         trainer={"checkpoint_steps": max_steps, "summary_steps": 100,
-                                  "log_steps": 500})
+        cfg = run_config(
+            Path(tmp) / "out",
+            algo,
+            max_steps=max_steps,
+            model=MODEL,
+            data={**DATA, "batch_size": batch},
+            trainer={"checkpoint_steps": max_steps, "summary_steps": 100, "log_steps": 500},
+        )
         with RecipeCluster(Path(tmp), cfg, evaluator=evaluator) as c:
             c.start_all()
             codes = c.wait_all(timeout=300)
@@ -82,7 +92,8 @@ def cluster_run(algo: dict[str, Any], batch: int, max_steps: int,
             launch = {}
             for name, t in c.tasks.items():
                 pattern = {"ps": "serving", "evaluator": r"eval step="}.get(
-                    name.split("/")[0], r"first step")
+                    name.split("/")[0], r"first step"
+                )
                 when = t.first_line_time(pattern)
                 launch[name] = (when - t.started) if when else float("nan")
             return float(c.result()["examples_per_sec"]), launch
@@ -110,8 +121,7 @@ def main() -> None:
             print(f"single process, batch {batch}: {singles[batch]:.0f} examples/s", flush=True)
         rates = []
         for r in range(args.repeats):
-            rate, first = cluster_run(algo, batch, steps,
-                                      evaluator=(label == "hogwild" and r == 0))
+            rate, first = cluster_run(algo, batch, steps, evaluator=(label == "hogwild" and r == 0))
             rates.append(rate)
             if label == "hogwild" and r == 0:
                 launch = first
@@ -121,8 +131,9 @@ def main() -> None:
     write_report(Path(args.out), rows, launch, args.repeats, time.monotonic() - t_start)
 
 
-def write_report(path: Path, rows: list[Any], launch: dict[str, float], repeats: int,
-                 elapsed: float) -> None:
+def write_report(
+    path: Path, rows: list[Any], launch: dict[str, float], repeats: int, elapsed: float
+) -> None:
     lines = [
         "# Training throughput: 1 ps + 2 workers vs one process",
         "",
@@ -137,26 +148,41 @@ def write_report(path: Path, rows: list[Any], launch: dict[str, float], repeats:
         "|---|---|---|---|---|---|",
     ]
     for label, batch, med, single, rates in rows:
-        lines.append(f"| {label} | {batch} | {med:,.0f} | {single:,.0f} | {med / single:.2f}x | "
-                     + ", ".join(f"{r:,.0f}" for r in rates) + " |")
-    lines += ["", "## Launch to first step (hogwild run, all tasks started at once)", "",
-              "| task | seconds from launch | event |", "|---|---|---|"]
+        lines.append(
+            f"| {label} | {batch} | {med:,.0f} | {single:,.0f} | {med / single:.2f}x | "
+            + ", ".join(f"{r:,.0f}" for r in rates)
+            + " |"
+        )
+    lines += [
+        "",
+        "## Launch to first step (hogwild run, all tasks started at once)",
+        "",
+        "| task | seconds from launch | event |",
+        "|---|---|---|",
+    ]
     for name, secs in launch.items():
-        event = {"ps": "server up", "evaluator": "first evaluation"}.get(name.split("/")[0],
-                                                                         "first training step")
+        event = {"ps": "server up", "evaluator": "first evaluation"}.get(
+            name.split("/")[0], "first training step"
+        )
         lines.append(f"| {name} | {secs:.1f} | {event} |")
-    lines += ["", "## Reading the figures", "",
-              "- The target of 0.8x of one process is **not reached** on this 2-core machine. "
-              "Three processes (ps + 2 workers) share the 2 cores that one process uses alone, "
-              "so the ceiling is about 1x even with no communication.",
-              "- DOWNPOUR's window removes the parameter traffic of T-1 of every T steps, but "
-              "each local step is still one `MonitoredSession.run`, whose hooks read "
-              "`global_step` from the ps (StopAtStep, StepCounter, the progress line): one ps "
-              "round trip per minibatch remains. Caching the step on the worker during a window "
-              "is the next lever.",
-              "- Launch-to-first-step is dominated by importing TensorFlow in 4 processes at "
-              "once on 2 cores.",
-              "", "See docs/runtime.md for how the runtime works.", ""]
+    lines += [
+        "",
+        "## Reading the figures",
+        "",
+        "- The target of 0.8x of one process is **not reached** on this 2-core machine. "
+        "Three processes (ps + 2 workers) share the 2 cores that one process uses alone, "
+        "so the ceiling is about 1x even with no communication.",
+        "- DOWNPOUR's window removes the parameter traffic of T-1 of every T steps, but "
+        "each local step is still one `MonitoredSession.run`, whose hooks read "
+        "`global_step` from the ps (StopAtStep, StepCounter, the progress line): one ps "
+        "round trip per minibatch remains. Caching the step on the worker during a window "
+        "is the next lever.",
+        "- Launch-to-first-step is dominated by importing TensorFlow in 4 processes at "
+        "once on 2 cores.",
+        "",
+        "See docs/runtime.md for how the runtime works.",
+        "",
+    ]
     path.write_text("\n".join(lines))
     print(f"wrote {path}")
 

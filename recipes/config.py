@@ -15,8 +15,17 @@ from typing import Any, Optional
 
 import yaml
 
-__all__ = ["AlgoConf", "ConfigError", "DataConf", "ModelConf", "RunConfig", "TaskInfo",
-           "TrainerConf", "load_run_config", "task_from_env"]
+__all__ = [
+    "AlgoConf",
+    "ConfigError",
+    "DataConf",
+    "ModelConf",
+    "RunConfig",
+    "TaskInfo",
+    "TrainerConf",
+    "load_run_config",
+    "task_from_env",
+]
 
 
 class ConfigError(Exception):
@@ -171,8 +180,13 @@ def task_from_env(environ: Optional[dict[str, str]] = None) -> TaskInfo:
     try:
         tf_config = json.loads(text)
         task = tf_config["task"]
-        return TaskInfo(cluster={k: list(v) for k, v in (tf_config.get("cluster") or {}).items()},
-                        type=str(task["type"]), index=int(task.get("index", 0)))
+        return TaskInfo(
+            cluster={k: list(v) for k, v in (tf_config.get("cluster") or {}).items()},
+            type=str(task["type"]),
+            index=int(task.get("index", 0)),
+        )
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"TF_CONFIG is malformed ({e}); expected "
-                          '{"cluster": {...}, "task": {"type": ..., "index": ...}}') from None
+        raise ConfigError(
+            f"TF_CONFIG is malformed ({e}); expected "
+            '{"cluster": {...}, "task": {"type": ..., "index": ...}}'
+        ) from None

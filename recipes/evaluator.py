@@ -33,8 +33,9 @@ def _result_step(path: str) -> Optional[int]:
         return None
 
 
-def run_evaluator(cfg: RunConfig, log: Callable[[str], None] = print,
-                  timeout: Optional[float] = None) -> int:
+def run_evaluator(
+    cfg: RunConfig, log: Callable[[str], None] = print, timeout: Optional[float] = None
+) -> int:
     """Evaluate checkpoints until the final one; returns the exit code."""
     ds = data_mod.load(cfg.data)
     eval_dir = os.path.join(cfg.output_dir, "eval")
@@ -64,10 +65,11 @@ def run_evaluator(cfg: RunConfig, log: Callable[[str], None] = print,
                 except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError):
                     time.sleep(0.2)  # rotated away or half-written: take the next one
                     continue
-                step, l, acc = sess.run([global_step, loss, accuracy],
-                                        feed_dict={x: ds.x_eval, y: ds.y_eval})
-                _record(writer, metrics_path, int(step), float(l), float(acc), ckpt)
-                log(f"eval step={int(step)} accuracy={acc:.4f} loss={l:.4f}")
+                step, eval_loss, acc = sess.run(
+                    [global_step, loss, accuracy], feed_dict={x: ds.x_eval, y: ds.y_eval}
+                )
+                _record(writer, metrics_path, int(step), float(eval_loss), float(acc), ckpt)
+                log(f"eval step={int(step)} accuracy={acc:.4f} loss={eval_loss:.4f}")
                 last, last_step = ckpt, int(step)
                 if last_step >= cfg.trainer.max_steps:
                     break
@@ -85,11 +87,20 @@ def run_evaluator(cfg: RunConfig, log: Callable[[str], None] = print,
 
 
 def _record(writer: Any, path: str, step: int, loss: float, acc: float, ckpt: str) -> None:
-    summary = v1.Summary(value=[v1.Summary.Value(tag="eval/accuracy", simple_value=acc),
-                                v1.Summary.Value(tag="eval/loss", simple_value=loss)])
+    summary = v1.Summary(
+        value=[
+            v1.Summary.Value(tag="eval/accuracy", simple_value=acc),
+            v1.Summary.Value(tag="eval/loss", simple_value=loss),
+        ]
+    )
     writer.add_summary(summary, step)
     writer.flush()
-    line = {"global_step": step, "accuracy": round(acc, 6), "loss": round(loss, 6),
-            "time": round(time.time(), 3), "checkpoint": os.path.basename(ckpt)}
+    line = {
+        "global_step": step,
+        "accuracy": round(acc, 6),
+        "loss": round(loss, 6),
+        "time": round(time.time(), 3),
+        "checkpoint": os.path.basename(ckpt),
+    }
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")

@@ -46,21 +46,31 @@ class Model:
         else:
             widths = [dim]
         widths.append(self.num_classes)
-        for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:])):
+        for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
             shapes += [(f"dense{i}/w", (n_in, n_out)), (f"dense{i}/b", (n_out,))]
         return shapes
 
-    def create_params(self, collections: Optional[list[str]] = None,
-                      trainable: bool = True) -> Params:
+    def create_params(
+        self, collections: Optional[list[str]] = None, trainable: bool = True
+    ) -> Params:
         """Create the variables under scope ``model`` in the current device/variable scope."""
         params: Params = {}
         with v1.variable_scope("model"):
             for name, shape in self._shapes():
-                init = (v1.zeros_initializer() if name.endswith("/b")
-                        else v1.glorot_uniform_initializer())
-                params[name] = v1.get_variable(name, shape=shape, dtype=tf.float32,
-                                               initializer=init, collections=collections,
-                                               trainable=trainable, use_resource=True)
+                init = (
+                    v1.zeros_initializer()
+                    if name.endswith("/b")
+                    else v1.glorot_uniform_initializer()
+                )
+                params[name] = v1.get_variable(
+                    name,
+                    shape=shape,
+                    dtype=tf.float32,
+                    initializer=init,
+                    collections=collections,
+                    trainable=trainable,
+                    use_resource=True,
+                )
         return params
 
     def logits(self, params: Params, x: tf.Tensor) -> tf.Tensor:
@@ -69,8 +79,9 @@ class Model:
         if self.cfg.name == "cnn":
             h = tf.reshape(h, [-1, self.image_size, self.image_size, self.channels])
             for i in range(len(self.cfg.conv_channels)):
-                h = tf.nn.relu(tf.nn.conv2d(h, params[f"conv{i}/w"], 1, "SAME")
-                               + params[f"conv{i}/b"])
+                h = tf.nn.relu(
+                    tf.nn.conv2d(h, params[f"conv{i}/w"], 1, "SAME") + params[f"conv{i}/b"]
+                )
                 h = tf.nn.max_pool2d(h, 2, 2, "SAME")
             h = tf.reshape(h, [-1, int(params["dense0/w"].shape[0])])
         n_dense = sum(1 for k in params if k.startswith("dense") and k.endswith("/w"))
@@ -83,7 +94,8 @@ class Model:
 
 def loss_and_accuracy(logits: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Mean softmax cross-entropy and accuracy of one batch."""
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
-                                                                         logits=logits))
+    loss = tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    )
     correct = tf.equal(tf.argmax(logits, axis=1), labels)
     return loss, tf.reduce_mean(tf.cast(correct, tf.float32))

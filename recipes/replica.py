@@ -57,43 +57,62 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, dim: int) -> ReplicaGrap
     model = Model(cfg.model, cfg.data.image_size, cfg.data.channels, cfg.data.num_classes)
     x = v1.placeholder(tf.float32, [None, dim], name="x")
     y = v1.placeholder(tf.int64, [None], name="y")
-    setter = v1.train.replica_device_setter(worker_device=task.device,
-                                            cluster=tf.train.ClusterSpec(task.cluster))
+    setter = v1.train.replica_device_setter(
+        worker_device=task.device, cluster=tf.train.ClusterSpec(task.cluster)
+    )
     with v1.device(setter):
         global_step = v1.train.get_or_create_global_step()
-    ctx = BuildContext(algo=cfg.algo, n_replicas=task.n_replicas,
-                       replica_index=task.replica_index, is_chief=task.is_chief,
-                       worker_device=task.device, ps_device=setter, global_step=global_step)
-    problem = Problem(create_params=model.create_params,
-                      loss_fn=lambda p: loss_and_accuracy(model.logits(p, x), y)[0],
-                      inputs=(x, y),
-                      loss_on=lambda p, bx, by: loss_and_accuracy(model.logits(p, bx), by)[0])
+    ctx = BuildContext(
+        algo=cfg.algo,
+        n_replicas=task.n_replicas,
+        replica_index=task.replica_index,
+        is_chief=task.is_chief,
+        worker_device=task.device,
+        ps_device=setter,
+        global_step=global_step,
+    )
+    problem = Problem(
+        create_params=model.create_params,
+        loss_fn=lambda p: loss_and_accuracy(model.logits(p, x), y)[0],
+        inputs=(x, y),
+        loss_on=lambda p, bx, by: loss_and_accuracy(model.logits(p, bx), by)[0],
+    )
     train = get_algorithm(cfg.algo.name).build(ctx, problem)
     with v1.device(task.device):
         _, accuracy = loss_and_accuracy(model.logits(train.train_params, x), y)
-        summary_op = v1.summary.merge([
-            v1.summary.scalar("loss", train.loss),
-            v1.summary.scalar("accuracy", accuracy),
-            v1.summary.scalar("learning_rate", tf.constant(cfg.algo.lr, tf.float32)),
-        ])
+        summary_op = v1.summary.merge(
+            [
+                v1.summary.scalar("loss", train.loss),
+                v1.summary.scalar("accuracy", accuracy),
+                v1.summary.scalar("learning_rate", tf.constant(cfg.algo.lr, tf.float32)),
+            ]
+        )
         eval_loss, eval_accuracy = loss_and_accuracy(model.logits(train.params, x), y)
         probe = v1.report_uninitialized_variables(v1.global_variables())
     done_ops = done_token_ops(task.n_ps, task.n_replicas)
-    return ReplicaGraph(train, x, y, global_step, eval_loss, eval_accuracy, probe, done_ops,
-                        summary_op)
+    return ReplicaGraph(
+        train, x, y, global_step, eval_loss, eval_accuracy, probe, done_ops, summary_op
+    )
 
 
 def _hooks(cfg: RunConfig, g: ReplicaGraph, scaffold: Any, is_chief: bool) -> list[Any]:
     t = cfg.trainer
-    hooks = [v1.train.StopAtStepHook(last_step=t.max_steps),
-             v1.train.NanTensorHook(g.train.loss, fail_on_nan_loss=True), *g.train.hooks]
+    hooks = [
+        v1.train.StopAtStepHook(last_step=t.max_steps),
+        v1.train.NanTensorHook(g.train.loss, fail_on_nan_loss=True),
+        *g.train.hooks,
+    ]
     if is_chief:
-        ckpt = ({"save_secs": t.checkpoint_secs} if t.checkpoint_secs
-                else {"save_steps": t.checkpoint_steps or t.max_steps})
+        ckpt = (
+            {"save_secs": t.checkpoint_secs}
+            if t.checkpoint_secs
+            else {"save_steps": t.checkpoint_steps or t.max_steps}
+        )
         hooks += [
             v1.train.CheckpointSaverHook(cfg.output_dir, scaffold=scaffold, **ckpt),
-            v1.train.SummarySaverHook(save_steps=t.summary_steps, output_dir=cfg.output_dir,
-                                      summary_op=g.summary_op),
+            v1.train.SummarySaverHook(
+                save_steps=t.summary_steps, output_dir=cfg.output_dir, summary_op=g.summary_op
+            ),
             v1.train.StepCounterHook(every_n_steps=t.summary_steps, output_dir=cfg.output_dir),
         ]
     return hooks
@@ -114,8 +133,10 @@ def _send_done_tokens(server: Any, task: TaskInfo, g: ReplicaGraph, log: Log) ->
             try:
                 sess.run(op, options=options)
             except tf.errors.OpError as e:
-                log(f"warning: could not send the done token to ps/{k} ({type(e).__name__}); "
-                    "the launcher will have to stop it")
+                log(
+                    f"warning: could not send the done token to ps/{k} ({type(e).__name__}); "
+                    "the launcher will have to stop it"
+                )
 
 
 def _make_server(task: TaskInfo, cpu_devices: int) -> Any:
@@ -125,8 +146,13 @@ def _make_server(task: TaskInfo, cpu_devices: int) -> Any:
         return make_server(task)
     config = session_config(task)
     config.device_count["CPU"] = cpu_devices
-    return tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type,
-                                task_index=task.index, config=config, start=True)
+    return tf.distribute.Server(
+        tf.train.ClusterSpec(task.cluster),
+        job_name=task.type,
+        task_index=task.index,
+        config=config,
+        start=True,
+    )
 
 
 def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log = print) -> int:
@@ -147,41 +173,55 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     config = session_config(task)
     g = build_replica_graph(cfg, task, ds.dim)
     scaffold = v1.train.Scaffold(local_init_op=g.train.local_init_op, summary_op=g.summary_op)
-    creator = RoleSessionCreator(scaffold, server.target, config, task.is_chief, cfg.output_dir,
-                                 g.probe, log=log)
-    feed_iter = data_mod.batches(x_tr, y_tr, cfg.data.batch_size,
-                                 seed=cfg.trainer.seed * 1000 + task.replica_index)
+    creator = RoleSessionCreator(
+        scaffold, server.target, config, task.is_chief, cfg.output_dir, g.probe, log=log
+    )
+    feed_iter = data_mod.batches(
+        x_tr, y_tr, cfg.data.batch_size, seed=cfg.trainer.seed * 1000 + task.replica_index
+    )
     ops, n_ops = g.train.step_ops, len(g.train.step_ops)
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
     recent: deque[float] = deque(maxlen=20)
     i, gs, first_gs, t_start = 0, 0, None, time.monotonic()
     last_log_gs, last_log_t = 0, t_start
     try:
-        with v1.train.MonitoredSession(session_creator=creator,
-                                       hooks=_hooks(cfg, g, scaffold, task.is_chief),
-                                       stop_grace_period_secs=g.train.stop_grace_secs) as sess:
+        with v1.train.MonitoredSession(
+            session_creator=creator,
+            hooks=_hooks(cfg, g, scaffold, task.is_chief),
+            stop_grace_period_secs=g.train.stop_grace_secs,
+        ) as sess:
             while not sess.should_stop():
                 bx, by = next(feed_iter)
-                _, loss, gs = sess.run([ops[i % n_ops], g.train.loss, g.global_step],
-                                       feed_dict={g.x: bx, g.y: by}, options=g.train.run_options)
+                _, loss, gs = sess.run(
+                    [ops[i % n_ops], g.train.loss, g.global_step],
+                    feed_dict={g.x: bx, g.y: by},
+                    options=g.train.run_options,
+                )
                 gs, i = int(gs), i + 1
                 recent.append(float(loss))
                 now = time.monotonic()
                 if first_gs is None:
                     first_gs, t_start, last_log_gs, last_log_t = gs, now, gs, now
-                    log(f"step={gs} loss={loss:.4f} first step {time.time() - process_start:.2f}s"
-                        " after launch")
+                    log(
+                        f"step={gs} loss={loss:.4f} first step {time.time() - process_start:.2f}s"
+                        " after launch"
+                    )
                 elif gs // cfg.trainer.log_steps > last_log_gs // cfg.trainer.log_steps:
                     rate = (gs - last_log_gs) * ex_per_gs / max(now - last_log_t, 1e-9)
                     log(f"step={gs} loss={np.mean(recent):.4f} examples_per_sec={rate:.1f}")
                     last_log_gs, last_log_t = gs, now
     except tf.compat.v1.train.NanLossDuringTrainingError:
-        raise TrainingFailed(f"loss became NaN near step={gs}: lower algo.lr "
-                             f"(now {cfg.algo.lr}) or check the data", 3) from None
+        raise TrainingFailed(
+            f"loss became NaN near step={gs}: lower algo.lr (now {cfg.algo.lr}) or check the data",
+            3,
+        ) from None
     except tf.errors.DeadlineExceededError:
-        raise TrainingFailed(f"a training step at step={gs} took longer than run_timeout_secs="
-                             f"{cfg.algo.get('run_timeout_secs')}: a peer replica or ps is "
-                             "probably down", 4) from None
+        raise TrainingFailed(
+            f"a training step at step={gs} took longer than run_timeout_secs="
+            f"{cfg.algo.get('run_timeout_secs')}: a peer replica or ps is "
+            "probably down",
+            4,
+        ) from None
     wall = time.monotonic() - t_start
     if task.is_chief:
         _finish_chief(cfg, task, server, g, ds, result_path, recent, first_gs or 0, wall, log)
@@ -190,26 +230,44 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     return 0
 
 
-def _finish_chief(cfg: RunConfig, task: TaskInfo, server: Any, g: ReplicaGraph,
-                  ds: data_mod.Dataset, result_path: str, recent: deque[float], first_gs: int,
-                  wall: float, log: Log) -> None:
+def _finish_chief(
+    cfg: RunConfig,
+    task: TaskInfo,
+    server: Any,
+    g: ReplicaGraph,
+    ds: data_mod.Dataset,
+    result_path: str,
+    recent: deque[float],
+    first_gs: int,
+    wall: float,
+    log: Log,
+) -> None:
     """Held-out accuracy of the final ps weights, then result.json (atomically)."""
     n_train = min(len(ds.x_train), 5000)  # a bounded sample: the loss of the final weights
     with v1.Session(server.target, config=session_config(task)) as sess:
-        gs, eval_loss, acc = sess.run([g.global_step, g.eval_loss, g.eval_accuracy],
-                                      feed_dict={g.x: ds.x_eval, g.y: ds.y_eval})
-        train_loss = sess.run(g.eval_loss, feed_dict={g.x: ds.x_train[:n_train],
-                                                      g.y: ds.y_train[:n_train]})
+        gs, eval_loss, acc = sess.run(
+            [g.global_step, g.eval_loss, g.eval_accuracy],
+            feed_dict={g.x: ds.x_eval, g.y: ds.y_eval},
+        )
+        train_loss = sess.run(
+            g.eval_loss, feed_dict={g.x: ds.x_train[:n_train], g.y: ds.y_train[:n_train]}
+        )
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
     result = {
-        "status": "succeeded", "global_step": int(gs),
+        "status": "succeeded",
+        "global_step": int(gs),
         "loss": round(float(train_loss), 6),
         "last_batch_loss": round(float(np.mean(recent)) if recent else float("nan"), 6),
-        "accuracy": round(float(acc), 6), "eval_loss": round(float(eval_loss), 6),
+        "accuracy": round(float(acc), 6),
+        "eval_loss": round(float(eval_loss), 6),
         "examples_per_sec": round((int(gs) - first_gs) * ex_per_gs / max(wall, 1e-9), 1),
-        "wall_time_secs": round(wall, 3), "algo": cfg.algo.name,
-        "replicas": task.n_replicas, "ps": task.n_ps,
+        "wall_time_secs": round(wall, 3),
+        "algo": cfg.algo.name,
+        "replicas": task.n_replicas,
+        "ps": task.n_ps,
     }
     _write_json_atomic(result_path, result)
-    log(f"step={int(gs)} final: loss={result['loss']} accuracy={result['accuracy']} "
-        f"examples_per_sec={result['examples_per_sec']}")
+    log(
+        f"step={int(gs)} final: loss={result['loss']} accuracy={result['accuracy']} "
+        f"examples_per_sec={result['examples_per_sec']}"
+    )

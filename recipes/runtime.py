@@ -21,8 +21,14 @@ import tensorflow as tf
 
 from recipes.config import TaskInfo
 
-__all__ = ["RoleSessionCreator", "done_token_ops", "make_server", "run_ps", "session_config",
-           "wait_until_initialized"]
+__all__ = [
+    "RoleSessionCreator",
+    "done_token_ops",
+    "make_server",
+    "run_ps",
+    "session_config",
+    "wait_until_initialized",
+]
 
 v1 = tf.compat.v1
 POLL_SECS = 0.5
@@ -41,13 +47,15 @@ def session_config(task: TaskInfo) -> Any:
 def make_server(task: TaskInfo) -> Any:
     """Start this task's gRPC server (note: it listens on every interface, see docs/runtime.md)."""
     spec = tf.train.ClusterSpec(task.cluster)
-    return tf.distribute.Server(spec, job_name=task.type, task_index=task.index,
-                                config=session_config(task), start=True)
+    return tf.distribute.Server(
+        spec, job_name=task.type, task_index=task.index, config=session_config(task), start=True
+    )
 
 
 def _done_queue(k: int, capacity: int) -> Any:
-    return tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]], shared_name=f"done_ps{k}",
-                              name=f"done_ps{k}")
+    return tf.queue.FIFOQueue(
+        capacity, [tf.int32], shapes=[[]], shared_name=f"done_ps{k}", name=f"done_ps{k}"
+    )
 
 
 def done_token_ops(n_ps: int, n_replicas: int) -> list[Any]:
@@ -69,8 +77,10 @@ def run_ps(task: TaskInfo, log: Any = print) -> int:
         with v1.device(task.device):
             size = _done_queue(task.index, n).size()
         with v1.Session(server.target, config=session_config(task)) as sess:
-            log(f"ps/{task.index} serving on {task.cluster['ps'][task.index]}; "
-                f"exits after {n} done tokens")
+            log(
+                f"ps/{task.index} serving on {task.cluster['ps'][task.index]}; "
+                f"exits after {n} done tokens"
+            )
             # Poll the size instead of blocking in dequeue: a blocked C++ call would delay the
             # SIGTERM handler, and polling never consumes a token.
             while True:
@@ -84,8 +94,9 @@ def run_ps(task: TaskInfo, log: Any = print) -> int:
     os._exit(0)
 
 
-def wait_until_initialized(target: str, config: Any, probe: Any, timeout: float,
-                           log: Any = print) -> None:
+def wait_until_initialized(
+    target: str, config: Any, probe: Any, timeout: float, log: Any = print
+) -> None:
     """Poll ``probe`` (report_uninitialized_variables of the globals) until it is empty.
 
     Raises:
@@ -103,8 +114,10 @@ def wait_until_initialized(target: str, config: Any, probe: Any, timeout: float,
                         log("waiting for the chief to initialise the parameter servers")
                         said = True
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"ps variables still uninitialised after {timeout:.0f}s"
-                                           " (is the chief running?)")
+                        raise TimeoutError(
+                            f"ps variables still uninitialised after {timeout:.0f}s"
+                            " (is the chief running?)"
+                        )
                     time.sleep(POLL_SECS)
         except (tf.errors.UnavailableError, tf.errors.AbortedError):
             if time.monotonic() > deadline:
@@ -115,9 +128,17 @@ def wait_until_initialized(target: str, config: Any, probe: Any, timeout: float,
 class RoleSessionCreator(v1.train.SessionCreator):
     """Session creator for chief and non-chief replicas (see the module docstring)."""
 
-    def __init__(self, scaffold: Any, target: str, config: Any, is_chief: bool,
-                 checkpoint_dir: Optional[str], probe: Any, join_timeout: float = 600.0,
-                 log: Any = print) -> None:
+    def __init__(
+        self,
+        scaffold: Any,
+        target: str,
+        config: Any,
+        is_chief: bool,
+        checkpoint_dir: Optional[str],
+        probe: Any,
+        join_timeout: float = 600.0,
+        log: Any = print,
+    ) -> None:
         self._scaffold = scaffold
         self._target = target
         self._config = config
@@ -134,7 +155,9 @@ class RoleSessionCreator(v1.train.SessionCreator):
                 local_init_op=self._scaffold.local_init_op,
                 ready_op=self._scaffold.ready_op,
                 ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
-                graph=v1.get_default_graph(), recovery_wait_secs=1)
+                graph=v1.get_default_graph(),
+                recovery_wait_secs=1,
+            )
         return self._manager
 
     def _ps_initialized(self) -> bool:
@@ -156,14 +179,20 @@ class RoleSessionCreator(v1.train.SessionCreator):
         sm = self._session_manager()
         if self._is_chief and not self._ps_initialized():
             # Fresh ps (first start or ps restart): restore the last checkpoint, else init.
-            return sm.prepare_session(self._target, saver=self._scaffold.saver,
-                                      checkpoint_dir=self._checkpoint_dir, config=self._config,
-                                      init_op=self._scaffold.init_op,
-                                      init_fn=self._scaffold.init_fn)
+            return sm.prepare_session(
+                self._target,
+                saver=self._scaffold.saver,
+                checkpoint_dir=self._checkpoint_dir,
+                config=self._config,
+                init_op=self._scaffold.init_op,
+                init_fn=self._scaffold.init_fn,
+            )
         if self._is_chief:
             self._log("parameter servers already initialised: joining their live values")
         else:
-            wait_until_initialized(self._target, self._config, self._probe, self._join_timeout,
-                                   self._log)
-        return sm.wait_for_session(self._target, config=self._config,
-                                   max_wait_secs=self._join_timeout)
+            wait_until_initialized(
+                self._target, self._config, self._probe, self._join_timeout, self._log
+            )
+        return sm.wait_for_session(
+            self._target, config=self._config, max_wait_secs=self._join_timeout
+        )

@@ -44,11 +44,14 @@ def _run(config_path: str) -> int:
     _quiet_cancelled_threads(tf.errors.CancelledError)
     if task.type == "ps":
         from recipes.runtime import run_ps
+
         return run_ps(task, _log)
     if task.type == "evaluator":
         from recipes.evaluator import run_evaluator
+
         return run_evaluator(cfg, _log)
     from recipes.replica import run_replica
+
     return run_replica(cfg, task, PROCESS_START, _log)
 
 
@@ -66,8 +69,11 @@ def _quiet_cancelled_threads(cancelled: type) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipes.train", description=__doc__)
-    parser.add_argument("--config", default=os.environ.get("TFPLAN_RUN_CONFIG", "run.yaml"),
-                        help="the resolved run config (run.yaml)")
+    parser.add_argument(
+        "--config",
+        default=os.environ.get("TFPLAN_RUN_CONFIG", "run.yaml"),
+        help="the resolved run config (run.yaml)",
+    )
     args = parser.parse_args(argv)
     from recipes.data import DataError
 

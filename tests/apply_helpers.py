@@ -62,17 +62,28 @@ def _free(port: int) -> bool:
     return True
 
 
-def tfplan(cwd: Path, *args: str, timeout: float = 240, check: bool = False,
-           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def tfplan(
+    cwd: Path,
+    *args: str,
+    timeout: float = 240,
+    check: bool = False,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run the real CLI as a user would, in ``cwd``."""
     full_env = {**os.environ, "TFPLAN_CONF": str(CONF), **(env or {})}
     full_env.pop("TFPLAN_DEBUG", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "tfplan", *args], cwd=cwd, env=full_env, text=True,
-        capture_output=True, timeout=timeout,
+        [sys.executable, "-m", "tfplan", *args],
+        cwd=cwd,
+        env=full_env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"tfplan {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"tfplan {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 

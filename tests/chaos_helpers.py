@@ -27,7 +27,11 @@ class ApplyRun:
         env = {**os.environ, "TFPLAN_CONF": str(CONF), **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tfplan", "apply", "--auto-approve", *args],
-            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -58,8 +62,9 @@ class ApplyRun:
         deadline = time.monotonic() + timeout
         after = 0
         while True:
-            i = self.wait_for(rf"^{task}\s+\| .*\bstep=\d+", max(0.1, deadline - time.monotonic()),
-                              after)
+            i = self.wait_for(
+                rf"^{task}\s+\| .*\bstep=\d+", max(0.1, deadline - time.monotonic()), after
+            )
             match = STEP.match(self.lines[i][1])
             if match and int(match.group(2)) >= step:
                 return i
@@ -99,8 +104,11 @@ def kill_task(cwd: Path, name: str, sig: int = signal.SIGKILL) -> dict[str, Any]
 
 
 def checkpoint_steps(output_dir: Path) -> list[int]:
-    return sorted(int(m.group(1)) for p in output_dir.glob("model.ckpt-*.index")
-                  if (m := re.search(r"ckpt-(\d+)\.index$", p.name)))
+    return sorted(
+        int(m.group(1))
+        for p in output_dir.glob("model.ckpt-*.index")
+        if (m := re.search(r"ckpt-(\d+)\.index$", p.name))
+    )
 
 
 def final_checkpoint_step(output_dir: Path) -> int:
@@ -111,8 +119,13 @@ def final_checkpoint_step(output_dir: Path) -> int:
         "path = tf.train.latest_checkpoint(sys.argv[1])\n"
         "print(int(tf.train.load_checkpoint(path).get_tensor('global_step')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(output_dir)], capture_output=True,
-                         text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(output_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return int(out.stdout.strip().splitlines()[-1])
 
 

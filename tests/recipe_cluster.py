@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import yaml
 
@@ -38,19 +39,35 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def run_config(output_dir: Path, algo: dict[str, Any], max_steps: int = 200,
-               **overrides: Any) -> dict[str, Any]:
+def run_config(
+    output_dir: Path, algo: dict[str, Any], max_steps: int = 200, **overrides: Any
+) -> dict[str, Any]:
     """A run.yaml as the launcher would write it (small and fast by default)."""
     cfg: dict[str, Any] = {
         "experiment": {"id": "test"},
         "output_dir": str(output_dir),
         "algo": {"lr": 0.1, "optimizer": "sgd", "sync": False, **algo},
         "model": {"name": "mlp", "hidden": [32], "conv_channels": [], "dense": 64},
-        "data": {"name": "digits", "path": None, "image_size": 8, "channels": 1,
-                 "num_classes": 10, "batch_size": 32, "eval_fraction": 0.2,
-                 "synthetic_examples": 2000, "seed": 0},
-        "trainer": {"max_steps": max_steps, "checkpoint_steps": 50, "checkpoint_secs": None,
-                    "summary_steps": 20, "log_steps": 20, "eval_secs": 0.5, "seed": 0},
+        "data": {
+            "name": "digits",
+            "path": None,
+            "image_size": 8,
+            "channels": 1,
+            "num_classes": 10,
+            "batch_size": 32,
+            "eval_fraction": 0.2,
+            "synthetic_examples": 2000,
+            "seed": 0,
+        },
+        "trainer": {
+            "max_steps": max_steps,
+            "checkpoint_steps": 50,
+            "checkpoint_secs": None,
+            "summary_steps": 20,
+            "log_steps": 20,
+            "eval_secs": 0.5,
+            "seed": 0,
+        },
     }
     for section, values in overrides.items():
         cfg[section] = {**cfg.get(section, {}), **values}
@@ -78,10 +95,14 @@ class Task:
         return "\n".join(line for _, line in self.lines)
 
     def steps(self) -> list[int]:
-        return [int(m.group(1)) for _, line in self.lines
-                for m in [re.search(r"\bstep=(\d+)", line)] if m]
+        return [
+            int(m.group(1))
+            for _, line in self.lines
+            for m in [re.search(r"\bstep=(\d+)", line)]
+            if m
+        ]
 
-    def first_line_time(self, pattern: str) -> Optional[float]:
+    def first_line_time(self, pattern: str) -> float | None:
         for t, line in self.lines:
             if re.search(pattern, line):
                 return t
@@ -91,8 +112,15 @@ class Task:
 class RecipeCluster:
     """ps + workers (+ chief) (+ evaluator) on loopback, for one run config."""
 
-    def __init__(self, workdir: Path, cfg: dict[str, Any], n_ps: int = 1, n_workers: int = 2,
-                 chief: bool = False, evaluator: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        cfg: dict[str, Any],
+        n_ps: int = 1,
+        n_workers: int = 2,
+        chief: bool = False,
+        evaluator: bool = False,
+    ) -> None:
         self.workdir = workdir
         self.cfg = cfg
         self.output_dir = Path(cfg["output_dir"])
@@ -101,10 +129,12 @@ class RecipeCluster:
         self.config_path.write_text(yaml.safe_dump(cfg))
         ports = free_ports(n_ps + n_workers + (1 if chief else 0))
         addr = [f"127.0.0.1:{p}" for p in ports]
-        self.cluster: dict[str, list[str]] = {"ps": addr[:n_ps],
-                                              "worker": addr[n_ps:n_ps + n_workers]}
+        self.cluster: dict[str, list[str]] = {
+            "ps": addr[:n_ps],
+            "worker": addr[n_ps : n_ps + n_workers],
+        }
         if chief:
-            self.cluster["chief"] = addr[n_ps + n_workers:]
+            self.cluster["chief"] = addr[n_ps + n_workers :]
         self.roles = [("ps", i) for i in range(n_ps)] + [("worker", i) for i in range(n_workers)]
         self.roles += [("chief", 0)] if chief else []
         self.roles += [("evaluator", 0)] if evaluator else []
@@ -115,15 +145,25 @@ class RecipeCluster:
         name = f"{role}/{index}"
         if name in self.tasks:
             self.dead.append(self.tasks[name])
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3",
-                   TF_ENABLE_ONEDNN_OPTS="0", CUDA_VISIBLE_DEVICES="",
-                   PYTHONPATH=str(REPO), TFPLAN_TASK=name,
-                   TF_CONFIG=json.dumps({"cluster": self.cluster,
-                                         "task": {"type": role, "index": index}}))
-        proc = subprocess.Popen([sys.executable, "-m", "recipes.train", "--config",
-                                 str(self.config_path)], cwd=str(self.workdir), env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        env = dict(
+            os.environ,
+            PYTHONUNBUFFERED="1",
+            TF_CPP_MIN_LOG_LEVEL="3",
+            TF_ENABLE_ONEDNN_OPTS="0",
+            CUDA_VISIBLE_DEVICES="",
+            PYTHONPATH=str(REPO),
+            TFPLAN_TASK=name,
+            TF_CONFIG=json.dumps({"cluster": self.cluster, "task": {"type": role, "index": index}}),
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "recipes.train", "--config", str(self.config_path)],
+            cwd=str(self.workdir),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.tasks[name] = Task(name, proc, time.monotonic())
         return self.tasks[name]
 
@@ -156,15 +196,18 @@ class RecipeCluster:
 
     def wait_all(self, timeout: float) -> dict[str, int]:
         deadline = time.monotonic() + timeout
-        return {name: self.wait_exit(name, max(0.1, deadline - time.monotonic()))
-                for name in list(self.tasks)}
+        return {
+            name: self.wait_exit(name, max(0.1, deadline - time.monotonic()))
+            for name in list(self.tasks)
+        }
 
     def result(self) -> dict[str, Any]:
         return json.loads((self.output_dir / "result.json").read_text())
 
     def dump(self) -> str:
-        return "\n".join(f"--- {name} (rc={t.proc.poll()})\n{t.text[-3000:]}"
-                         for name, t in self.tasks.items())
+        return "\n".join(
+            f"--- {name} (rc={t.proc.poll()})\n{t.text[-3000:]}" for name, t in self.tasks.items()
+        )
 
     def close(self) -> None:
         """Kill every process group this cluster started (by id), then reap."""
@@ -188,6 +231,7 @@ class RecipeCluster:
 
 # --- In-process cluster for the rule tests (ALGORITHMS.md "Correctness tests") -------------------
 
+
 class InProcessCluster:
     """ps and worker ``tf.distribute.Server`` objects in this process, on loopback ports.
 
@@ -204,8 +248,11 @@ class InProcessCluster:
         addr = [f"127.0.0.1:{p}" for p in ports]
         self.cluster = {"ps": addr[:n_ps], "worker": addr[n_ps:]}
         spec = tf.train.ClusterSpec(self.cluster)
-        self.ps = [tf.distribute.Server(spec, job_name="ps", task_index=i, start=True)
-                   for i in range(n_ps)]
-        self.workers = [tf.distribute.Server(spec, job_name="worker", task_index=i, start=True)
-                        for i in range(n_workers)]
+        self.ps = [
+            tf.distribute.Server(spec, job_name="ps", task_index=i, start=True) for i in range(n_ps)
+        ]
+        self.workers = [
+            tf.distribute.Server(spec, job_name="worker", task_index=i, start=True)
+            for i in range(n_workers)
+        ]
         self.spec = spec

@@ -49,9 +49,17 @@ def minibatches_per_step(algo: str) -> int:
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_algorithm_trains_as_a_real_cluster_through_apply(algo: str, ws: Path) -> None:
     steps = math.ceil(MINIBATCHES / minibatches_per_step(algo))
-    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, free_port_base()),
-                  f"algo={algo}", f"trainer.max_steps={steps}", "trainer.log_steps=10",
-                  f"trainer.checkpoint_steps={steps}", timeout=180)
+    proc = tfplan(
+        ws,
+        "apply",
+        "--auto-approve",
+        *base_overrides(ws, free_port_base()),
+        f"algo={algo}",
+        f"trainer.max_steps={steps}",
+        "trainer.log_steps=10",
+        f"trainer.checkpoint_steps={steps}",
+        timeout=180,
+    )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     assert "Apply complete! Tasks: 3 started" in proc.stdout
     run_yaml = yaml.safe_load((ws / "work" / "worker-0" / "run.yaml").read_text())

@@ -7,11 +7,11 @@ so they take a second; one test runs the built-in TensorFlow recipe to its last 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,8 +46,12 @@ def _pids(state: dict[str, object]) -> list[int]:
 @pytest.mark.cluster
 def test_apply_trains_builtin_recipe_to_the_last_step_and_leaves_nothing(ws: Path) -> None:
     port = free_port_base()
-    overrides = [*base_overrides(ws, port), "trainer.max_steps=120", "trainer.log_steps=40",
-                 "trainer.checkpoint_steps=60"]
+    overrides = [
+        *base_overrides(ws, port),
+        "trainer.max_steps=120",
+        "trainer.log_steps=40",
+        "trainer.checkpoint_steps=60",
+    ]
     planned = tfplan(ws, "plan", *overrides, check=True)
     assert "Plan: 3 to add, 0 to change, 0 to destroy." in planned.stdout
     applied = tfplan(ws, "apply", check=True)  # the saved plan, exactly
@@ -71,8 +75,14 @@ def test_apply_trains_builtin_recipe_to_the_last_step_and_leaves_nothing(ws: Pat
 
 def test_chief_success_stops_the_ps_that_never_exits(ws: Path) -> None:
     port = free_port_base()
-    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port),
-                  *fake_overrides(ws, steps="3"), check=True)
+    proc = tfplan(
+        ws,
+        "apply",
+        "--auto-approve",
+        *base_overrides(ws, port),
+        *fake_overrides(ws, steps="3"),
+        check=True,
+    )
     assert "worker/0 succeeded (exit code 0)" in proc.stdout
     assert "stopping ps/0, which did not exit by themselves" in proc.stdout
     state = state_of(ws)
@@ -82,8 +92,13 @@ def test_chief_success_stops_the_ps_that_never_exits(ws: Path) -> None:
 
 def test_chief_failure_tears_everything_down(ws: Path) -> None:
     port = free_port_base()
-    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port),
-                  *fake_overrides(ws, chief_exit="3", worker_secs="60"))
+    proc = tfplan(
+        ws,
+        "apply",
+        "--auto-approve",
+        *base_overrides(ws, port),
+        *fake_overrides(ws, chief_exit="3", worker_secs="60"),
+    )
     assert proc.returncode == 1
     assert "worker/0 failed (exit code 3): tearing down the cluster" in proc.stdout
     assert "not restarted: exit code 3 is permanent under policy ExitCode" in proc.stdout
@@ -96,8 +111,14 @@ def test_chief_failure_tears_everything_down(ws: Path) -> None:
 
 def test_failed_worker_is_reported_and_training_goes_on(ws: Path) -> None:
     port = free_port_base()
-    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port),
-                  *fake_overrides(ws, steps="15", worker_exit="1", worker_secs="0.2"), check=True)
+    proc = tfplan(
+        ws,
+        "apply",
+        "--auto-approve",
+        *base_overrides(ws, port),
+        *fake_overrides(ws, steps="15", worker_exit="1", worker_secs="0.2"),
+        check=True,
+    )
     assert "worker/1 failed (exit code 1); not restarted: exit code 1 is permanent" in proc.stdout
     assert "the other tasks go on" in proc.stdout
     assert "Training complete" in proc.stdout
@@ -106,8 +127,10 @@ def test_failed_worker_is_reported_and_training_goes_on(ws: Path) -> None:
 
 def test_detach_status_logs_destroy(ws: Path) -> None:
     port = free_port_base()
-    overrides = [*base_overrides(ws, port), *fake_overrides(ws, steps="600", step_secs="0.1",
-                                                            worker_secs="120")]
+    overrides = [
+        *base_overrides(ws, port),
+        *fake_overrides(ws, steps="600", step_secs="0.1", worker_secs="120"),
+    ]
     tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
     pids = _pids(state_of(ws))
     assert len(pids) == 3 and all(alive(p) for p in pids)
@@ -193,9 +216,20 @@ def test_ctrl_c_stops_every_task_and_keeps_state_consistent(ws: Path) -> None:
     port = free_port_base()
     env = {**os.environ, "TFPLAN_CONF": str(CONF)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfplan", "apply", "--auto-approve", *base_overrides(ws, port),
-         *fake_overrides(ws, steps="600", worker_secs="120")],
-        cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tfplan",
+            "apply",
+            "--auto-approve",
+            *base_overrides(ws, port),
+            *fake_overrides(ws, steps="600", worker_secs="120"),
+        ],
+        cwd=ws,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -215,8 +249,10 @@ def test_ctrl_c_stops_every_task_and_keeps_state_consistent(ws: Path) -> None:
 
 def test_logs_follow_streams_until_the_task_ends(ws: Path) -> None:
     port = free_port_base()
-    overrides = [*base_overrides(ws, port), *fake_overrides(ws, steps="20", step_secs="0.1",
-                                                            worker_secs="1")]
+    overrides = [
+        *base_overrides(ws, port),
+        *fake_overrides(ws, steps="20", step_secs="0.1", worker_secs="1"),
+    ]
     tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
     followed = tfplan(ws, "logs", "-f", "worker/0", timeout=60, check=True)
     lines = [line for line in followed.stdout.splitlines() if line.startswith("worker/0")]

@@ -59,10 +59,16 @@ def ws(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.ssh
 def test_apply_over_ssh_runs_and_tears_down(ws: Path, sshd_server: LoopbackSshd) -> None:
     target = sshd_server.target()
-    env = _conf_with_cluster(ws, "viassh", {
-        "hosts": [_host(target)], "ps": 1, "workers": 2,
-        "ssh_known_hosts": str(sshd_server.known_hosts),
-    })
+    env = _conf_with_cluster(
+        ws,
+        "viassh",
+        {
+            "hosts": [_host(target)],
+            "ps": 1,
+            "workers": 2,
+            "ssh_known_hosts": str(sshd_server.known_hosts),
+        },
+    )
     port = free_port_base()
     args = ["cluster=viassh", *base_overrides(ws, port), *fake_overrides(ws, steps="4")]
     proc = tfplan(ws, "apply", "--auto-approve", *args, env=env, check=True)
@@ -95,9 +101,16 @@ def test_ssh_problems_are_one_line_errors_and_start_nothing(
         from testbed import free_port
 
         host["ssh_port"] = free_port()  # nothing listens there
-    env = _conf_with_cluster(ws, "viassh", {
-        "hosts": [host], "ps": 1, "workers": 1, "ssh_known_hosts": known_hosts,
-    })
+    env = _conf_with_cluster(
+        ws,
+        "viassh",
+        {
+            "hosts": [host],
+            "ps": 1,
+            "workers": 1,
+            "ssh_known_hosts": known_hosts,
+        },
+    )
     args = ["cluster=viassh", *base_overrides(ws, free_port_base()), *fake_overrides(ws)]
     proc = tfplan(ws, "apply", "--auto-approve", *args, env=env)
     assert proc.returncode == 1
@@ -109,8 +122,15 @@ def test_ssh_problems_are_one_line_errors_and_start_nothing(
     assert not state_file.exists() or json.loads(state_file.read_text())["tasks"] == []
     if problem == "unknown_host_key":
         # Accepting new host keys on purpose makes the same apply work.
-        ok = tfplan(ws, "apply", "--auto-approve", *args,
-                    "cluster.ssh_accept_new_host_keys=true", env=env, check=True)
+        ok = tfplan(
+            ws,
+            "apply",
+            "--auto-approve",
+            *args,
+            "cluster.ssh_accept_new_host_keys=true",
+            env=env,
+            check=True,
+        )
         assert "Training complete" in ok.stdout
 
 
@@ -118,14 +138,28 @@ def test_ssh_problems_are_one_line_errors_and_start_nothing(
 @pytest.mark.cluster
 def test_downpour_across_three_namespaced_hosts(ws: Path, netns_testbed: NetnsTestbed) -> None:
     hosts = [_host(t, port_base=2300) for t in netns_testbed.targets()]
-    env = _conf_with_cluster(ws, "three", {
-        "hosts": hosts, "ps": "per_host", "workers": 2,
-        "ssh_known_hosts": str(netns_testbed.known_hosts),
-        "workdir": str(ws / "work"), "output_dir": str(netns_testbed.shared_dir / "run"),
-    })
-    args = ["cluster=three", "algo=downpour", "algo.window=4", "trainer.max_steps=80",
-            "trainer.log_steps=20", "trainer.checkpoint_steps=40", "experiment.id=t",
-            "lifecycle.ps_grace_secs=2"]
+    env = _conf_with_cluster(
+        ws,
+        "three",
+        {
+            "hosts": hosts,
+            "ps": "per_host",
+            "workers": 2,
+            "ssh_known_hosts": str(netns_testbed.known_hosts),
+            "workdir": str(ws / "work"),
+            "output_dir": str(netns_testbed.shared_dir / "run"),
+        },
+    )
+    args = [
+        "cluster=three",
+        "algo=downpour",
+        "algo.window=4",
+        "trainer.max_steps=80",
+        "trainer.log_steps=20",
+        "trainer.checkpoint_steps=40",
+        "experiment.id=t",
+        "lifecycle.ps_grace_secs=2",
+    ]
     planned = tfplan(ws, "plan", *args, env=env, check=True)
     assert "Plan: 5 to add, 0 to change, 0 to destroy." in planned.stdout
     addresses = [h["address"] for h in hosts]

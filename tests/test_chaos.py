@@ -23,9 +23,6 @@ from apply_helpers import (
     state_of,
     tfplan,
 )
-from test_apply_ssh import _conf_with_cluster
-from test_apply_ssh import _host as _ssh_host
-from testbed import NetnsTestbed
 from chaos_helpers import (
     ApplyRun,
     assert_nothing_left,
@@ -34,6 +31,9 @@ from chaos_helpers import (
     kill_task,
     task_record,
 )
+from test_apply_ssh import _conf_with_cluster
+from test_apply_ssh import _host as _ssh_host
+from testbed import NetnsTestbed
 
 pytestmark = pytest.mark.cluster
 
@@ -50,12 +50,18 @@ def ws(tmp_path: Path) -> Iterator[Path]:
 def _args(ws: Path, *extra: str) -> list[str]:
     return [
         *base_overrides(ws, free_port_base()),
-        f"trainer.max_steps={MAX_STEPS}", "trainer.log_steps=50", "trainer.checkpoint_steps=100",
-        "trainer.summary_steps=100", "lifecycle.restart.backoff_secs=0.2", *extra,
+        f"trainer.max_steps={MAX_STEPS}",
+        "trainer.log_steps=50",
+        "trainer.checkpoint_steps=100",
+        "trainer.summary_steps=100",
+        "lifecycle.restart.backoff_secs=0.2",
+        *extra,
     ]
 
 
-def _finish_and_check(run: ApplyRun, ws: Path, recovered_line: int, last_ckpt: int) -> dict[str, object]:
+def _finish_and_check(
+    run: ApplyRun, ws: Path, recovered_line: int, last_ckpt: int
+) -> dict[str, object]:
     """Wait for the end and check it; steps are compared from the victim's restart on (lines
     printed just before the fault can still arrive after it)."""
     code = run.finish(timeout=240)
@@ -139,14 +145,27 @@ def test_unreachable_host_is_replaced_on_the_others_and_training_completes(
     supervisor re-plans on h1 and h2 (new cluster spec, every task restarts from the last
     checkpoint) and training completes; once h3 is back, destroy stops what was left there."""
     hosts = [_ssh_host(t) for t in netns_testbed.targets()]
-    env = _conf_with_cluster(ws, "three", {
-        "hosts": hosts, "ps": 1, "workers": 2,
-        "ssh_known_hosts": str(netns_testbed.known_hosts),
-        "workdir": str(ws / "work"), "output_dir": str(ws / "out"),
-    })
-    args = ["cluster=three", "experiment.id=t", f"trainer.max_steps={MAX_STEPS}",
-            "trainer.log_steps=50", "trainer.checkpoint_steps=100", "lifecycle.ps_grace_secs=2",
-            "lifecycle.host_timeout_secs=6"]
+    env = _conf_with_cluster(
+        ws,
+        "three",
+        {
+            "hosts": hosts,
+            "ps": 1,
+            "workers": 2,
+            "ssh_known_hosts": str(netns_testbed.known_hosts),
+            "workdir": str(ws / "work"),
+            "output_dir": str(ws / "out"),
+        },
+    )
+    args = [
+        "cluster=three",
+        "experiment.id=t",
+        f"trainer.max_steps={MAX_STEPS}",
+        "trainer.log_steps=50",
+        "trainer.checkpoint_steps=100",
+        "lifecycle.ps_grace_secs=2",
+        "lifecycle.host_timeout_secs=6",
+    ]
     run = ApplyRun(ws, args, env=env)
     h3 = netns_testbed.namespaces[2]
     try:

@@ -23,8 +23,12 @@ def tfplan(cwd: Path, *args: str, debug: bool = False) -> subprocess.CompletedPr
     if debug:
         env["TFPLAN_DEBUG"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "tfplan", *args], cwd=cwd, env=env, capture_output=True,
-        text=True, timeout=120,
+        [sys.executable, "-m", "tfplan", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -37,6 +41,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 # --- real subprocesses --------------------------------------------------------------------------
+
 
 def test_plan_saves_and_show_json_prints_the_same_plan(tmp_path: Path) -> None:
     proc = tfplan(tmp_path, "plan", "cluster=3node", "algo=downpour")
@@ -69,15 +74,35 @@ def test_detailed_exitcode_is_0_when_the_state_matches(tmp_path: Path) -> None:
     plan = Plan.from_json(first.stdout)
     # "succeeded" tasks match without a refresh reaching out to their (fake) processes
     tasks = tuple(
-        TaskState(name=t.name, role=t.role.value, index=t.index, host=t.host, address=t.address,
-                  port=t.port, pid=10 + i, pgid=10 + i, log_path=t.log_path, workdir=t.workdir,
-                  fingerprint=t.fingerprint, started_at=0.0, status="succeeded", exit_code=0,
-                  settings=dict(t.settings), spec=t.to_dict())
+        TaskState(
+            name=t.name,
+            role=t.role.value,
+            index=t.index,
+            host=t.host,
+            address=t.address,
+            port=t.port,
+            pid=10 + i,
+            pgid=10 + i,
+            log_path=t.log_path,
+            workdir=t.workdir,
+            fingerprint=t.fingerprint,
+            started_at=0.0,
+            status="succeeded",
+            exit_code=0,
+            settings=dict(t.settings),
+            spec=t.to_dict(),
+        )
         for i, t in enumerate(plan.tasks)
     )
     StateStore(tmp_path / ".tfplan" / "default").write(
-        State(lineage="L", serial=0, experiment_id="default", cluster_name="local",
-              output_dir=plan.output_dir, tasks=tasks)
+        State(
+            lineage="L",
+            serial=0,
+            experiment_id="default",
+            cluster_name="local",
+            output_dir=plan.output_dir,
+            tasks=tasks,
+        )
     )
     same = tfplan(tmp_path, "plan", "cluster=local", "--detailed-exitcode")
     assert same.returncode == 0, same.stdout + same.stderr
@@ -117,8 +142,9 @@ def test_plan_does_not_import_tensorflow(tmp_path: Path) -> None:
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')); "
         "print('TF' if bad else 'NO-TF', bad[:3])"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "NO-TF []"
 
@@ -127,32 +153,56 @@ def test_plan_does_not_import_tensorflow(tmp_path: Path) -> None:
 
 BAD_INPUT = [
     # (overrides, the error's start, a fragment of the fix)
-    (["cluster=nope"], "cluster: no option 'nope'",
-     "available options: 3node, gpu2x4, local, local_chief"),
+    (
+        ["cluster=nope"],
+        "cluster: no option 'nope'",
+        "available options: 3node, gpu2x4, local, local_chief",
+    ),
     (["cluster.foo=1"], "cluster.foo: no such key", "+cluster.foo=VALUE"),
     (["algo.window=3"], "algo.window: no such key", "check the spelling"),  # hogwild has none
-    (["cluster.port_base=abc"], "cluster.port_base: Value 'abc' of type 'str' could not be "
-     "converted to Integer", "--cfg job"),
-    (["cluster.chief=boss"], "cluster.chief: Invalid value 'boss', expected one of "
-     "[worker0, separate]", "fix the value"),
+    (
+        ["cluster.port_base=abc"],
+        "cluster.port_base: Value 'abc' of type 'str' could not be converted to Integer",
+        "--cfg job",
+    ),
+    (
+        ["cluster.chief=boss"],
+        "cluster.chief: Invalid value 'boss', expected one of [worker0, separate]",
+        "fix the value",
+    ),
     (["algo=downpour", "algo.window=0"], "algo.window: 0 < 1", "at least 1 step"),
     (["cluster.workers=20"], "cluster.hosts: no free slot for worker/7", "raise cluster.hosts[i]"),
-    (["algo=sync", "algo.replicas_to_aggregate=3"], "algo.replicas_to_aggregate: 3 but the "
-     "cluster has 2 training replicas", "use 1-2, or raise cluster.workers"),
-    (["algo=sync", "algo.backup_workers=2"], "algo.backup_workers: 2 backups with only 2",
-     "keep backup_workers below"),
-    (["cluster.port_base=80"], "cluster.port_base: ports 80-179 are outside 1024-65535",
-     "pick a port_base"),
+    (
+        ["algo=sync", "algo.replicas_to_aggregate=3"],
+        "algo.replicas_to_aggregate: 3 but the cluster has 2 training replicas",
+        "use 1-2, or raise cluster.workers",
+    ),
+    (
+        ["algo=sync", "algo.backup_workers=2"],
+        "algo.backup_workers: 2 backups with only 2",
+        "keep backup_workers below",
+    ),
+    (
+        ["cluster.port_base=80"],
+        "cluster.port_base: ports 80-179 are outside 1024-65535",
+        "pick a port_base",
+    ),
     (["cluster.port_offset=63300"], "cluster.port_base: ports 65522-65621", "port_offset"),
     (["data=mnist", "data.path=null"], "data.path: mnist_npz needs a file path", "set data.path="),
     (["recipe=command"], "recipe.command: is empty", 'recipe.command="python train.py'),
     (["experiment.id=../etc"], "experiment.id: '../etc' is not a plain name", "letters, digits"),
-    (["cluster.hosts=[{address:10.0.0.1,name:a},{address:10.0.0.2,name:a}]"],
-     "cluster.hosts[1].name: host 'a' appears twice", "unique name"),
+    (
+        ["cluster.hosts=[{address:10.0.0.1,name:a},{address:10.0.0.2,name:a}]"],
+        "cluster.hosts[1].name: host 'a' appears twice",
+        "unique name",
+    ),
     (["cluster.ps=0"], "cluster.ps: 0 parameter servers", "at least 1 (or per_host)"),
     (["cluster.workers=per_gpu"], "cluster.workers: per_gpu but no host has gpus", "gpus"),
-    (["cluster=3node", "cluster.output_dir=out"], "cluster.output_dir: relative path 'out'",
-     "absolute folder that every host shares"),
+    (
+        ["cluster=3node", "cluster.output_dir=out"],
+        "cluster.output_dir: relative path 'out'",
+        "absolute folder that every host shares",
+    ),
     (["algo.optimizer=lbfgs"], "algo.optimizer: unknown optimizer 'lbfgs'", "choose one of sgd"),
 ]
 

@@ -32,9 +32,11 @@ def ws(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_checkpoint_step_reads_tensorflows_checkpoint_file() -> None:
-    text = ('model_checkpoint_path: "model.ckpt-60"\n'
-            'all_model_checkpoint_paths: "model.ckpt-40"\n'
-            'all_model_checkpoint_paths: "model.ckpt-60"\n')
+    text = (
+        'model_checkpoint_path: "model.ckpt-60"\n'
+        'all_model_checkpoint_paths: "model.ckpt-40"\n'
+        'all_model_checkpoint_paths: "model.ckpt-60"\n'
+    )
     assert checkpoint_step(text) == 60
     assert checkpoint_step('model_checkpoint_path: "/abs/dir/model.ckpt-7"') == 7
     assert checkpoint_step("") is None
@@ -42,8 +44,9 @@ def test_checkpoint_step_reads_tensorflows_checkpoint_file() -> None:
 
 def test_an_apply_records_config_plan_state_and_logs_in_the_output_folder(ws: Path) -> None:
     port = free_port_base()
-    tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port), *fake_overrides(ws),
-           check=True)
+    tfplan(
+        ws, "apply", "--auto-approve", *base_overrides(ws, port), *fake_overrides(ws), check=True
+    )
     record = ws / "out" / "tfplan"
     config = (record / "config.yaml").read_text()
     assert "id: t" in config and f"port_base: {port}" in config  # resolved, every group
@@ -73,11 +76,18 @@ def test_checkpoints_of_another_experiment_are_refused(ws: Path) -> None:
 
 def test_checkpoints_of_another_model_are_refused(ws: Path) -> None:
     port = free_port_base()
-    tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port), *fake_overrides(ws),
-           check=True)
+    tfplan(
+        ws, "apply", "--auto-approve", *base_overrides(ws, port), *fake_overrides(ws), check=True
+    )
     (ws / "out" / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-30"\n')
-    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port), *fake_overrides(ws),
-                  "model.hidden=[16]")
+    proc = tfplan(
+        ws,
+        "apply",
+        "--auto-approve",
+        *base_overrides(ws, port),
+        *fake_overrides(ws),
+        "model.hidden=[16]",
+    )
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1
     assert "experiment 't' has checkpoints (step 30) made with model.hidden=[128]" in proc.stderr
     assert "use a new experiment.id to start fresh" in proc.stderr
@@ -86,8 +96,11 @@ def test_checkpoints_of_another_model_are_refused(ws: Path) -> None:
 @pytest.mark.cluster
 def test_applying_an_existing_id_resumes_from_its_last_checkpoint(ws: Path) -> None:
     port = free_port_base()
-    common = [*base_overrides(ws, port, experiment="r"), "trainer.log_steps=20",
-              "trainer.checkpoint_steps=20"]
+    common = [
+        *base_overrides(ws, port, experiment="r"),
+        "trainer.log_steps=20",
+        "trainer.checkpoint_steps=20",
+    ]
     first = tfplan(ws, "apply", "--auto-approve", *common, "trainer.max_steps=40", check=True)
     assert "resuming" not in first.stdout  # a new id starts fresh
     assert _first_step(first.stdout) < 20
@@ -112,12 +125,12 @@ def _first_step(out: str) -> int:
 
 
 def _tensorboard_shows_the_experiment(ws: Path) -> None:
-    proc = tfplan(ws, "tensorboard", "r", "--detach", "--port", str(free_port_base(1)),
-                  check=True)
+    proc = tfplan(ws, "tensorboard", "r", "--detach", "--port", str(free_port_base(1)), check=True)
     line = next(ln for ln in proc.stdout.splitlines() if "http://127.0.0.1:" in ln)
     url = line.split(": ", 1)[1].split()[0]
     pid = int(line.rsplit("pid ", 1)[1].rstrip(")"))
     try:
+
         def has_run() -> bool:
             with urllib.request.urlopen(url + "data/runs", timeout=5) as response:
                 return "." in json.loads(response.read())
@@ -125,6 +138,11 @@ def _tensorboard_shows_the_experiment(ws: Path) -> None:
         wait_until(has_run, 60, "TensorBoard to list the experiment's summaries")
     finally:
         os.kill(pid, signal.SIGTERM)
-    wait_until(lambda: not Path(f"/proc/{pid}").exists() or
-               Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
-               10, "TensorBoard to stop")
+    wait_until(
+        lambda: (
+            not Path(f"/proc/{pid}").exists()
+            or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        ),
+        10,
+        "TensorBoard to stop",
+    )

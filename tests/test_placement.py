@@ -31,8 +31,14 @@ def _cluster(
         for i, (s, g) in enumerate(zip(slots, gpus, strict=True))
     ]
     return ClusterConfig(
-        name="t", hosts=hosts, ps=ps, workers=workers, chief=chief, evaluator=evaluator,
-        port_offset=port_offset, port_range=port_range,
+        name="t",
+        hosts=hosts,
+        ps=ps,
+        workers=workers,
+        chief=chief,
+        evaluator=evaluator,
+        port_offset=port_offset,
+        port_range=port_range,
     )
 
 
@@ -47,8 +53,15 @@ def _random_clusters(count: int, seed: int = 7) -> list[ClusterConfig]:
         ps: int | str = "per_host" if rng.random() < 0.5 else rng.randint(1, 4)
         workers: int | str = "per_gpu" if rng.random() < 0.5 else rng.randint(1, 8)
         chief = rng.choice(list(ChiefMode))
-        cluster = _cluster(slots, gpus, ps=ps, workers=workers, chief=chief,
-                           evaluator=rng.random() < 0.5, port_offset=rng.choice([0, 100, 1000]))
+        cluster = _cluster(
+            slots,
+            gpus,
+            ps=ps,
+            workers=workers,
+            chief=chief,
+            evaluator=rng.random() < 0.5,
+            port_offset=rng.choice([0, 100, 1000]),
+        )
         wanted = count_ps(cluster) + count_workers(cluster) + int(cluster.evaluator)
         wanted += int(chief is ChiefMode.separate)
         if count_workers(cluster) >= 1 and wanted <= sum(slots):
@@ -124,7 +137,11 @@ def test_a_full_host_passes_its_ps_on() -> None:
     # 3 ps + 2 workers = 5 tasks in 5 slots; round-robin alone would put ps/2 on the full n0
     slots = place(_cluster([1, 4], ps=3, workers=2))
     assert [(s.role, s.host) for s in slots] == [
-        (Role.PS, 0), (Role.PS, 1), (Role.PS, 1), (Role.WORKER, 1), (Role.WORKER, 1),
+        (Role.PS, 0),
+        (Role.PS, 1),
+        (Role.PS, 1),
+        (Role.WORKER, 1),
+        (Role.WORKER, 1),
     ]
 
 
@@ -183,8 +200,13 @@ def test_heap_placement_is_identical_to_the_scan() -> None:
             checked += 1
     for _ in range(30):  # bigger, uneven clusters with counted workers
         slots = [rng.randint(1, 12) for _ in range(rng.randint(20, 60))]
-        cluster = _cluster(slots, ps="per_host", workers=sum(slots) - len(slots) - 1,
-                           evaluator=True, chief=rng.choice(list(ChiefMode)))
+        cluster = _cluster(
+            slots,
+            ps="per_host",
+            workers=sum(slots) - len(slots) - 1,
+            evaluator=True,
+            chief=rng.choice(list(ChiefMode)),
+        )
         if cluster.chief is ChiefMode.separate:
             cluster.workers = int(cluster.workers) - 1
         assert place(cluster) == _reference_place(cluster)
@@ -250,9 +272,13 @@ def test_evaluator_gets_no_port_and_no_gpu() -> None:
 def test_per_gpu_gives_every_training_replica_its_own_gpu(chief: ChiefMode) -> None:
     cluster = ClusterConfig(
         name="g",
-        hosts=[HostConfig(address="10.0.0.1", cpu_slots=8, gpus=2),
-               HostConfig(address="10.0.0.2", cpu_slots=8, gpus=3)],
-        ps="per_host", workers="per_gpu", chief=chief,
+        hosts=[
+            HostConfig(address="10.0.0.1", cpu_slots=8, gpus=2),
+            HostConfig(address="10.0.0.2", cpu_slots=8, gpus=3),
+        ],
+        ps="per_host",
+        workers="per_gpu",
+        chief=chief,
     )
     replicas = [s for s in place(cluster) if s.role in (Role.WORKER, Role.CHIEF)]
     assert len(replicas) == 5

@@ -39,21 +39,50 @@ def state_from(p: Plan, status: str = "running", serial: int = 3) -> State:
     """A state in which every task of ``p`` runs exactly as planned."""
     tasks = tuple(
         TaskState(
-            name=t.name, role=t.role.value, index=t.index, host=t.host, address=t.address,
-            port=t.port, pid=1000 + i, pgid=1000 + i, log_path=t.log_path, workdir=t.workdir,
-            fingerprint=t.fingerprint, started_at=0.0, status=status, settings=dict(t.settings),
+            name=t.name,
+            role=t.role.value,
+            index=t.index,
+            host=t.host,
+            address=t.address,
+            port=t.port,
+            pid=1000 + i,
+            pgid=1000 + i,
+            log_path=t.log_path,
+            workdir=t.workdir,
+            fingerprint=t.fingerprint,
+            started_at=0.0,
+            status=status,
+            settings=dict(t.settings),
             spec=t.to_dict(),
         )
         for i, t in enumerate(p.tasks)
     )
-    return State(lineage="lineage-1", serial=serial, experiment_id=p.experiment_id,
-                 cluster_name=p.cluster_name, output_dir=p.output_dir, tasks=tasks)
+    return State(
+        lineage="lineage-1",
+        serial=serial,
+        experiment_id=p.experiment_id,
+        cluster_name=p.cluster_name,
+        output_dir=p.output_dir,
+        tasks=tasks,
+    )
 
 
 def test_conf_holds_the_expected_options() -> None:
     assert CLUSTERS == ["3node", "gpu2x4", "local", "local_chief"]
-    assert ALGOS == ["adag", "agn", "downpour", "downpour_easy", "dynsgd", "eamsgd", "easgd",
-                     "hogwild", "multi_gpu", "sagn", "sync", "sync_lr"]
+    assert ALGOS == [
+        "adag",
+        "agn",
+        "downpour",
+        "downpour_easy",
+        "dynsgd",
+        "eamsgd",
+        "easgd",
+        "hogwild",
+        "multi_gpu",
+        "sagn",
+        "sync",
+        "sync_lr",
+    ]
     assert tuple(ALGOS) == tuple(sorted(ALGORITHMS))
 
 
@@ -94,8 +123,14 @@ def test_counts_per_host_and_per_gpu() -> None:
     names = [t.name for t in p.tasks]
     assert names == ["ps/0", "ps/1", *[f"worker/{i}" for i in range(8)], "evaluator/0"]
     assert [(t.host, t.devices) for t in p.tasks if t.role is Role.WORKER] == [
-        ("gpu1", ("0",)), ("gpu1", ("1",)), ("gpu1", ("2",)), ("gpu1", ("3",)),
-        ("gpu2", ("0",)), ("gpu2", ("1",)), ("gpu2", ("2",)), ("gpu2", ("3",)),
+        ("gpu1", ("0",)),
+        ("gpu1", ("1",)),
+        ("gpu1", ("2",)),
+        ("gpu1", ("3",)),
+        ("gpu2", ("0",)),
+        ("gpu2", ("1",)),
+        ("gpu2", ("2",)),
+        ("gpu2", ("3",)),
     ]
     assert p.task("ps/0").env["CUDA_VISIBLE_DEVICES"] == ""  # a ps never sees a GPU
     assert p.task("worker/5").env["CUDA_VISIBLE_DEVICES"] == "1"
@@ -104,13 +139,17 @@ def test_counts_per_host_and_per_gpu() -> None:
 def test_local_plan_details() -> None:
     p = plan(config("cluster=local"), None, CTX)
     assert p.cluster_spec == {
-        "ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"],
+        "ps": ["127.0.0.1:2222"],
+        "worker": ["127.0.0.1:2223", "127.0.0.1:2224"],
     }
     assert p.hosts[0].executor == "local" and p.hosts[0].python == "/usr/bin/python3"
     assert p.output_dir == "/home/user/project/outputs/default"  # relative: from the cwd
     assert p.task("worker/1").command == (
-        "/usr/bin/python3", "-m", "recipes.train",
-        "--config", "/tmp/tfplan/default/worker-1/run.yaml",
+        "/usr/bin/python3",
+        "-m",
+        "recipes.train",
+        "--config",
+        "/tmp/tfplan/default/worker-1/run.yaml",
     )
     remote = plan(config("cluster=3node"), None, CTX)
     assert {h.executor for h in remote.hosts} == {"ssh"} and remote.hosts[0].python == "python3"
@@ -185,6 +224,7 @@ def test_sharding_preview_in_the_plan() -> None:
 
 
 # --- diff against the state -------------------------------------------------------------------
+
 
 def test_matching_state_means_no_changes_and_the_plan_records_its_lineage() -> None:
     cfg = config("cluster=3node", "algo=downpour")
@@ -264,6 +304,7 @@ def test_the_fingerprint_follows_the_tf_config() -> None:
 
 # --- JSON round trip --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -295,16 +336,30 @@ def test_unreachable_host_gets_no_task_and_its_tasks_are_replaced_elsewhere() ->
     ctx = PlanContext(cwd="/w", local_python="/usr/bin/python3", tf_version="2.21.0")
     first = plan(cfg, None, ctx)
     tasks = tuple(
-        TaskState(name=t.name, role=t.role.value, index=t.index, host=t.host, address=t.address,
-                  port=t.port, pid=100 + i, pgid=100 + i, log_path=t.log_path, workdir=t.workdir,
-                  fingerprint=t.fingerprint, started_at=0.0, settings=dict(t.settings),
-                  spec=t.to_dict())
+        TaskState(
+            name=t.name,
+            role=t.role.value,
+            index=t.index,
+            host=t.host,
+            address=t.address,
+            port=t.port,
+            pid=100 + i,
+            pgid=100 + i,
+            log_path=t.log_path,
+            workdir=t.workdir,
+            fingerprint=t.fingerprint,
+            started_at=0.0,
+            settings=dict(t.settings),
+            spec=t.to_dict(),
+        )
         for i, t in enumerate(first.tasks)
     )
     down = next(t.host for t in first.tasks if t.name == "worker/1")
-    state = _replace(State.empty("L"), serial=4,
-                     tasks=tuple(_replace(t, status="unreachable") if t.host == down else t
-                                 for t in tasks))
+    state = _replace(
+        State.empty("L"),
+        serial=4,
+        tasks=tuple(_replace(t, status="unreachable") if t.host == down else t for t in tasks),
+    )
     second = plan(cfg, state, ctx)
     assert down not in {t.host for t in second.tasks}
     change = next(c for c in second.changes if c.task == "worker/1")

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from recipe_cluster import RecipeCluster, run_config
 
 pytestmark = pytest.mark.cluster
@@ -19,8 +18,15 @@ pytestmark = pytest.mark.cluster
 ALGOS = {
     "hogwild": {"name": "hogwild"},
     "downpour": {"name": "downpour", "window": 4, "ps_optimizer": "sgd"},
-    "sync": {"name": "sync", "lr": 0.2, "sync": True, "run_timeout_secs": 30,
-             "stop_grace_secs": 2, "backup_workers": 0, "replicas_to_aggregate": None},
+    "sync": {
+        "name": "sync",
+        "lr": 0.2,
+        "sync": True,
+        "run_timeout_secs": 30,
+        "stop_grace_secs": 2,
+        "backup_workers": 0,
+        "replicas_to_aggregate": None,
+    },
 }
 
 
@@ -69,8 +75,12 @@ def _max_step(c: RecipeCluster) -> int:
 
 
 def test_chief_restart_does_not_roll_back(tmp_path: Path) -> None:
-    cfg = run_config(tmp_path / "out", ALGOS["hogwild"], max_steps=1500,
-                     trainer={"checkpoint_steps": 100, "log_steps": 50})
+    cfg = run_config(
+        tmp_path / "out",
+        ALGOS["hogwild"],
+        max_steps=1500,
+        trainer={"checkpoint_steps": 100, "log_steps": 50},
+    )
     with RecipeCluster(tmp_path, cfg) as c:
         c.start_all()
         c.wait_for("step 300", lambda: _max_step(c) >= 300, timeout=90)
@@ -85,14 +95,20 @@ def test_chief_restart_does_not_roll_back(tmp_path: Path) -> None:
 
 
 def test_ps_killed_and_restarted_resumes_from_checkpoint(tmp_path: Path) -> None:
-    cfg = run_config(tmp_path / "out", ALGOS["hogwild"], max_steps=1200,
-                     trainer={"checkpoint_steps": 100, "log_steps": 50})
+    cfg = run_config(
+        tmp_path / "out",
+        ALGOS["hogwild"],
+        max_steps=1200,
+        trainer={"checkpoint_steps": 100, "log_steps": 50},
+    )
     with RecipeCluster(tmp_path, cfg) as c:
         c.start_all()
         ckpt = c.output_dir / "model.ckpt-{}.index"
-        c.wait_for("a checkpoint after step 100",
-                   lambda: any(os.path.exists(str(ckpt).format(s)) for s in range(100, 1200)),
-                   timeout=90)
+        c.wait_for(
+            "a checkpoint after step 100",
+            lambda: any(os.path.exists(str(ckpt).format(s)) for s in range(100, 1200)),
+            timeout=90,
+        )
         c.kill("ps/0", signal.SIGKILL)
         killed_at = time.monotonic()
         import tensorflow as tf
@@ -102,6 +118,11 @@ def test_ps_killed_and_restarted_resumes_from_checkpoint(tmp_path: Path) -> None
         codes = c.wait_all(timeout=150)
         assert codes == {"ps/0": 0, "worker/0": 0, "worker/1": 0}, c.dump()
         assert c.result()["global_step"] >= 1200
-        after = [int(m[1]) for t, line in c.tasks["worker/0"].lines if t > killed_at
-                 for m in [re.search(r"\bstep=(\d+)", line)] if m]
+        after = [
+            int(m[1])
+            for t, line in c.tasks["worker/0"].lines
+            if t > killed_at
+            for m in [re.search(r"\bstep=(\d+)", line)]
+            if m
+        ]
         assert after and after[0] >= last_ckpt, (last_ckpt, c.dump())

@@ -38,15 +38,17 @@ def test_batches_are_seeded_and_full() -> None:
     x = np.arange(10, dtype=np.float32).reshape(10, 1)
     it1, it2 = batches(x, x[:, 0], 4, seed=1), batches(x, x[:, 0], 4, seed=1)
     a, b = [next(it1)[0] for _ in range(5)], [next(it2)[0] for _ in range(5)]
-    assert all(len(v) == 4 for v in a) and all((u == v).all() for u, v in zip(a, b))
+    assert all(len(v) == 4 for v in a) and all((u == v).all() for u, v in zip(a, b, strict=True))
 
 
 def _fake_mnist(n_train: int = 12, n_test: int = 5) -> dict[str, np.ndarray]:
     rng = np.random.RandomState(0)
-    return {"x_train": rng.randint(0, 256, (n_train, 28, 28)).astype(np.uint8),
-            "y_train": rng.randint(0, 10, n_train).astype(np.uint8),
-            "x_test": rng.randint(0, 256, (n_test, 28, 28)).astype(np.uint8),
-            "y_test": rng.randint(0, 10, n_test).astype(np.uint8)}
+    return {
+        "x_train": rng.randint(0, 256, (n_train, 28, 28)).astype(np.uint8),
+        "y_train": rng.randint(0, 10, n_train).astype(np.uint8),
+        "x_test": rng.randint(0, 256, (n_test, 28, 28)).astype(np.uint8),
+        "y_test": rng.randint(0, 10, n_test).astype(np.uint8),
+    }
 
 
 def test_mnist_npz_loader(tmp_path: Path) -> None:
@@ -59,8 +61,7 @@ def test_mnist_npz_loader(tmp_path: Path) -> None:
 
 
 def _write_idx(path: Path, arr: np.ndarray, gz: bool) -> None:
-    header = struct.pack(">HBB", 0, 0x08, arr.ndim) + struct.pack(">" + "I" * arr.ndim,
-                                                                    *arr.shape)
+    header = struct.pack(">HBB", 0, 0x08, arr.ndim) + struct.pack(">" + "I" * arr.ndim, *arr.shape)
     data = header + arr.tobytes()
     if gz:
         with gzip.open(str(path) + ".gz", "wb") as f:
@@ -72,8 +73,12 @@ def _write_idx(path: Path, arr: np.ndarray, gz: bool) -> None:
 @pytest.mark.parametrize("gz", [True, False])
 def test_mnist_idx_loader_gz_or_plain(tmp_path: Path, gz: bool) -> None:
     arrays = _fake_mnist()
-    names = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
-             "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
+    names = {
+        "x_train": "train-images-idx3-ubyte",
+        "y_train": "train-labels-idx1-ubyte",
+        "x_test": "t10k-images-idx3-ubyte",
+        "y_test": "t10k-labels-idx1-ubyte",
+    }
     for key, name in names.items():
         _write_idx(tmp_path / name, arrays[key], gz)
     for loader in ("mnist_idx", "mnist"):  # "mnist" picks IDX for a folder
@@ -102,8 +107,10 @@ def test_synthetic_has_requested_shape_and_classes() -> None:
 
 def test_task_roles_for_both_chief_conventions() -> None:
     def task(cluster: dict[str, list[str]], typ: str, index: int):  # type: ignore[no-untyped-def]
-        return task_from_env({"TF_CONFIG": json.dumps(
-            {"cluster": cluster, "task": {"type": typ, "index": index}})})
+        return task_from_env(
+            {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": typ, "index": index}})}
+        )
+
     w0 = {"ps": ["a:1"], "worker": ["b:1", "c:1"]}
     assert task(w0, "worker", 0).is_chief and not task(w0, "worker", 1).is_chief
     assert task(w0, "worker", 1).replica_index == 1 and task(w0, "worker", 1).n_replicas == 2
@@ -115,12 +122,24 @@ def test_task_roles_for_both_chief_conventions() -> None:
 
 def test_run_config_keeps_algorithm_specific_keys(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({
-        "output_dir": str(tmp_path / "out"),
-        "algo": {"name": "downpour", "lr": 0.05, "optimizer": "sgd", "sync": False,
-                 "window": 5, "ps_optimizer": "adagrad"},
-        "model": {"name": "mlp", "hidden": [16, 8]}, "data": {"name": "digits", "path": None},
-        "trainer": {"max_steps": 10, "checkpoint_secs": None}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "output_dir": str(tmp_path / "out"),
+                "algo": {
+                    "name": "downpour",
+                    "lr": 0.05,
+                    "optimizer": "sgd",
+                    "sync": False,
+                    "window": 5,
+                    "ps_optimizer": "adagrad",
+                },
+                "model": {"name": "mlp", "hidden": [16, 8]},
+                "data": {"name": "digits", "path": None},
+                "trainer": {"max_steps": 10, "checkpoint_secs": None},
+            }
+        )
+    )
     cfg = load_run_config(str(path))
     assert cfg.algo.get("window") == 5 and cfg.algo.get("ps_optimizer") == "adagrad"
     assert cfg.model.hidden == (16, 8) and cfg.trainer.checkpoint_steps == 200
@@ -128,15 +147,32 @@ def test_run_config_keeps_algorithm_specific_keys(tmp_path: Path) -> None:
 
 def test_missing_data_file_exits_nonzero_with_just_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "mnist.npz"
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
-        "output_dir": str(tmp_path / "out"), "algo": {"name": "hogwild"},
-        "model": {"name": "logreg"},
-        "data": {"name": "mnist_npz", "path": str(missing), "image_size": 28}}))
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CONFIG=json.dumps(
-        {"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
-         "task": {"type": "worker", "index": 0}}))
-    proc = subprocess.run([sys.executable, "-m", "recipes.train", "--config",
-                           str(tmp_path / "run.yaml")], env=env, capture_output=True,
-                          text=True, timeout=60)
+    (tmp_path / "run.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "output_dir": str(tmp_path / "out"),
+                "algo": {"name": "hogwild"},
+                "model": {"name": "logreg"},
+                "data": {"name": "mnist_npz", "path": str(missing), "image_size": 28},
+            }
+        )
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        TF_CONFIG=json.dumps(
+            {
+                "cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+                "task": {"type": "worker", "index": 0},
+            }
+        ),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "recipes.train", "--config", str(tmp_path / "run.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and str(missing) in proc.stderr, proc.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -13,14 +12,29 @@ from recipes.models import Model, loss_and_accuracy
 v1 = tf.compat.v1
 
 
-@pytest.mark.parametrize("cfg,names", [
-    (ModelConf(name="logreg"), {"model/dense0/w", "model/dense0/b"}),
-    (ModelConf(name="mlp", hidden=(16, 8)), {f"model/dense{i}/{p}" for i in range(3)
-                                             for p in "wb"}),
-    (ModelConf(name="cnn", conv_channels=(4, 8), dense=16),
-     {"model/conv0/w", "model/conv0/b", "model/conv1/w", "model/conv1/b", "model/dense0/w",
-      "model/dense0/b", "model/dense1/w", "model/dense1/b"}),
-])
+@pytest.mark.parametrize(
+    "cfg,names",
+    [
+        (ModelConf(name="logreg"), {"model/dense0/w", "model/dense0/b"}),
+        (
+            ModelConf(name="mlp", hidden=(16, 8)),
+            {f"model/dense{i}/{p}" for i in range(3) for p in "wb"},
+        ),
+        (
+            ModelConf(name="cnn", conv_channels=(4, 8), dense=16),
+            {
+                "model/conv0/w",
+                "model/conv0/b",
+                "model/conv1/w",
+                "model/conv1/b",
+                "model/dense0/w",
+                "model/dense0/b",
+                "model/dense1/w",
+                "model/dense1/b",
+            },
+        ),
+    ],
+)
 def test_model_shapes_names_and_learning(cfg: ModelConf, names: set[str]) -> None:
     ds = load(DataConf(name="digits"))
     with tf.Graph().as_default():

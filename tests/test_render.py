@@ -43,14 +43,32 @@ def _text(p: Plan) -> str:
 
 def _state_from(p: Plan) -> State:
     tasks = tuple(
-        TaskState(name=t.name, role=t.role.value, index=t.index, host=t.host, address=t.address,
-                  port=t.port, pid=100 + i, pgid=100 + i, log_path=t.log_path, workdir=t.workdir,
-                  fingerprint=t.fingerprint, started_at=0.0, settings=dict(t.settings),
-                  spec=t.to_dict())
+        TaskState(
+            name=t.name,
+            role=t.role.value,
+            index=t.index,
+            host=t.host,
+            address=t.address,
+            port=t.port,
+            pid=100 + i,
+            pgid=100 + i,
+            log_path=t.log_path,
+            workdir=t.workdir,
+            fingerprint=t.fingerprint,
+            started_at=0.0,
+            settings=dict(t.settings),
+            spec=t.to_dict(),
+        )
         for i, t in enumerate(p.tasks)
     )
-    return State(lineage="L", serial=1, experiment_id=p.experiment_id, cluster_name=p.cluster_name,
-                 output_dir=p.output_dir, tasks=tasks)
+    return State(
+        lineage="L",
+        serial=1,
+        experiment_id=p.experiment_id,
+        cluster_name=p.cluster_name,
+        output_dir=p.output_dir,
+        tasks=tasks,
+    )
 
 
 def _check_golden(name: str, text: str) -> None:
@@ -90,9 +108,13 @@ def test_no_changes_and_legend_only_lists_actions_that_occur() -> None:
     text = _text(same)
     assert "No changes. Your cluster matches the configuration." in text
     assert "Plan:" not in text and "will perform" not in text
-    legend = [line for line in _text(first).splitlines() if line.startswith("  ") and
-              line.strip() in ("+ create", "~ update in-place", "- destroy",
-                               "-/+ destroy and then create replacement")]
+    legend = [
+        line
+        for line in _text(first).splitlines()
+        if line.startswith("  ")
+        and line.strip()
+        in ("+ create", "~ update in-place", "- destroy", "-/+ destroy and then create replacement")
+    ]
     assert legend == ["    + create"]
     updated = _plan("cluster=local", "lifecycle.stop_grace_secs=9", state=_state_from(first))
     assert "  # ps/0 will be updated in-place" in _text(updated)
@@ -100,8 +122,14 @@ def test_no_changes_and_legend_only_lists_actions_that_occur() -> None:
 
 
 @pytest.mark.parametrize(
-    ("size", "text"), [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (3 << 20, "3.0 MiB"),
-                       (5 << 40, "5120.0 GiB")],
+    ("size", "text"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (3 << 20, "3.0 MiB"),
+        (5 << 40, "5120.0 GiB"),
+    ],
 )
 def test_format_bytes(size: int, text: str) -> None:
     assert format_bytes(size) == text

@@ -22,8 +22,17 @@ def ws(tmp_path: Path) -> Iterator[Path]:
 def test_report_rerenders_the_runs_figures_and_plot(ws: Path) -> None:
     port = free_port_base(30)
     script = result_task(ws)
-    tfplan(ws, "apply", "-m", "--auto-approve", *sweep_overrides(ws, port), "recipe=command",
-           f"recipe.command={command(script, steps='5')}", "algo.lr=0.03,0.05", check=True)
+    tfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        *sweep_overrides(ws, port),
+        "recipe=command",
+        f"recipe.command={command(script, steps='5')}",
+        "algo.lr=0.03,0.05",
+        check=True,
+    )
     sweep = ws / "out"
     for name in ("results.csv", "results.json", "accuracy.png"):
         (sweep / name).unlink()
@@ -35,8 +44,17 @@ def test_report_rerenders_the_runs_figures_and_plot(ws: Path) -> None:
     assert "0.2000" not in proc.stdout and "1.0000" in lines[1]  # 1 - |lr - 0.05|
 
     rows = list(csv.DictReader((sweep / "results.csv").open()))
-    assert [(r["overrides"], r["status"], r["global_step"], r["accuracy"], r["loss"],
-             r["examples_per_sec"]) for r in rows] == [
+    assert [
+        (
+            r["overrides"],
+            r["status"],
+            r["global_step"],
+            r["accuracy"],
+            r["loss"],
+            r["examples_per_sec"],
+        )
+        for r in rows
+    ] == [
         ("algo.lr=0.03", "succeeded", "5", "0.98", "0.1", "1005.0"),
         ("algo.lr=0.05", "succeeded", "5", "1.0", "0.1", "1005.0"),
     ]
@@ -44,8 +62,12 @@ def test_report_rerenders_the_runs_figures_and_plot(ws: Path) -> None:
         assert 0 < float(row["wall_time_secs"]) < 60 and row["experiment_id"].startswith("s-")
     points = json.loads((sweep / "results.json").read_text())["points"]
     for point in points:
-        metrics = [json.loads(ln) for ln in
-                   (Path(point["output_dir"]) / "eval" / "metrics.jsonl").read_text().splitlines()]
+        metrics = [
+            json.loads(ln)
+            for ln in (Path(point["output_dir"]) / "eval" / "metrics.jsonl")
+            .read_text()
+            .splitlines()
+        ]
         curve = point["curve"]
         # Every evaluation of this run, then the final accuracy; time runs forward.
         assert [acc for _, acc in curve] == [m["accuracy"] for m in metrics] + [point["accuracy"]]

@@ -39,8 +39,13 @@ def algo(name: str, lr: float = LR, optimizer: str = "sgd", **extra: Any) -> Alg
     return AlgoConf(name=name, lr=lr, optimizer=optimizer, extra=extra)
 
 
-def build_with(cluster: InProcessCluster, conf: AlgoConf, n: int,
-               make_problem: Callable[[Any, Any], Problem], build: Any = None) -> list[Replica]:
+def build_with(
+    cluster: InProcessCluster,
+    conf: AlgoConf,
+    n: int,
+    make_problem: Callable[[Any, Any], Problem],
+    build: Any = None,
+) -> list[Replica]:
     """Like ``build_replicas``, for any problem and (optionally) any algorithm object."""
     from recipes.algorithms import get_algorithm
 
@@ -54,14 +59,24 @@ def build_with(cluster: InProcessCluster, conf: AlgoConf, n: int,
             setter = v1.train.replica_device_setter(worker_device=device, cluster=cluster.spec)
             with v1.device(setter):
                 gs = v1.train.get_or_create_global_step()
-            ctx = BuildContext(algo=conf, n_replicas=n, replica_index=i, is_chief=(i == 0),
-                               worker_device=device, ps_device=setter, global_step=gs)
+            ctx = BuildContext(
+                algo=conf,
+                n_replicas=n,
+                replica_index=i,
+                is_chief=(i == 0),
+                worker_device=device,
+                ps_device=setter,
+                global_step=gs,
+            )
             train = (build or get_algorithm(conf.name)).build(ctx, make_problem(x, y))
             global_init = v1.variables_initializer(v1.global_variables())
             local_init = train.local_init_op or v1.local_variables_initializer()
         # Strict placement, as the runtime's sessions (a bare v1.Session places softly).
-        sess = v1.Session(cluster.workers[i].target, graph=graph,
-                          config=v1.ConfigProto(allow_soft_placement=False))
+        sess = v1.Session(
+            cluster.workers[i].target,
+            graph=graph,
+            config=v1.ConfigProto(allow_soft_placement=False),
+        )
         if i == 0:
             sess.run(global_init)
         sess.run(local_init)
@@ -80,6 +95,7 @@ def sgd_window(w: np.ndarray, b: float, batches: list[Any], lr: float = LR) -> t
 
 
 # --- the window: every local step re-evaluates the forward pass ([T]'s unrolled-window bug) -----
+
 
 def unrolled_window_gradients(window: int, lr: float) -> list[float]:
     """[T]'s pattern, built as the guide does: ``loss`` once, then T x (compute_gradients under
@@ -106,11 +122,16 @@ def test_seed_guides_unrolled_window_takes_every_gradient_at_the_pulled_weights(
     assert unrolled_window_gradients(3, 0.1) == [-100.0, -100.0, -100.0]
 
 
-@pytest.mark.parametrize("conf", [algo("agn", lr=0.1, window=3),
-                                  algo("adag", lr=0.1, window=3),
-                                  algo("downpour_easy", lr=0.1, window=3, ps_optimizer="sgd"),
-                                  algo("dynsgd", lr=0.1, window=3)],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "conf",
+    [
+        algo("agn", lr=0.1, window=3),
+        algo("adag", lr=0.1, window=3),
+        algo("downpour_easy", lr=0.1, window=3, ps_optimizer="sgd"),
+        algo("dynsgd", lr=0.1, window=3),
+    ],
+    ids=lambda c: c.name,
+)
 def test_window_reevaluates_the_forward_pass_each_local_step(conf: AlgoConf) -> None:
     """T=3, lr 0.1, a=b=0, target 100: local gradients -100, -80, -64, so a moves by
     10 + 8 + 6.4 = 24.4 (the unrolled window: 30). AGN/ADAG commit that / T, the others all."""
@@ -140,6 +161,7 @@ def test_window_is_exactly_t_batches_including_the_first(name: str) -> None:
 
 # --- AGN ----------------------------------------------------------------------------------------
 
+
 def test_agn_window_one_equals_downpour() -> None:
     batches = data_batches(8, seed=11)
     centers = []
@@ -159,7 +181,7 @@ def test_agn_one_worker_commits_the_window_delta_divided_by_t() -> None:
     batches = data_batches(2 * window, seed=12)
     w, b = W0.astype(np.float64), float(B0)
     for k in range(2):
-        chunk = batches[k * window:(k + 1) * window]
+        chunk = batches[k * window : (k + 1) * window]
         for j, batch in enumerate(chunk):
             rep.run(k * window + j, *batch)
         w_t, b_t = sgd_window(w, b, chunk)
@@ -185,6 +207,7 @@ def linear_problem(x: Any, y: Any) -> Problem:
 
     def loss(p: dict[str, Any]) -> Any:
         return tf.reduce_sum(tf.reduce_mean(x, axis=0) * p["w"]) + tf.reduce_mean(y) * p["b"]
+
     return Problem(create_params=base.create_params, loss_fn=loss)
 
 
@@ -192,8 +215,9 @@ def test_agn_delta_scaled_by_c_scales_the_center_change_by_c_over_t() -> None:
     window, (bx, by) = 4, data_batches(1, seed=5)[0]
     changes = []
     for c in (1.0, 3.0):
-        (rep,) = build_with(InProcessCluster(n_workers=1), algo("agn", window=window), 1,
-                            linear_problem)
+        (rep,) = build_with(
+            InProcessCluster(n_workers=1), algo("agn", window=window), 1, linear_problem
+        )
         for i in range(window):
             rep.run(i, bx * c, by * c)
         changes.append(rep.params()["w"] - W0)
@@ -204,10 +228,12 @@ def test_agn_delta_scaled_by_c_scales_the_center_change_by_c_over_t() -> None:
 
 # --- DynSGD -------------------------------------------------------------------------------------
 
+
 def exchange_with_tau(rep: Replica, i: int, bx: np.ndarray, by: np.ndarray) -> int:
     ops = rep.train.step_ops
-    _, tau = rep.sess.run([ops[i % len(ops)], rep.train.extras["tau"]],
-                          feed_dict={rep.x: bx, rep.y: by})
+    _, tau = rep.sess.run(
+        [ops[i % len(ops)], rep.train.extras["tau"]], feed_dict={rep.x: bx, rep.y: by}
+    )
     return int(tau)
 
 
@@ -261,6 +287,7 @@ def test_dynsgd_clock_and_lock_are_one_per_cluster_on_the_ps() -> None:
 
 # --- ADAG (thesis, distance-based) ---------------------------------------------------------------
 
+
 def test_adag_scale_is_one_when_unmoved_in_zero_one_and_monotone_in_distance() -> None:
     distance = np.array([0.0, 1e-3, 1e-2, 3e-2, 0.1, 1.0, 10.0], np.float32)
     with tf.Graph().as_default(), v1.Session() as sess:
@@ -284,8 +311,9 @@ def test_adag_equals_agn_when_the_center_has_not_moved() -> None:
 
 def test_adag_scales_a_stale_commit_per_weight_by_the_centers_distance() -> None:
     gamma = 1e-3
-    a, b = build_replicas(InProcessCluster(n_workers=2),
-                          algo("adag", lr=0.1, window=1, gamma=gamma), 2)
+    a, b = build_replicas(
+        InProcessCluster(n_workers=2), algo("adag", lr=0.1, window=1, gamma=gamma), 2
+    )
     batches = data_batches(3, seed=17)
     b.run(0, *batches[0])
     b.run(1, *batches[1])  # the center moves away from what a pulled (W0)
@@ -306,6 +334,7 @@ def test_adag_scales_a_stale_commit_per_weight_by_the_centers_distance() -> None
 
 # --- DOWNPOUR-Easy ------------------------------------------------------------------------------
 
+
 class SeedDownpourEasy(DownpourEasy):
     """The guide's bug, for contrast: worker k's local rate is ``lr * task_index``."""
 
@@ -319,8 +348,13 @@ class SeedDownpourEasy(DownpourEasy):
 @pytest.mark.parametrize("seed_bug", [False, True])
 def test_downpour_easy_worker_zero_moves_its_copy_at_the_common_rate(seed_bug: bool) -> None:
     conf = algo("downpour_easy", window=3, ps_optimizer="sgd")
-    reps = build_with(InProcessCluster(n_workers=2), conf, 2, linreg_problem,
-                      build=SeedDownpourEasy() if seed_bug else None)
+    reps = build_with(
+        InProcessCluster(n_workers=2),
+        conf,
+        2,
+        linreg_problem,
+        build=SeedDownpourEasy() if seed_bug else None,
+    )
     bx, by = data_batches(1, seed=18)[0]
     reps[0].run(0, bx, by)
     reps[1].run(0, bx, by)
@@ -341,16 +375,20 @@ def test_downpour_easy_defaults_to_an_adagrad_ps_and_rejects_other_local_optimiz
     gw = 2.0 / len(by) * (bx.T @ r)
     np.testing.assert_allclose(rep.params()["w"], W0 - LR * gw / np.sqrt(0.1 + gw**2), atol=1e-6)
     with pytest.raises(ValueError, match="plain SGD"):
-        build_replicas(InProcessCluster(n_workers=1),
-                       algo("downpour_easy", optimizer="adam"), 1, init=False)
+        build_replicas(
+            InProcessCluster(n_workers=1), algo("downpour_easy", optimizer="adam"), 1, init=False
+        )
 
 
 # --- infrastructure, every new algorithm ----------------------------------------------------------
 
 NEW_ALGORITHMS = [
-    algo("downpour_easy", window=2), algo("agn", optimizer="adam", window=2),
-    algo("adag", optimizer="momentum", window=2), algo("dynsgd", optimizer="adam", window=2),
-    algo("easgd", optimizer="adam", window=2), algo("eamsgd", window=2),
+    algo("downpour_easy", window=2),
+    algo("agn", optimizer="adam", window=2),
+    algo("adag", optimizer="momentum", window=2),
+    algo("dynsgd", optimizer="adam", window=2),
+    algo("easgd", optimizer="adam", window=2),
+    algo("eamsgd", window=2),
     AlgoConf(name="sagn", lr=LR, optimizer="adam", sync=True, extra={"window": 2}),
     AlgoConf(name="sync_lr", lr=LR, sync=True),
 ]
@@ -362,10 +400,12 @@ def test_placement_globals_on_ps_locals_and_local_slots_on_the_worker(conf: Algo
     for i, rep in enumerate(reps):
         with rep.graph.as_default():
             globals_, locals_ = v1.global_variables(), v1.local_variables()
-        assert globals_ and all(v.device.startswith("/job:ps") for v in globals_), \
-            [(v.name, v.device) for v in globals_]
-        assert all(v.device.startswith(f"/job:worker/task:{i}") for v in locals_), \
-            [(v.name, v.device) for v in locals_]
+        assert globals_ and all(v.device.startswith("/job:ps") for v in globals_), [
+            (v.name, v.device) for v in globals_
+        ]
+        assert all(v.device.startswith(f"/job:worker/task:{i}") for v in locals_), [
+            (v.name, v.device) for v in locals_
+        ]
         assert not {id(v) for v in locals_} & {id(v) for v in globals_}
         assert {v.op.name for v in rep.train.params.values()} == {"model/w", "model/b"}
         if conf.optimizer in ("adam", "momentum") and conf.name != "sagn":

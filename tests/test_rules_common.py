@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from recipe_cluster import InProcessCluster
+
 from recipes.algorithms import available, get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import AlgoConf
@@ -36,9 +36,11 @@ class Replica:
 
     def run(self, i: int, bx: np.ndarray, by: np.ndarray) -> float:
         ops = self.train.step_ops
-        _, loss = self.sess.run([ops[i % len(ops)], self.train.loss],
-                                feed_dict={self.x: bx, self.y: by},
-                                options=v1.RunOptions(timeout_in_ms=20000))
+        _, loss = self.sess.run(
+            [ops[i % len(ops)], self.train.loss],
+            feed_dict={self.x: bx, self.y: by},
+            options=v1.RunOptions(timeout_in_ms=20000),
+        )
         return float(loss)
 
     def value(self, tensor: Any) -> Any:
@@ -50,34 +52,49 @@ class Replica:
 
 def linreg_problem(x: Any, y: Any) -> Problem:
     """Linear regression: loss = mean((x.w + b - y)^2), fixed non-zero initial weights."""
+
     def create(collections: Any) -> dict[str, Any]:
         with v1.variable_scope("model"):
             return {
-                "w": v1.get_variable("w", initializer=tf.constant(W0), collections=collections,
-                                     use_resource=True),
-                "b": v1.get_variable("b", initializer=tf.constant(B0), collections=collections,
-                                     use_resource=True),
+                "w": v1.get_variable(
+                    "w", initializer=tf.constant(W0), collections=collections, use_resource=True
+                ),
+                "b": v1.get_variable(
+                    "b", initializer=tf.constant(B0), collections=collections, use_resource=True
+                ),
             }
 
     def loss(p: dict[str, Any]) -> Any:
         pred = tf.reduce_sum(x * p["w"], axis=1) + p["b"]
         return tf.reduce_mean(tf.square(pred - y))
+
     return Problem(create_params=create, loss_fn=loss)
 
 
 def toy_problem(collections_unused: Any = None) -> Problem:
     """[T]'s toy: a, b in R^2 from 0, loss = mean((a + b - 100)^2)."""
+
     def create(collections: Any) -> dict[str, Any]:
         with v1.variable_scope("model"):
-            return {k: v1.get_variable(k, shape=[2], initializer=v1.zeros_initializer(),
-                                       collections=collections, use_resource=True)
-                    for k in ("a", "b")}
-    return Problem(create_params=create,
-                   loss_fn=lambda p: tf.reduce_mean(tf.square(p["a"] + p["b"] - 100.0)))
+            return {
+                k: v1.get_variable(
+                    k,
+                    shape=[2],
+                    initializer=v1.zeros_initializer(),
+                    collections=collections,
+                    use_resource=True,
+                )
+                for k in ("a", "b")
+            }
+
+    return Problem(
+        create_params=create, loss_fn=lambda p: tf.reduce_mean(tf.square(p["a"] + p["b"] - 100.0))
+    )
 
 
-def build_replicas(cluster: InProcessCluster, algo: AlgoConf, n: int, toy: bool = False,
-                   init: bool = True) -> list[Replica]:
+def build_replicas(
+    cluster: InProcessCluster, algo: AlgoConf, n: int, toy: bool = False, init: bool = True
+) -> list[Replica]:
     """One graph + session per worker; worker 0 is the chief and initialises the ps."""
     replicas = []
     for i in range(n):
@@ -89,8 +106,15 @@ def build_replicas(cluster: InProcessCluster, algo: AlgoConf, n: int, toy: bool 
             setter = v1.train.replica_device_setter(worker_device=device, cluster=cluster.spec)
             with v1.device(setter):
                 gs = v1.train.get_or_create_global_step()
-            ctx = BuildContext(algo=algo, n_replicas=n, replica_index=i, is_chief=(i == 0),
-                               worker_device=device, ps_device=setter, global_step=gs)
+            ctx = BuildContext(
+                algo=algo,
+                n_replicas=n,
+                replica_index=i,
+                is_chief=(i == 0),
+                worker_device=device,
+                ps_device=setter,
+                global_step=gs,
+            )
             problem = toy_problem() if toy else linreg_problem(x, y)
             train = get_algorithm(algo.name).build(ctx, problem)
             global_init = v1.variables_initializer(v1.global_variables())
@@ -107,8 +131,9 @@ def build_replicas(cluster: InProcessCluster, algo: AlgoConf, n: int, toy: bool 
     return replicas
 
 
-def sgd_step(w: np.ndarray, b: float, bx: np.ndarray, by: np.ndarray,
-             lr: float) -> tuple[np.ndarray, float]:
+def sgd_step(
+    w: np.ndarray, b: float, bx: np.ndarray, by: np.ndarray, lr: float
+) -> tuple[np.ndarray, float]:
     """NumPy reference: one SGD step of the linear regression."""
     r = bx @ w + b - by
     return w - lr * 2.0 / len(by) * (bx.T @ r), b - lr * 2.0 / len(by) * r.sum()
@@ -124,8 +149,20 @@ def data_batches(n: int, size: int = 8, seed: int = 0) -> list[tuple[np.ndarray,
     return out
 
 
-ALL_ALGORITHMS = ["adag", "agn", "downpour", "downpour_easy", "dynsgd", "eamsgd", "easgd",
-                  "hogwild", "multi_gpu", "sagn", "sync", "sync_lr"]
+ALL_ALGORITHMS = [
+    "adag",
+    "agn",
+    "downpour",
+    "downpour_easy",
+    "dynsgd",
+    "eamsgd",
+    "easgd",
+    "hogwild",
+    "multi_gpu",
+    "sagn",
+    "sync",
+    "sync_lr",
+]
 
 
 def test_registry_lists_every_algorithm_and_rejects_unknown() -> None:
@@ -134,8 +171,10 @@ def test_registry_lists_every_algorithm_and_rejects_unknown() -> None:
         get_algorithm("downpour_hard")
 
 
-@pytest.mark.parametrize("name,extra", [("hogwild", {}), ("sync", {}),
-                                        ("downpour", {"window": 2, "ps_optimizer": "adagrad"})])
+@pytest.mark.parametrize(
+    "name,extra",
+    [("hogwild", {}), ("sync", {}), ("downpour", {"window": 2, "ps_optimizer": "adagrad"})],
+)
 def test_placement_globals_on_ps_locals_on_worker(name: str, extra: dict[str, Any]) -> None:
     cluster = InProcessCluster(n_workers=2)
     algo = AlgoConf(name=name, lr=0.1, optimizer="adam", extra=extra)
@@ -144,10 +183,12 @@ def test_placement_globals_on_ps_locals_on_worker(name: str, extra: dict[str, An
         with rep.graph.as_default():
             globals_ = v1.global_variables()
             locals_ = v1.local_variables()
-        assert globals_ and all(v.device.startswith("/job:ps") for v in globals_), \
-            [(v.name, v.device) for v in globals_]
-        assert all(v.device.startswith(f"/job:worker/task:{i}") for v in locals_), \
-            [(v.name, v.device) for v in locals_]
+        assert globals_ and all(v.device.startswith("/job:ps") for v in globals_), [
+            (v.name, v.device) for v in globals_
+        ]
+        assert all(v.device.startswith(f"/job:worker/task:{i}") for v in locals_), [
+            (v.name, v.device) for v in locals_
+        ]
         assert not {id(v) for v in locals_} & {id(v) for v in globals_}
         if name == "downpour":
             # the local copies and the local Adam slots (m, v) are per-worker state
@@ -161,7 +202,7 @@ def test_placement_globals_on_ps_locals_on_worker(name: str, extra: dict[str, An
 def test_hogwild_second_worker_sees_first_workers_write() -> None:
     cluster = InProcessCluster(n_workers=2)
     r0, r1 = build_replicas(cluster, AlgoConf(name="hogwild", lr=0.1), 2)
-    (bx, by), = data_batches(1)
+    ((bx, by),) = data_batches(1)
     r0.run(0, bx, by)
     w_expected, _ = sgd_step(W0, float(B0), bx, by, 0.1)
     np.testing.assert_allclose(r1.params()["w"], w_expected, atol=1e-6)

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from recipe_cluster import InProcessCluster
-from recipes.config import AlgoConf
 from test_rules_common import B0, W0, build_replicas, data_batches, sgd_step
+
+from recipes.config import AlgoConf
 
 
 def downpour(window: int, lr: float = 0.05, ps_optimizer: str = "sgd") -> AlgoConf:
-    return AlgoConf(name="downpour", lr=lr, optimizer="sgd",
-                    extra={"window": window, "ps_optimizer": ps_optimizer})
+    return AlgoConf(
+        name="downpour",
+        lr=lr,
+        optimizer="sgd",
+        extra={"window": window, "ps_optimizer": ps_optimizer},
+    )
 
 
 def test_window_reevaluates_the_forward_pass_each_local_step() -> None:

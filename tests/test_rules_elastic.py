@@ -30,15 +30,17 @@ def grad(w: np.ndarray, b: float, bx: np.ndarray, by: np.ndarray) -> tuple[np.nd
 
 
 def elastic(name: str, window: int, alpha: float, lr: float = LR, **extra: Any) -> AlgoConf:
-    return AlgoConf(name=name, lr=lr, optimizer="sgd",
-                    extra={"window": window, "alpha": alpha, **extra})
+    return AlgoConf(
+        name=name, lr=lr, optimizer="sgd", extra={"window": window, "alpha": alpha, **extra}
+    )
 
 
 class Reference:
     """The NumPy rule: replicas' (w, b, vw, vb), the center and each replica's run counter."""
 
-    def __init__(self, n: int, window: int, alpha: float, lr: float = LR,
-                 momentum: float = 0.0) -> None:
+    def __init__(
+        self, n: int, window: int, alpha: float, lr: float = LR, momentum: float = 0.0
+    ) -> None:
         self.x = [[W0.astype(np.float64), float(B0), np.zeros(3), 0.0] for _ in range(n)]
         self.c = [W0.astype(np.float64), float(B0)]
         self.t = [0] * n
@@ -101,8 +103,9 @@ def set_local(rep: Replica, w: np.ndarray) -> None:
 def test_easgd_exchange_conserves_x_plus_center_and_shrinks_the_gap(alpha: float) -> None:
     """lr = 0, one worker: each exchange keeps x + center and multiplies the gap by 1 - 2 alpha
     (alpha = 0.5 meets at the midpoint); the copy is never overwritten by the center."""
-    (rep,) = build_replicas(InProcessCluster(n_workers=1),
-                            elastic("easgd", 1, alpha=alpha, lr=0.0), 1)
+    (rep,) = build_replicas(
+        InProcessCluster(n_workers=1), elastic("easgd", 1, alpha=alpha, lr=0.0), 1
+    )
     set_local(rep, W0 + np.array([1.0, -2.0, 0.5]))
     bx, by = data_batches(1, seed=23)[0]
     for i in range(3):
@@ -139,8 +142,13 @@ class DistKerasEAMSGD(EAMSGD):
 @pytest.mark.parametrize("seed_bug", [False, True])
 def test_eamsgd_alpha_zero_is_nesterov_and_catches_the_lookahead_sign(seed_bug: bool) -> None:
     conf = elastic("eamsgd", window=2, alpha=0.0, momentum=0.9)
-    (rep,) = build_with(InProcessCluster(n_workers=1), conf, 1, linreg_problem,
-                        build=DistKerasEAMSGD() if seed_bug else None)
+    (rep,) = build_with(
+        InProcessCluster(n_workers=1),
+        conf,
+        1,
+        linreg_problem,
+        build=DistKerasEAMSGD() if seed_bug else None,
+    )
     w, b, vw, vb = W0.astype(np.float64), float(B0), np.zeros(3), 0.0
     for i, (bx, by) in enumerate(data_batches(10, seed=25)):
         rep.run(i, bx, by)
@@ -157,9 +165,14 @@ def test_eamsgd_alpha_zero_is_nesterov_and_catches_the_lookahead_sign(seed_bug: 
 
 
 def test_elastic_alpha_defaults_to_beta_over_n_and_rejects_out_of_range() -> None:
-    reps = build_replicas(InProcessCluster(n_workers=2),
-                          AlgoConf(name="easgd", lr=LR, extra={"window": 2}), 2, init=False)
+    reps = build_replicas(
+        InProcessCluster(n_workers=2),
+        AlgoConf(name="easgd", lr=LR, extra={"window": 2}),
+        2,
+        init=False,
+    )
     assert reps[0].train.extras["alpha"] == pytest.approx(0.45)
     with pytest.raises(ValueError, match="alpha must be in"):
-        build_replicas(InProcessCluster(n_workers=1), elastic("eamsgd", 2, alpha=1.5), 1,
-                       init=False)
+        build_replicas(
+            InProcessCluster(n_workers=1), elastic("eamsgd", 2, alpha=1.5), 1, init=False
+        )

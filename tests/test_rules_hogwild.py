@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-
 from recipe_cluster import InProcessCluster
-from recipes.config import AlgoConf
 from test_rules_common import B0, W0, build_replicas, data_batches, sgd_step
+
+from recipes.config import AlgoConf
 
 LR = 0.05
 

@@ -32,9 +32,13 @@ def cluster_with_cpus(n_workers: int, cpus: int) -> Any:
     spec = tf.train.ClusterSpec({"ps": addr[:1], "worker": addr[1:]})
     config = v1.ConfigProto(device_count={"CPU": cpus})
     return SimpleNamespace(
-        spec=spec, ps=[tf.distribute.Server(spec, job_name="ps", task_index=0, start=True)],
-        workers=[tf.distribute.Server(spec, job_name="worker", task_index=i, config=config,
-                                      start=True) for i in range(n_workers)])
+        spec=spec,
+        ps=[tf.distribute.Server(spec, job_name="ps", task_index=0, start=True)],
+        workers=[
+            tf.distribute.Server(spec, job_name="worker", task_index=i, config=config, start=True)
+            for i in range(n_workers)
+        ],
+    )
 
 
 def linreg_with_inputs(x: Any, y: Any) -> Problem:
@@ -42,13 +46,16 @@ def linreg_with_inputs(x: Any, y: Any) -> Problem:
 
     def loss_on(p: dict[str, Any], bx: Any, by: Any) -> Any:
         return tf.reduce_mean(tf.square(tf.reduce_sum(bx * p["w"], axis=1) + p["b"] - by))
-    return Problem(create_params=base.create_params, loss_fn=base.loss_fn, inputs=(x, y),
-                   loss_on=loss_on)
+
+    return Problem(
+        create_params=base.create_params, loss_fn=base.loss_fn, inputs=(x, y), loss_on=loss_on
+    )
 
 
 def multi_gpu(towers: int) -> AlgoConf:
-    return AlgoConf(name="multi_gpu", lr=LR, optimizer="sgd",
-                    extra={"towers": towers, "device": "cpu"})
+    return AlgoConf(
+        name="multi_gpu", lr=LR, optimizer="sgd", extra={"towers": towers, "device": "cpu"}
+    )
 
 
 @pytest.mark.parametrize("towers,batch", [(2, 8), (3, 7)])
@@ -70,13 +77,19 @@ def test_each_tower_runs_on_its_own_device() -> None:
     for op in rep.graph.get_operations():
         if op.name.startswith("tower"):
             tower_devices.setdefault(op.name.split("/")[0], set()).add(op.device)
-    assert tower_devices == {"tower0": {"/job:worker/task:0/device:CPU:0"},
-                             "tower1": {"/job:worker/task:0/device:CPU:1"}}
+    assert tower_devices == {
+        "tower0": {"/job:worker/task:0/device:CPU:0"},
+        "tower1": {"/job:worker/task:0/device:CPU:1"},
+    }
     # ...and really ran there: the step's trace names both devices.
     meta = v1.RunMetadata()
     bx, by = data_batches(1, seed=42)[0]
-    rep.sess.run(rep.train.step_ops[0], feed_dict={rep.x: bx, rep.y: by},
-                 options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE), run_metadata=meta)
+    rep.sess.run(
+        rep.train.step_ops[0],
+        feed_dict={rep.x: bx, rep.y: by},
+        options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE),
+        run_metadata=meta,
+    )
     used = {d.device for d in meta.step_stats.dev_stats}
     assert any(d.endswith("task:0/device:CPU:1") for d in used), used
     assert any(d.endswith("task:0/device:CPU:0") for d in used), used

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-
 from recipe_cluster import InProcessCluster
-from recipes.config import AlgoConf
 from test_rules_common import B0, W0, Replica, build_replicas, data_batches, sgd_step
+
+from recipes.config import AlgoConf
 
 v1 = tf.compat.v1
 LR = 0.1
@@ -23,8 +23,9 @@ LR = 0.1
 
 def start_sync(n: int, r: int | None = None) -> tuple[list[Replica], Any]:
     extra = {"replicas_to_aggregate": r, "run_timeout_secs": 20, "stop_grace_secs": 1}
-    reps = build_replicas(InProcessCluster(n_workers=n), AlgoConf(name="sync", lr=LR,
-                                                                  extra=extra), n)
+    reps = build_replicas(
+        InProcessCluster(n_workers=n), AlgoConf(name="sync", lr=LR, extra=extra), n
+    )
     coord = tf.train.Coordinator()
     for rep in reps:
         for hook in rep.train.hooks:
@@ -86,8 +87,9 @@ def test_distinct_batches_equal_sgd_on_the_concatenation() -> None:
         reps[0].run(0, x0, y0)
         reps[1].run(0, x1, y1)
         wait_step(reps[0], 1)
-        w, b = sgd_step(W0.astype(np.float64), float(B0), np.concatenate([x0, x1]),
-                        np.concatenate([y0, y1]), LR)
+        w, b = sgd_step(
+            W0.astype(np.float64), float(B0), np.concatenate([x0, x1]), np.concatenate([y0, y1]), LR
+        )
         np.testing.assert_allclose(reps[0].params()["w"], w, atol=1e-5)
         np.testing.assert_allclose(reps[0].params()["b"], b, atol=1e-5)
     finally:

@@ -40,8 +40,10 @@ def token_count(rep: Replica) -> int:
 
 def run_together(reps: list[Replica], i: int, batches: list[Any]) -> None:
     """Each replica's i-th run at once (a synchronous run blocks until its round is done)."""
-    threads = [threading.Thread(target=rep.run, args=(i, *batch), daemon=True)
-               for rep, batch in zip(reps[1:], batches[1:], strict=True)]
+    threads = [
+        threading.Thread(target=rep.run, args=(i, *batch), daemon=True)
+        for rep, batch in zip(reps[1:], batches[1:], strict=True)
+    ]
     for t in threads:
         t.start()
     reps[0].run(i, *batches[0])
@@ -52,9 +54,11 @@ def run_together(reps: list[Replica], i: int, batches: list[Any]) -> None:
 
 # --- SAGN ---------------------------------------------------------------------------------------
 
+
 def sagn(window: int, **extra: Any) -> AlgoConf:
-    return AlgoConf(name="sagn", lr=LR, optimizer="sgd", sync=True,
-                    extra={"window": window, **SYNC, **extra})
+    return AlgoConf(
+        name="sagn", lr=LR, optimizer="sgd", sync=True, extra={"window": window, **SYNC, **extra}
+    )
 
 
 def test_sagn_window_one_reproduces_ssgd() -> None:
@@ -65,11 +69,12 @@ def test_sagn_window_one_reproduces_ssgd() -> None:
     try:
         w, b = W0.astype(np.float64), float(B0)
         for r in range(3):
-            pair = batches[2 * r:2 * r + 2]
+            pair = batches[2 * r : 2 * r + 2]
             run_together(reps, r, pair)
             wait_step(reps[0], r + 1)
-            w, b = sgd_step(w, b, np.concatenate([p[0] for p in pair]),
-                            np.concatenate([p[1] for p in pair]), LR)
+            w, b = sgd_step(
+                w, b, np.concatenate([p[0] for p in pair]), np.concatenate([p[1] for p in pair]), LR
+            )
             np.testing.assert_allclose(reps[0].params()["w"], w, atol=1e-5)
             np.testing.assert_allclose(reps[0].params()["b"], b, atol=1e-5)
             if r == 0:
@@ -108,8 +113,9 @@ def test_sagn_round_applies_the_mean_of_every_replicas_window_mean() -> None:
                 grads_b.append(2.0 / len(by) * r.sum())
                 w, b = sgd_step(w, b, bx, by, LR)
         # (1/R) sum_k (1/T) sum_t g_{k,t} = the mean of all R*T gradients
-        np.testing.assert_allclose(reps[0].params()["w"], W0 - LR * np.mean(grads_w, axis=0),
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            reps[0].params()["w"], W0 - LR * np.mean(grads_w, axis=0), atol=1e-6
+        )
         np.testing.assert_allclose(reps[0].params()["b"], B0 - LR * np.mean(grads_b), atol=1e-6)
         for rep in reps:  # pulled
             local = rep.sess.run(rep.train.train_params["w"])
@@ -136,14 +142,17 @@ def test_sagn_window_reevaluates_each_local_step() -> None:
 
 # --- SSGD with per-worker learning rates --------------------------------------------------------
 
+
 def sync_lr(**extra: Any) -> AlgoConf:
     return AlgoConf(name="sync_lr", lr=LR, optimizer="sgd", sync=True, extra={**SYNC, **extra})
 
 
-@pytest.mark.parametrize("extra,lrs", [({"lrs": [0.1, 0.01]}, [0.1, 0.01]),
-                                       ({"lr_decay": 0.5}, [0.1, 0.05])])
-def test_sync_lr_round_applies_minus_the_sum_of_lr_i_g_i(extra: dict[str, Any],
-                                                         lrs: list[float]) -> None:
+@pytest.mark.parametrize(
+    "extra,lrs", [({"lrs": [0.1, 0.01]}, [0.1, 0.01]), ({"lr_decay": 0.5}, [0.1, 0.05])]
+)
+def test_sync_lr_round_applies_minus_the_sum_of_lr_i_g_i(
+    extra: dict[str, Any], lrs: list[float]
+) -> None:
     reps, coord = start(sync_lr(**extra), 2)
     try:
         assert [rep.train.extras["lr"] for rep in reps] == pytest.approx(lrs)

@@ -19,10 +19,22 @@ CTX = PlanContext(cwd="/tmp/project", local_python="/usr/bin/python3", tf_versio
 
 def _task(name: str = "worker/0") -> TaskState:
     role, index = name.split("/")
-    return TaskState(name=name, role=role, index=int(index), host="localhost", address="127.0.0.1",
-                     port=2223, pid=42, pgid=42, log_path="/tmp/l", workdir="/tmp/w",
-                     fingerprint="f", started_at=1.0, settings={"stop_grace_secs": "5.0"},
-                     spec={"role": role})
+    return TaskState(
+        name=name,
+        role=role,
+        index=int(index),
+        host="localhost",
+        address="127.0.0.1",
+        port=2223,
+        pid=42,
+        pgid=42,
+        log_path="/tmp/l",
+        workdir="/tmp/w",
+        fingerprint="f",
+        started_at=1.0,
+        settings={"stop_grace_secs": "5.0"},
+        spec={"role": role},
+    )
 
 
 def test_write_bumps_the_serial_and_round_trips(tmp_path: Path) -> None:

@@ -32,19 +32,38 @@ def _ports(ws: Path, experiment: str) -> set[int]:
 
 def test_plan_m_is_a_dry_run_of_every_point_with_the_total(ws: Path) -> None:
     port = free_port_base(40)
-    proc = tfplan(ws, "plan", "-m", "algo=hogwild,downpour", "algo.lr=0.01,-1",
-                  *sweep_overrides(ws, port), "--concurrency", "2")
+    proc = tfplan(
+        ws,
+        "plan",
+        "-m",
+        "algo=hogwild,downpour",
+        "algo.lr=0.01,-1",
+        *sweep_overrides(ws, port),
+        "--concurrency",
+        "2",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # one point cannot be planned
     lines = proc.stdout.splitlines()
     points = [line for line in lines if line.lstrip().startswith("#")]
     assert len(points) == 4
-    assert points[0].split() == ["#0", "algo=hogwild", "algo.lr=0.01", "3", "tasks", "ports",
-                                 f"{port}-{port + 2}", "experiment", "s-0"]
+    assert points[0].split() == [
+        "#0",
+        "algo=hogwild",
+        "algo.lr=0.01",
+        "3",
+        "tasks",
+        "ports",
+        f"{port}-{port + 2}",
+        "experiment",
+        "s-0",
+    ]
     # Each point gets its own window of cluster.port_range ports.
     assert f"ports {port + 20}-{port + 22}" in points[2]
     assert "#1" in points[1] and "error: algo.lr: -1.0 is not positive" in points[1]
-    assert ("Sweep: 4 points, 6 tasks in all; concurrency 2: at most 6 tasks at once. "
-            "2 point(s) cannot be planned.") in proc.stdout
+    assert (
+        "Sweep: 4 points, 6 tasks in all; concurrency 2: at most 6 tasks at once. "
+        "2 point(s) cannot be planned."
+    ) in proc.stdout
     # A dry run: no folder, no state, no saved plan.
     assert not (ws / "out").exists() and not (ws / ".tfplan").exists()
 
@@ -68,8 +87,16 @@ def test_a_failing_point_is_reported_and_the_other_completes(ws: Path) -> None:
     port = free_port_base(30)
     script = result_task(ws)
     commands = f"{command(script, acc='0.9')},{command(script, acc='0.7', exit='3')}"
-    proc = tfplan(ws, "apply", "-m", "--auto-approve", *sweep_overrides(ws, port),
-                  "recipe=command", f"recipe.command={commands}", "algo.lr=0.05,-1")
+    proc = tfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        *sweep_overrides(ws, port),
+        "recipe=command",
+        f"recipe.command={commands}",
+        "algo.lr=0.05,-1",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
     assert "Sweep complete! 1 succeeded, 3 failed." in out
@@ -100,10 +127,19 @@ def _group_alive(pgid: int) -> bool:
 def test_concurrency_two_runs_two_clusters_at_once_on_their_own_ports(ws: Path) -> None:
     port = free_port_base(30)
     script = result_task(ws)
-    proc = tfplan(ws, "apply", "-m", "--auto-approve", "--concurrency", "2",
-                  *sweep_overrides(ws, port), "recipe=command",
-                  f"recipe.command={command(script, steps='12', step_secs='0.25')}",
-                  "algo.lr=0.03,0.06", check=True)
+    proc = tfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        "--concurrency",
+        "2",
+        *sweep_overrides(ws, port),
+        "recipe=command",
+        f"recipe.command={command(script, steps='12', step_secs='0.25')}",
+        "algo.lr=0.03,0.06",
+        check=True,
+    )
     assert "Sweep complete! 2 succeeded, 0 failed." in proc.stdout
     first, second = sorted(sweep_record(ws / "out")["points"], key=lambda p: p["num"])
     # Both clusters ran at the same time...
@@ -125,11 +161,21 @@ def test_optuna_sweeper_maximises_the_held_out_accuracy(ws: Path) -> None:
         pytest.fail("hydra-optuna-sweeper is not installed: pip install hydra-optuna-sweeper")
     port = free_port_base(30)
     script = result_task(ws)
-    proc = tfplan(ws, "apply", "-m", "--auto-approve", *sweep_overrides(ws, port),
-                  "recipe=command", f"recipe.command={command(script, steps='2')}",
-                  "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3",
-                  "hydra.sweeper.direction=maximize", "hydra.sweeper.sampler.seed=7",
-                  "algo.lr=interval(0.01,0.1)", check=True)
+    proc = tfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        *sweep_overrides(ws, port),
+        "recipe=command",
+        f"recipe.command={command(script, steps='2')}",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.direction=maximize",
+        "hydra.sweeper.sampler.seed=7",
+        "algo.lr=interval(0.01,0.1)",
+        check=True,
+    )
     assert "Sweep complete! 3 succeeded, 0 failed." in proc.stdout
     results = json.loads((ws / "out" / "results.json").read_text())["points"]
     assert len(results) == 3
@@ -143,10 +189,21 @@ def test_optuna_sweeper_maximises_the_held_out_accuracy(ws: Path) -> None:
 @pytest.mark.cluster
 def test_real_two_point_sweep_end_to_end_with_report_and_tensorboard(ws: Path) -> None:
     port = free_port_base(30)
-    proc = tfplan(ws, "apply", "-m", "--auto-approve", *sweep_overrides(ws, port),
-                  "algo.lr=0.02,0.2", "trainer.max_steps=40", "trainer.log_steps=20",
-                  "trainer.checkpoint_steps=20", "cluster.evaluator=true",
-                  "trainer.eval_secs=0.5", timeout=400, check=True)
+    proc = tfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        *sweep_overrides(ws, port),
+        "algo.lr=0.02,0.2",
+        "trainer.max_steps=40",
+        "trainer.log_steps=20",
+        "trainer.checkpoint_steps=20",
+        "cluster.evaluator=true",
+        "trainer.eval_secs=0.5",
+        timeout=400,
+        check=True,
+    )
     out = proc.stdout
     assert "Sweep complete! 2 succeeded, 0 failed." in out
     assert "Sweep: 2 points, 8 tasks in all" in out  # ps, 2 workers, evaluator per point
@@ -211,11 +268,25 @@ def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> N
     port = free_port_base(30)
     script = result_task(ws)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tfplan", "apply", "-m", "--auto-approve", "--concurrency", "2",
-         *sweep_overrides(ws, port), "recipe=command",
-         f"recipe.command={command(script, steps='600', step_secs='0.2')}", "algo.lr=0.01,0.02"],
-        cwd=ws, env={**os.environ, "TFPLAN_CONF": str(CONF)}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tfplan",
+            "apply",
+            "-m",
+            "--auto-approve",
+            "--concurrency",
+            "2",
+            *sweep_overrides(ws, port),
+            "recipe=command",
+            f"recipe.command={command(script, steps='600', step_secs='0.2')}",
+            "algo.lr=0.01,0.02",
+        ],
+        cwd=ws,
+        env={**os.environ, "TFPLAN_CONF": str(CONF)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert proc.stdout is not None

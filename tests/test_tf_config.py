@@ -39,7 +39,9 @@ def test_tf_config_json_is_standard_and_stable() -> None:
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["cluster=local"], ["cluster=local_chief"], ["cluster=3node"],
+        ["cluster=local"],
+        ["cluster=local_chief"],
+        ["cluster=3node"],
         ["cluster=gpu2x4", "algo=sync"],
     ],
 )

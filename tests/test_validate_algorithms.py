@@ -45,59 +45,116 @@ def test_every_algorithm_plans_with_its_defaults(
 
 BAD = [
     # (overrides, the error's start, a fragment of the fix)
-    (["algo=sagn", "algo.sync=false"], "algo.sync: false, but sagn is synchronous",
-     "leave algo.sync=true"),
-    (["algo=sync_lr", "algo.sync=false"], "algo.sync: false, but sync_lr is synchronous",
-     "algo=agn for sagn"),
-    (["algo=agn", "algo.sync=true"], "algo.sync: true, but agn is asynchronous",
-     "algo=sync, sagn or sync_lr"),
-    (["algo=easgd", "algo.sync=true"], "algo.sync: true, but easgd is asynchronous",
-     "leave algo.sync=false"),
+    (
+        ["algo=sagn", "algo.sync=false"],
+        "algo.sync: false, but sagn is synchronous",
+        "leave algo.sync=true",
+    ),
+    (
+        ["algo=sync_lr", "algo.sync=false"],
+        "algo.sync: false, but sync_lr is synchronous",
+        "algo=agn for sagn",
+    ),
+    (
+        ["algo=agn", "algo.sync=true"],
+        "algo.sync: true, but agn is asynchronous",
+        "algo=sync, sagn or sync_lr",
+    ),
+    (
+        ["algo=easgd", "algo.sync=true"],
+        "algo.sync: true, but easgd is asynchronous",
+        "leave algo.sync=false",
+    ),
     (["algo=agn", "algo.window=0"], "algo.window: 0 < 1", "at least 1 step"),
     (["algo=adag", "algo.window=0"], "algo.window: 0 < 1", "at least 1 step"),
     (["algo=sagn", "algo.window=0"], "algo.window: 0 < 1", "at least 1 step"),
     (["algo=dynsgd", "algo.window=-2"], "algo.window: -2 < 1", "at least 1 step"),
     (["algo=easgd", "algo.window=0"], "algo.window: 0 < 1", "at least 1 step"),
     (["algo=downpour_easy", "algo.window=0"], "algo.window: 0 < 1", "at least 1 step"),
-    (["algo=easgd", "algo.alpha=1.5"], "algo.alpha: elastic rate 1.5 outside [0, 1]",
-     "0.9 / workers"),
-    (["algo=eamsgd", "algo.alpha=-0.1"], "algo.alpha: elastic rate -0.1 outside [0, 1]",
-     "null for that default"),
+    (
+        ["algo=easgd", "algo.alpha=1.5"],
+        "algo.alpha: elastic rate 1.5 outside [0, 1]",
+        "0.9 / workers",
+    ),
+    (
+        ["algo=eamsgd", "algo.alpha=-0.1"],
+        "algo.alpha: elastic rate -0.1 outside [0, 1]",
+        "null for that default",
+    ),
     (["algo=eamsgd", "algo.momentum=1.0"], "algo.momentum: 1.0 outside [0, 1)", "e.g. 0.9"),
     (["algo=adag", "algo.gamma=0"], "algo.gamma: 0.0 is not positive", "1e-4"),
-    (["algo=sync_lr", "algo.lrs=[0.1]"], "algo.lrs: 1 rates for 2 training replicas",
-     "one rate per replica"),
-    (["algo=sync_lr", "algo.lrs=[0.1,-0.2]"], "algo.lrs: [0.1, -0.2] has a rate <= 0",
-     "positive rates"),
+    (
+        ["algo=sync_lr", "algo.lrs=[0.1]"],
+        "algo.lrs: 1 rates for 2 training replicas",
+        "one rate per replica",
+    ),
+    (
+        ["algo=sync_lr", "algo.lrs=[0.1,-0.2]"],
+        "algo.lrs: [0.1, -0.2] has a rate <= 0",
+        "positive rates",
+    ),
     (["algo=sync_lr", "algo.lr_decay=0"], "algo.lr_decay: 0.0 outside (0, 1]", "e.g. 0.5"),
-    (["algo=sync_lr", "algo.optimizer=adam"], "algo.optimizer: 'adam', but sync_lr runs plain",
-     "algo.optimizer=sgd"),
-    (["algo=sync_lr", "algo.backup_workers=2"], "algo.backup_workers: 2 backups with only 2",
-     "keep backup_workers below"),
-    (["algo=downpour_easy", "algo.optimizer=momentum"],
-     "algo.optimizer: 'momentum', but downpour_easy runs plain SGD", "algo=downpour"),
-    (["algo=downpour_easy", "algo.ps_optimizer=adam"], "algo.ps_optimizer: unknown ps "
-     "optimizer 'adam'", "choose sgd or adagrad"),
-    (["algo=sagn", "algo.ps_optimizer=lbfgs"], "algo.ps_optimizer: unknown ps optimizer "
-     "'lbfgs'", "choose one of sgd, adagrad, adam, momentum"),
-    (["algo=sagn", "algo.replicas_to_aggregate=3"], "algo.replicas_to_aggregate: 3 but the "
-     "cluster has 2 training replicas", "use 1-2"),
+    (
+        ["algo=sync_lr", "algo.optimizer=adam"],
+        "algo.optimizer: 'adam', but sync_lr runs plain",
+        "algo.optimizer=sgd",
+    ),
+    (
+        ["algo=sync_lr", "algo.backup_workers=2"],
+        "algo.backup_workers: 2 backups with only 2",
+        "keep backup_workers below",
+    ),
+    (
+        ["algo=downpour_easy", "algo.optimizer=momentum"],
+        "algo.optimizer: 'momentum', but downpour_easy runs plain SGD",
+        "algo=downpour",
+    ),
+    (
+        ["algo=downpour_easy", "algo.ps_optimizer=adam"],
+        "algo.ps_optimizer: unknown ps optimizer 'adam'",
+        "choose sgd or adagrad",
+    ),
+    (
+        ["algo=sagn", "algo.ps_optimizer=lbfgs"],
+        "algo.ps_optimizer: unknown ps optimizer 'lbfgs'",
+        "choose one of sgd, adagrad, adam, momentum",
+    ),
+    (
+        ["algo=sagn", "algo.replicas_to_aggregate=3"],
+        "algo.replicas_to_aggregate: 3 but the cluster has 2 training replicas",
+        "use 1-2",
+    ),
     (["algo=multi_gpu", "algo.towers=0"], "algo.towers: 0 < 1", "at least 1 tower"),
-    (["algo=multi_gpu", "algo.device=tpu"], "algo.device: unknown device 'tpu'",
-     "choose cpu or gpu"),
-    (["algo=multi_gpu", "algo.device=gpu", "algo.towers=4"],
-     "algo.towers: 4 GPU towers, but tfplan gives each worker task one GPU", "algo.device=cpu"),
-    (["algo=multi_gpu", "algo.towers=8", "data.batch_size=4"],
-     "data.batch_size: 4 rows cannot feed 8 towers", "at least 8 rows"),
+    (
+        ["algo=multi_gpu", "algo.device=tpu"],
+        "algo.device: unknown device 'tpu'",
+        "choose cpu or gpu",
+    ),
+    (
+        ["algo=multi_gpu", "algo.device=gpu", "algo.towers=4"],
+        "algo.towers: 4 GPU towers, but tfplan gives each worker task one GPU",
+        "algo.device=cpu",
+    ),
+    (
+        ["algo=multi_gpu", "algo.towers=8", "data.batch_size=4"],
+        "data.batch_size: 4 rows cannot feed 8 towers",
+        "at least 8 rows",
+    ),
     (["algo=agn", "algo.gamma=1"], "algo.gamma: no such key", "check the spelling"),
-    (["algo=easgd", "algo.alpha=fast"], "algo.alpha: Value 'fast' of type 'str' could not be "
-     "converted to Float", "fix the value"),
+    (
+        ["algo=easgd", "algo.alpha=fast"],
+        "algo.alpha: Value 'fast' of type 'str' could not be converted to Float",
+        "fix the value",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("overrides", "start", "fix"), BAD, ids=lambda v: str(v)[:48])
 def test_bad_algorithm_setting_is_one_line_naming_the_key(
-    overrides: list[str], start: str, fix: str, in_tmp: Path,
+    overrides: list[str],
+    start: str,
+    fix: str,
+    in_tmp: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["plan", *overrides]) == 1

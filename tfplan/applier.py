@@ -91,8 +91,10 @@ def _abandon(tasks: list[TaskState], state: State, say: Say) -> State:
     """Tasks on hosts tfplan cannot reach: keep them in ``state.lost`` so that a later
     ``tfplan destroy`` stops them once their host is back."""
     for task in tasks:
-        say(f"{task.name}: host {task.host} is unreachable; pid {task.pid} may still run there "
-            "(`tfplan destroy` stops it once the host is back)")
+        say(
+            f"{task.name}: host {task.host} is unreachable; pid {task.pid} may still run there "
+            "(`tfplan destroy` stops it once the host is back)"
+        )
         state = replace(state.without_task(task.name), lost=(*state.lost, task))
     return state
 
@@ -210,9 +212,12 @@ def stop_tasks(
     """
     if not tasks:
         return state
+
     def stop_one(task: TaskState) -> str:
-        grace = grace_secs if grace_secs is not None else float(
-            task.settings.get("stop_grace_secs", "5")
+        grace = (
+            grace_secs
+            if grace_secs is not None
+            else float(task.settings.get("stop_grace_secs", "5"))
         )
         if task.status == "running":
             pool[task.host].stop(task.pid, task.pgid, grace)
@@ -241,4 +246,3 @@ def stop_tasks(
         detail = "; ".join(f"{h}: {why}" for h, why in sorted(failures.items()))
         raise ApplyError(f"could not stop every task: {detail}; run `tfplan destroy` again")
     return state
-

@@ -40,8 +40,13 @@ def free_port(host: str, preferred: int = 6006) -> int:
     raise TfplanError(f"no free port on {host} for TensorBoard")
 
 
-def start_tensorboard(logdir: Path, log_path: Path, host: str = "127.0.0.1",
-                      port: int | None = None, timeout: float = 120.0) -> Board:
+def start_tensorboard(
+    logdir: Path,
+    log_path: Path,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    timeout: float = 120.0,
+) -> Board:
     """Start ``python -m tensorboard.main`` in its own session and wait until its URL answers.
 
     Raises:
@@ -57,17 +62,30 @@ def start_tensorboard(logdir: Path, log_path: Path, host: str = "127.0.0.1",
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", host,
-             "--port", str(port)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                str(logdir),
+                "--host",
+                host,
+                "--port",
+                str(port),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C in tfplan's terminal is tfplan's to forward
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
         )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise TfplanError(f"TensorBoard exited with code {process.returncode}: "
-                              f"{_tail(log_path)} (log: {log_path})")
+            raise TfplanError(
+                f"TensorBoard exited with code {process.returncode}: "
+                f"{_tail(log_path)} (log: {log_path})"
+            )
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
@@ -76,8 +94,10 @@ def start_tensorboard(logdir: Path, log_path: Path, host: str = "127.0.0.1",
             pass
         time.sleep(0.3)
     process.terminate()
-    raise TfplanError(f"TensorBoard did not answer on {url} within {timeout:.0f}s: "
-                      f"{_tail(log_path)} (log: {log_path})")
+    raise TfplanError(
+        f"TensorBoard did not answer on {url} within {timeout:.0f}s: "
+        f"{_tail(log_path)} (log: {log_path})"
+    )
 
 
 def _tail(path: Path) -> str:

@@ -76,12 +76,18 @@ def _one_line(error: BaseException) -> ConfigError:
     if "Could not override" in str(error):
         match = re.search(r"Could not override '([^']+)'", str(error))
         key = match.group(1) if match else key
-        return ConfigError(key, "no such key", f"check the spelling, or add a new key with +{key}=VALUE")
+        return ConfigError(
+            key, "no such key", f"check the spelling, or add a new key with +{key}=VALUE"
+        )
     if "Missing mandatory value" in first:
         return ConfigError(key, "is required but has no value", f"set it, e.g. {key}=VALUE")
     if "not in" in first and "Key" in first:
-        return ConfigError(key, "no such key", "check the spelling (tfplan plan --cfg job shows every key)")
-    return ConfigError(key, first.rstrip("."), "fix the value (tfplan plan --cfg job shows every key)")
+        return ConfigError(
+            key, "no such key", "check the spelling (tfplan plan --cfg job shows every key)"
+        )
+    return ConfigError(
+        key, first.rstrip("."), "fix the value (tfplan plan --cfg job shows every key)"
+    )
 
 
 def _key_from(message: str) -> str | None:
@@ -99,7 +105,9 @@ def _missing_option(error: MissingConfigException) -> ConfigError:
         if options_match:
             options = [o.strip() for o in options_match.group(1).splitlines() if o.strip()]
         options = [o for o in options if not o.startswith("schema_")]
-        return ConfigError(group, f"no option {option!r}", f"available options: {', '.join(options)}")
+        return ConfigError(
+            group, f"no option {option!r}", f"available options: {', '.join(options)}"
+        )
     return ConfigError("config", message.strip().splitlines()[0], "check the config name")
 
 
@@ -115,7 +123,9 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     """
     from tfplan.config import _GROUP_SCHEMAS, AlgoConfig
 
-    algo_schema = _GROUP_SCHEMAS["algo"].get(f"schema_{data.get('algo', {}).get('name')}", AlgoConfig)
+    algo_schema = _GROUP_SCHEMAS["algo"].get(
+        f"schema_{data.get('algo', {}).get('name')}", AlgoConfig
+    )
     try:
         merged = OmegaConf.merge(
             OmegaConf.structured(Config), {"algo": OmegaConf.structured(algo_schema)}, data

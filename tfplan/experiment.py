@@ -111,16 +111,23 @@ class ExperimentFolder:
             return None
         return data if isinstance(data, dict) else None
 
-    def begin(self, experiment_id: str, plan_json: str, config_yaml: str,
-              resumed_from: int | None) -> None:
+    def begin(
+        self, experiment_id: str, plan_json: str, config_yaml: str, resumed_from: int | None
+    ) -> None:
         """Record the start of an apply: config, plan, and a new entry in experiment.json."""
-        record = self.record() or {"id": experiment_id, "output_dir": str(self.output_dir),
-                                   "runs": []}
+        record = self.record() or {
+            "id": experiment_id,
+            "output_dir": str(self.output_dir),
+            "runs": [],
+        }
         record["id"] = experiment_id
-        record.setdefault("runs", []).append({
-            "started_at": round(time.time(), 3), "resumed_from_step": resumed_from,
-            "status": "running",
-        })
+        record.setdefault("runs", []).append(
+            {
+                "started_at": round(time.time(), 3),
+                "resumed_from_step": resumed_from,
+                "status": "running",
+            }
+        )
         write_atomic(self.root / "config.yaml", config_yaml)
         write_atomic(self.root / "plan.json", plan_json)
         write_atomic(self.root / "experiment.json", json.dumps(record, indent=2) + "\n")
@@ -131,8 +138,14 @@ class ExperimentFolder:
         if record is None or not record.get("runs"):
             return
         run = record["runs"][-1]
-        run.update({"ended_at": round(time.time(), 3), "status": status, "reason": reason,
-                    "last_step": last_step})
+        run.update(
+            {
+                "ended_at": round(time.time(), 3),
+                "status": status,
+                "reason": reason,
+                "last_step": last_step,
+            }
+        )
         if state_json is not None:
             write_atomic(self.root / "state.json", state_json)
         write_atomic(self.root / "experiment.json", json.dumps(record, indent=2) + "\n")
@@ -142,8 +155,9 @@ class ExperimentFolder:
         (self.logs / f"{task_name.replace('/', '-')}.log").write_bytes(data)
 
 
-def check_resumable(folder: ExperimentFolder, experiment_id: str, run_config: dict[str, Any],
-                    step: int) -> None:
+def check_resumable(
+    folder: ExperimentFolder, experiment_id: str, run_config: dict[str, Any], step: int
+) -> None:
     """Refuse to resume from checkpoints that belong to something else.
 
     Args:
@@ -204,10 +218,14 @@ def find_output(workspace: Workspace, key: str | None) -> tuple[str, Path]:
             if data.get("id") == key:
                 return str(data["kind"]), Path(data["output_dir"])
         known = ", ".join(sorted(str(d.get("id")) for d in entries)) or "none yet"
-        raise StateError(f"no experiment or sweep {key!r} in {workspace.root} (known: {known}); "
-                         "give its id or its folder")
+        raise StateError(
+            f"no experiment or sweep {key!r} in {workspace.root} (known: {known}); "
+            "give its id or its folder"
+        )
     if not entries:
-        raise StateError(f"nothing has been applied from {workspace.root}: run `tfplan apply` "
-                         "first, or give a folder")
+        raise StateError(
+            f"nothing has been applied from {workspace.root}: run `tfplan apply` "
+            "first, or give a folder"
+        )
     latest = max(entries, key=lambda d: float(d.get("updated_at") or 0))
     return str(latest["kind"]), Path(latest["output_dir"])

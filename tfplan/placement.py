@@ -130,12 +130,18 @@ def allocate_ports(
     Raises:
         PlanError: a host's port range is too small for its tasks.
     """
-    taken: dict[int, set[int]] = {i: set(held.get(i, frozenset())) for i in range(len(cluster.hosts))}
+    taken: dict[int, set[int]] = {
+        i: set(held.get(i, frozenset())) for i in range(len(cluster.hosts))
+    }
     ports: dict[tuple[Role, int], int] = {}
     networked = [s for s in slots if s.role is not Role.EVALUATOR]
     for slot in networked:
         port = preferred.get((f"{slot.role.value}/{slot.index}", slot.host))
-        if port is not None and port not in taken[slot.host] and _in_range(cluster, slot.host, port):
+        if (
+            port is not None
+            and port not in taken[slot.host]
+            and _in_range(cluster, slot.host, port)
+        ):
             taken[slot.host].add(port)
             ports[(slot.role, slot.index)] = port
     for slot in networked:

@@ -266,9 +266,7 @@ class Plan:
                     for v in sharding["variables"]
                 ),
                 placements=tuple(
-                    ShardPlacement(
-                        p["strategy"], dict(p["assignment"]), tuple(p["bytes_per_ps"])
-                    )
+                    ShardPlacement(p["strategy"], dict(p["assignment"]), tuple(p["bytes_per_ps"]))
                     for p in sharding["placements"]
                 ),
             ),

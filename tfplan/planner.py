@@ -23,7 +23,7 @@ from tfplan.plan import Action, Change, HostSpec, Plan, Role, Task
 from tfplan.sharding import preview_sharding
 from tfplan.state import State, TaskState
 from tfplan.tf_config import tf_config_json
-from tfplan.validate import is_loopback, count_ps, validate
+from tfplan.validate import count_ps, is_loopback, validate
 
 __all__ = ["PlanContext", "plan", "GRPC_WARNING"]
 
@@ -75,8 +75,17 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext) -> Plan:
     settings = _job_settings(cfg)
     tf_configs = _TfConfigs(cluster_spec)
     tasks = tuple(
-        _task(cfg, slot, hosts[slot.host], ports.get((slot.role, slot.index)), tf_configs,
-              workdir, output_dir, config_digest, _task_settings(cfg, slot.role))
+        _task(
+            cfg,
+            slot,
+            hosts[slot.host],
+            ports.get((slot.role, slot.index)),
+            tf_configs,
+            workdir,
+            output_dir,
+            config_digest,
+            _task_settings(cfg, slot.role),
+        )
         for slot in slots
     )
     changes = _diff(tasks, state)
@@ -110,15 +119,18 @@ def _unreachable_hosts(state: State | None) -> frozenset[str]:
 def _without(cluster: ClusterConfig, down: frozenset[str]) -> ClusterConfig:
     if not down:
         return cluster
-    hosts = [dataclasses.replace(h, cpu_slots=0, gpus=0) if host_name(h) in down else h
-             for h in cluster.hosts]
+    hosts = [
+        dataclasses.replace(h, cpu_slots=0, gpus=0) if host_name(h) in down else h
+        for h in cluster.hosts
+    ]
     return dataclasses.replace(cluster, hosts=hosts)
 
 
 def _down_warnings(down: frozenset[str]) -> tuple[str, ...]:
     return tuple(
         f"host {name} is unreachable: its tasks are placed on the other hosts, and since the "
-        "cluster spec changes every task restarts from the last checkpoint" for name in sorted(down)
+        "cluster spec changes every task restarts from the last checkpoint"
+        for name in sorted(down)
     )
 
 
@@ -208,8 +220,9 @@ class _TfConfigs:
         self.cluster_digest = _digest(self._head)
 
     def text(self, task_type: str, task_index: int) -> str:
-        task = json.dumps({"index": task_index, "type": task_type}, sort_keys=True,
-                          separators=(",", ":"))
+        task = json.dumps(
+            {"index": task_index, "type": task_type}, sort_keys=True, separators=(",", ":")
+        )
         return f'{self._head},"task":{task}}}'
 
 
@@ -369,8 +382,11 @@ def _change(task: Task, old: TaskState | None) -> Change:
             previous=_previous(old),
         )
     if old.settings != task.settings:
-        changed = sorted(k for k in {*old.settings, *task.settings}
-                         if old.settings.get(k) != task.settings.get(k))
+        changed = sorted(
+            k
+            for k in {*old.settings, *task.settings}
+            if old.settings.get(k) != task.settings.get(k)
+        )
         return Change(
             task=task.name,
             action=Action.UPDATE,

@@ -24,7 +24,9 @@ class RestartDecision:
     reason: str
 
 
-def decide_restart(policy: str, exit_code: int | None, restarts: int, backoff_limit: int) -> RestartDecision:
+def decide_restart(
+    policy: str, exit_code: int | None, restarts: int, backoff_limit: int
+) -> RestartDecision:
     """Whether a task that just ended with ``exit_code`` is started again.
 
     Args:

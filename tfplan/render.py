@@ -148,11 +148,18 @@ def _footer(plan: Plan) -> list[Line]:
     sharding = plan.sharding
     if sharding.placements:
         lines.append(
-            ("bold", f"Variables: {len(sharding.variables)} ({format_bytes(sharding.total_bytes)}) "
-                     f"over {len(sharding.placements[0].bytes_per_ps)} parameter server(s):")
+            (
+                "bold",
+                f"Variables: {len(sharding.variables)} ({format_bytes(sharding.total_bytes)}) "
+                f"over {len(sharding.placements[0].bytes_per_ps)} parameter server(s):",
+            )
         )
         for placement in sharding.placements:
-            note = " (replica_device_setter's default, used)" if placement.strategy == "round_robin" else ""
+            note = (
+                " (replica_device_setter's default, used)"
+                if placement.strategy == "round_robin"
+                else ""
+            )
             spread = ", ".join(
                 f"ps/{i} {format_bytes(b)}" for i, b in enumerate(placement.bytes_per_ps)
             )

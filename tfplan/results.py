@@ -25,9 +25,21 @@ from tfplan.sweep import PointRecord, SweepRecord
 
 __all__ = ["ResultRow", "load_rows", "render_table", "write_report", "plot_accuracy", "COLUMNS"]
 
-COLUMNS = ("num", "overrides", "status", "global_step", "accuracy", "loss", "examples_per_sec",
-           "wall_time_secs", "train_time_secs", "resumed_from", "experiment_id", "output_dir",
-           "reason")
+COLUMNS = (
+    "num",
+    "overrides",
+    "status",
+    "global_step",
+    "accuracy",
+    "loss",
+    "examples_per_sec",
+    "wall_time_secs",
+    "train_time_secs",
+    "resumed_from",
+    "experiment_id",
+    "output_dir",
+    "reason",
+)
 
 
 @dataclass(frozen=True)
@@ -105,18 +117,30 @@ def load_rows(sweep_dir: Path) -> tuple[dict[str, Any], list[ResultRow]]:
         if point.status != "succeeded":
             result = None  # a file left by an earlier run is not this point's
         res = result or {}
-        wall = (round(point.ended_at - point.started_at, 3)
-                if point.ended_at is not None and point.started_at is not None else None)
+        wall = (
+            round(point.ended_at - point.started_at, 3)
+            if point.ended_at is not None and point.started_at is not None
+            else None
+        )
         step = res.get("global_step", point.last_step)
-        rows.append(ResultRow(
-            num=point.num, overrides=point.label, status=point.status,
-            global_step=int(step) if isinstance(step, (int, float)) else None,
-            accuracy=_number(res.get("accuracy")), loss=_number(res.get("loss")),
-            examples_per_sec=_number(res.get("examples_per_sec")), wall_time_secs=wall,
-            train_time_secs=_number(res.get("wall_time_secs")), resumed_from=point.resumed_from,
-            experiment_id=point.experiment_id, output_dir=point.output_dir, reason=point.reason,
-            curve=_curve(point, result),
-        ))
+        rows.append(
+            ResultRow(
+                num=point.num,
+                overrides=point.label,
+                status=point.status,
+                global_step=int(step) if isinstance(step, (int, float)) else None,
+                accuracy=_number(res.get("accuracy")),
+                loss=_number(res.get("loss")),
+                examples_per_sec=_number(res.get("examples_per_sec")),
+                wall_time_secs=wall,
+                train_time_secs=_number(res.get("wall_time_secs")),
+                resumed_from=point.resumed_from,
+                experiment_id=point.experiment_id,
+                output_dir=point.output_dir,
+                reason=point.reason,
+                curve=_curve(point, result),
+            )
+        )
     return header, rows
 
 
@@ -129,16 +153,30 @@ def _fmt(value: float | int | None, digits: int) -> str:
 def render_table(rows: list[ResultRow], console: Console, title: str) -> None:
     """One row per point; a failed point shows its reason under its overrides."""
     table = Table(title=title)
-    for name, justify in (("#", "right"), ("overrides", "left"), ("status", "left"),
-                          ("step", "right"), ("accuracy", "right"), ("loss", "right"),
-                          ("examples/s", "right"), ("wall s", "right")):
+    for name, justify in (
+        ("#", "right"),
+        ("overrides", "left"),
+        ("status", "left"),
+        ("step", "right"),
+        ("accuracy", "right"),
+        ("loss", "right"),
+        ("examples/s", "right"),
+        ("wall s", "right"),
+    ):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for row in rows:
         style = {"succeeded": "green", "failed": "red", "interrupted": "yellow"}.get(row.status, "")
         overrides = row.overrides if row.status == "succeeded" else f"{row.overrides}\n{row.reason}"
-        table.add_row(str(row.num), overrides, f"[{style}]{row.status}[/]" if style else row.status,
-                      _fmt(row.global_step, 0), _fmt(row.accuracy, 4), _fmt(row.loss, 4),
-                      _fmt(row.examples_per_sec, 1), _fmt(row.wall_time_secs, 1))
+        table.add_row(
+            str(row.num),
+            overrides,
+            f"[{style}]{row.status}[/]" if style else row.status,
+            _fmt(row.global_step, 0),
+            _fmt(row.accuracy, 4),
+            _fmt(row.loss, 4),
+            _fmt(row.examples_per_sec, 1),
+            _fmt(row.wall_time_secs, 1),
+        )
     console.print(table)
 
 
@@ -151,8 +189,11 @@ def write_report(sweep_dir: Path, header: dict[str, Any], rows: list[ResultRow])
         writer.writerow({k: ("" if v is None else v) for k, v in row.to_dict().items()})
     csv_path, json_path = sweep_dir / "results.csv", sweep_dir / "results.json"
     write_atomic(csv_path, buffer.getvalue())
-    doc = {"sweep_id": header.get("sweep_id"), "sweep_dir": str(sweep_dir),
-           "points": [r.to_dict() for r in rows]}
+    doc = {
+        "sweep_id": header.get("sweep_id"),
+        "sweep_dir": str(sweep_dir),
+        "points": [r.to_dict() for r in rows],
+    }
     write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
     written = [csv_path, json_path]
     png = plot_accuracy(rows, sweep_dir / "accuracy.png", str(header.get("sweep_id", "")))

@@ -53,8 +53,9 @@ def _chief(plan: Plan) -> Task | None:
 class ExperimentRun:
     """One apply of one experiment, under its workspace lock (see the module docstring)."""
 
-    def __init__(self, plan: Plan, workspace: Workspace, say: Say,
-                 config_yaml: str | None = None) -> None:
+    def __init__(
+        self, plan: Plan, workspace: Workspace, say: Say, config_yaml: str | None = None
+    ) -> None:
         self.plan = plan
         self.workspace = workspace
         self.say = say
@@ -81,8 +82,9 @@ class ExperimentRun:
             self._pool = self._stack.enter_context(HostPool(self.plan.hosts))
             self.resumed_from = self._checkpoint_step()
             if self.resumed_from is not None:
-                check_resumable(self.folder, self.plan.experiment_id, self.plan.run_config,
-                                self.resumed_from)
+                check_resumable(
+                    self.folder, self.plan.experiment_id, self.plan.run_config, self.resumed_from
+                )
         except BaseException:
             self._stack.close()
             raise
@@ -94,7 +96,8 @@ class ExperimentRun:
             return None
         try:
             data, _ = self.pool[chief.host].read_log(
-                posixpath.join(self.plan.output_dir, "checkpoint"), 0)
+                posixpath.join(self.plan.output_dir, "checkpoint"), 0
+            )
         except TfplanError:
             return None  # an unreachable host is preflight's to report
         return checkpoint_step(data.decode(errors="replace"))
@@ -106,10 +109,14 @@ class ExperimentRun:
             max_steps = plan.run_config.get("trainer", {}).get("max_steps")
             note = ""
             if isinstance(max_steps, int) and self.resumed_from >= max_steps:
-                note = (f"; it is already at trainer.max_steps={max_steps}, so there is nothing "
-                        "left to train: raise trainer.max_steps to go on")
-            self.say(f"resuming experiment {plan.experiment_id} from its checkpoint at "
-                     f"step {self.resumed_from} in {plan.output_dir}{note}")
+                note = (
+                    f"; it is already at trainer.max_steps={max_steps}, so there is nothing "
+                    "left to train: raise trainer.max_steps to go on"
+                )
+            self.say(
+                f"resuming experiment {plan.experiment_id} from its checkpoint at "
+                f"step {self.resumed_from} in {plan.output_dir}{note}"
+            )
         config_yaml = self.config_yaml or _yaml(plan.run_config)
         self.folder.begin(plan.experiment_id, plan.to_json(), config_yaml, self.resumed_from)
         self._began = True
@@ -125,8 +132,12 @@ class ExperimentRun:
         self.result = read_result(self.pool, self.plan)
         return self.outcome
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         try:
             if self._began:
                 self._close_record(exc)
@@ -154,8 +165,12 @@ class ExperimentRun:
                     continue
                 self.folder.save_log(task.name, data)
         last_step = self.outcome.last_step if self.outcome is not None else None
-        self.folder.end(status, reason, last_step,
-                        json.dumps(state.to_dict(), indent=2) if state is not None else None)
+        self.folder.end(
+            status,
+            reason,
+            last_step,
+            json.dumps(state.to_dict(), indent=2) if state is not None else None,
+        )
 
 
 def _yaml(data: dict[str, Any]) -> str:

@@ -34,7 +34,10 @@ def model_variables(model: ModelConfig, data: DataConfig) -> tuple[VariableSpec,
     if model.name == "cnn":
         side, channels = data.image_size, data.channels
         for i, out in enumerate(model.conv_channels):
-            variables += [_var(f"model/conv{i}/w", 3, 3, channels, out), _var(f"model/conv{i}/b", out)]
+            variables += [
+                _var(f"model/conv{i}/w", 3, 3, channels, out),
+                _var(f"model/conv{i}/b", out),
+            ]
             side, channels = (side + 1) // 2, out  # 2x2 max-pool, SAME padding
         widths = [side * side * channels, model.dense]
     elif model.name == "mlp":
@@ -43,7 +46,10 @@ def model_variables(model: ModelConfig, data: DataConfig) -> tuple[VariableSpec,
         widths = [features]
     widths.append(data.num_classes)
     for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
-        variables += [_var(f"model/dense{i}/w", fan_in, fan_out), _var(f"model/dense{i}/b", fan_out)]
+        variables += [
+            _var(f"model/dense{i}/w", fan_in, fan_out),
+            _var(f"model/dense{i}/b", fan_out),
+        ]
     return tuple(variables)
 
 

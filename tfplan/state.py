@@ -126,9 +126,7 @@ class State:
         )
 
 
-def check_plan_is_current(
-    plan_lineage: str | None, plan_serial: int, state: State | None
-) -> None:
+def check_plan_is_current(plan_lineage: str | None, plan_serial: int, state: State | None) -> None:
     """Refuse a saved plan when the state moved on since it was made (Terraform's stale plan).
 
     Raises:

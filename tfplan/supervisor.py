@@ -235,8 +235,10 @@ class Supervisor:
             return state
         state = self.store.write(state)
         lost = ", ".join(t.name for t in state.tasks if t.host in down)
-        self._say(f"host(s) {', '.join(down)} unreachable for "
-                  f"{now - min(self._unreachable_since[h] for h in down):.0f}s: lost {lost}")
+        self._say(
+            f"host(s) {', '.join(down)} unreachable for "
+            f"{now - min(self._unreachable_since[h] for h in down):.0f}s: lost {lost}"
+        )
         for host in down:
             del self._unreachable_since[host]
         anyone = next(t for t in state.tasks if t.host in down)
@@ -254,8 +256,9 @@ class Supervisor:
         if not state.config:
             self._say("the state carries no config to re-plan from: run `tfplan plan` and `apply`")
             return state
-        new_plan = plan(config_from_dict(state.config["config"]), state,
-                        PlanContext(**state.config["context"]))
+        new_plan = plan(
+            config_from_dict(state.config["config"]), state, PlanContext(**state.config["context"])
+        )
         self._say("re-planning the cluster on the hosts that answer")
         for stream in self._streams.values():
             stream.stop()
@@ -281,7 +284,9 @@ class Supervisor:
         if decision.restart:
             delay = backoff_delay(_setting(task, "backoff_secs", 1.0) or 0.0, task.restarts)
             self._pending[task.name] = time.monotonic() + delay
-            self._say(f"{task.name} {task.status} ({shown}): restarting in {delay:.1f}s ({decision.reason})")
+            self._say(
+                f"{task.name} {task.status} ({shown}): restarting in {delay:.1f}s ({decision.reason})"
+            )
         else:
             note = "" if task.status == "succeeded" else f"; not restarted: {decision.reason}"
             if note and task.role in ("worker", "evaluator") and not _is_chief(task):
@@ -308,11 +313,13 @@ class Supervisor:
         if not hung:
             return state
         for task, silent in hung:
-            self._say(f"{task.name}: no log line for {silent:.0f}s: treating it as hung and "
-                      "killing it")
+            self._say(
+                f"{task.name}: no log line for {silent:.0f}s: treating it as hung and killing it"
+            )
         hung_tasks = [task for task, _ in hung]
-        state = stop_tasks(state, hung_tasks, self.store, self.pool, self._say, forget=False,
-                           grace_secs=0.5)
+        state = stop_tasks(
+            state, hung_tasks, self.store, self.pool, self._say, forget=False, grace_secs=0.5
+        )
         for task in hung_tasks:
             dead = replace(task, status="failed", exit_code=None)
             state = state.with_task(dead)
@@ -351,11 +358,20 @@ class Supervisor:
                 log_path=task.log_path,
             )
         )
-        new = replace(task, pid=launched.pid, pgid=launched.pgid, started_at=launched.started_at,
-                      status="running", exit_code=None, restarts=task.restarts + 1)
+        new = replace(
+            task,
+            pid=launched.pid,
+            pgid=launched.pgid,
+            started_at=launched.started_at,
+            status="running",
+            exit_code=None,
+            restarts=task.restarts + 1,
+        )
         state = self.store.write(state.with_task(new))
-        self._say(f"{task.name}: restarted on {task.host} (pid {launched.pid}, restart "
-                  f"{new.restarts}; previous log kept as {rotated})")
+        self._say(
+            f"{task.name}: restarted on {task.host} (pid {launched.pid}, restart "
+            f"{new.restarts}; previous log kept as {rotated})"
+        )
         self._follow(new)
         return state
 
@@ -377,8 +393,11 @@ class Supervisor:
             if not running:
                 return self._finish(state, True, f"{chief.name if chief else 'chief'} succeeded")
             return None
-        final = [t for t in state.tasks if t.status in ("failed", "unreachable")
-                 and t.name not in self._pending]
+        final = [
+            t
+            for t in state.tasks
+            if t.status in ("failed", "unreachable") and t.name not in self._pending
+        ]
         failed_chief = next((t for t in final if _is_chief(t)), None)
         failed_ps = next((t for t in final if t.role == "ps"), None)
         deadline = _setting(chief, "deadline_secs", None) if chief else None
@@ -405,7 +424,7 @@ class Supervisor:
         """How long after the chief's success a task may take to exit by itself."""
         key = "evaluator_grace_secs" if task.role == "evaluator" else "ps_grace_secs"
         default = 120.0 if task.role == "evaluator" else 5.0
-        return (_setting(chief or task, key, default) or 0.0)
+        return _setting(chief or task, key, default) or 0.0
 
     def _finish(self, state: State, ok: bool, reason: str) -> Outcome:
         time.sleep(0.2)  # the last lines of the logs

@@ -93,8 +93,10 @@ class PointRecord:
     def from_dict(cls, data: dict[str, Any]) -> PointRecord:
         ports = data.get("ports")
         fields: dict[str, Any] = {k: data.get(k) for k in cls.__dataclass_fields__}
-        fields.update(overrides=tuple(data.get("overrides") or ()),
-                      ports=(int(ports[0]), int(ports[1])) if ports else None)
+        fields.update(
+            overrides=tuple(data.get("overrides") or ()),
+            ports=(int(ports[0]), int(ports[1])) if ports else None,
+        )
         return cls(**fields)
 
 
@@ -125,8 +127,10 @@ class SweepRecord:
             data = json.loads(path.read_text())
             points = [PointRecord.from_dict(p) for p in data.pop("points")]
         except FileNotFoundError:
-            raise TfplanError(f"{sweep_dir} is not a sweep folder (no sweep.json): give the folder "
-                              "`tfplan apply -m` printed") from None
+            raise TfplanError(
+                f"{sweep_dir} is not a sweep folder (no sweep.json): give the folder "
+                "`tfplan apply -m` printed"
+            ) from None
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise TfplanError(f"cannot read {path}: {error}") from None
         return data, points
@@ -136,8 +140,9 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def sweep_spec(overrides: list[str], config_dir: Path | None, concurrency: int,
-               now: float | None = None) -> SweepSpec:
+def sweep_spec(
+    overrides: list[str], config_dir: Path | None, concurrency: int, now: float | None = None
+) -> SweepSpec:
     """Read the sweep's id and folder from the overrides, and check the fixed ones compose.
 
     The sweep id is ``experiment.id`` when given (applying it again resumes every point from its
@@ -156,20 +161,29 @@ def sweep_spec(overrides: list[str], config_dir: Path | None, concurrency: int,
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as error:
-        raise ConfigError("overrides", str(error).strip().splitlines()[0],
-                          "see Hydra's override grammar: a=1,2 b=range(1,4)") from None
+        raise ConfigError(
+            "overrides",
+            str(error).strip().splitlines()[0],
+            "see Hydra's override grammar: a=1,2 b=range(1,4)",
+        ) from None
     sweep_id, rest, fixed, sweeper = None, [], [], "basic"
     for text, override in zip(overrides, parsed, strict=True):
         key = override.get_key_element()
         if key == "experiment.id":
             if override.is_sweep_override():
-                raise ConfigError("experiment.id", "cannot be swept: it names the sweep",
-                                  "name it with experiment.id=NAME (points: NAME-0, NAME-1, ...)")
+                raise ConfigError(
+                    "experiment.id",
+                    "cannot be swept: it names the sweep",
+                    "name it with experiment.id=NAME (points: NAME-0, NAME-1, ...)",
+                )
             sweep_id = override.get_value_element_as_str()
             continue
         if key in ("hydra/launcher", "hydra.launcher") or key.startswith("hydra.launcher."):
-            raise ConfigError(key, "tfplan runs the points with its own launcher",
-                              "use --concurrency N to run N clusters at once")
+            raise ConfigError(
+                key,
+                "tfplan runs the points with its own launcher",
+                "use --concurrency N to run N clusters at once",
+            )
         if key == "hydra/sweeper":
             sweeper = override.get_value_element_as_str()
         rest.append(text)
@@ -180,8 +194,15 @@ def sweep_spec(overrides: list[str], config_dir: Path | None, concurrency: int,
     directory = config_dir or conf_dir()
     base = compose_config([*fixed, f"experiment.id={sweep_id}"], directory)
     sweep_dir = os.path.abspath(str(base.cluster.output_dir))
-    return SweepSpec(sweep_id, sweep_dir, tuple(rest), tuple(_key(f) for f in fixed), concurrency,
-                     directory, sweeper)
+    return SweepSpec(
+        sweep_id,
+        sweep_dir,
+        tuple(rest),
+        tuple(_key(f) for f in fixed),
+        concurrency,
+        directory,
+        sweeper,
+    )
 
 
 class SweepOutput:
@@ -201,6 +222,7 @@ class SweepOutput:
                 self.line(f"#{num} tfplan | {line}")
             elif self.verbose:
                 self.line(f"#{num} {task} | {line}")
+
         return emit
 
     def line(self, text: str) -> None:
@@ -222,8 +244,9 @@ def _job_config(cfg: Any) -> Any:
 class PointTask:
     """The task function Hydra's launcher calls with each point's config (see module docstring)."""
 
-    def __init__(self, spec: SweepSpec, workspace: Workspace, output: SweepOutput,
-                 record: SweepRecord | None) -> None:
+    def __init__(
+        self, spec: SweepSpec, workspace: Workspace, output: SweepOutput, record: SweepRecord | None
+    ) -> None:
         self.spec = spec
         self.workspace = workspace
         self.output = output
@@ -234,8 +257,14 @@ class PointTask:
     def __call__(self, cfg: Any) -> float:
         num = int(cfg.hydra.job.num)
         label = tuple(o for o in cfg.hydra.overrides.task if _key(o) not in self.spec.fixed_keys)
-        point = PointRecord(num, str(cfg.experiment.id), label, str(cfg.cluster.output_dir),
-                            "planned", port_offset=int(cfg.cluster.port_offset))
+        point = PointRecord(
+            num,
+            str(cfg.experiment.id),
+            label,
+            str(cfg.cluster.output_dir),
+            "planned",
+            port_offset=int(cfg.cluster.port_offset),
+        )
         if self.record is None:
             return self._plan_only(point, cfg)
         return self._run(point, cfg)
@@ -254,8 +283,9 @@ class PointTask:
         state = refreshed_state(self.workspace.store(point.experiment_id))
         plan = make_plan(to_config(job_cfg), state)
         ports = [t.port for t in plan.tasks if t.port is not None]
-        point = replace(point, tasks=len(plan.tasks),
-                        ports=(min(ports), max(ports)) if ports else None)
+        point = replace(
+            point, tasks=len(plan.tasks), ports=(min(ports), max(ports)) if ports else None
+        )
         return plan, OmegaConf.to_yaml(job_cfg), point
 
     def _plan_only(self, point: PointRecord, cfg: Any) -> float:
@@ -284,8 +314,12 @@ class PointTask:
                 applied = run.apply()
                 if any(t.status == "running" for t in applied.state.tasks):
                     outcome = run.supervise(emit)
-                    point = replace(point, last_step=outcome.last_step, reason=outcome.reason,
-                                    status="succeeded" if outcome.succeeded else "failed")
+                    point = replace(
+                        point,
+                        last_step=outcome.last_step,
+                        reason=outcome.reason,
+                        status="succeeded" if outcome.succeeded else "failed",
+                    )
                 else:
                     point = replace(point, status="succeeded", reason="nothing left to run")
                 result = run.result
@@ -334,14 +368,19 @@ def _run_hydra(spec: SweepSpec, task: PointTask, hydra_sweep_dir: str) -> None:
         with initialize_config_dir(config_dir=str(spec.config_dir), version_base=None):
             hydra = GlobalHydra.instance().hydra
             assert hydra is not None
-            hydra.multirun(config_name="config", task_function=task, overrides=overrides,
-                           with_log_configuration=False)
+            hydra.multirun(
+                config_name="config",
+                task_function=task,
+                overrides=overrides,
+                with_log_configuration=False,
+            )
     except (HydraException, OmegaConfBaseException) as error:
         raise _one_line(error) from error
     except ImportError as error:  # a sweeper plugin that is not installed
         first = str(error).strip().splitlines()[0]
-        raise ConfigError("hydra/sweeper", first,
-                          "install its plugin, e.g. pip install hydra-optuna-sweeper") from None
+        raise ConfigError(
+            "hydra/sweeper", first, "install its plugin, e.g. pip install hydra-optuna-sweeper"
+        ) from None
     finally:
         GlobalHydra.instance().clear()
 
@@ -364,10 +403,15 @@ def run_sweep(spec: SweepSpec, workspace: Workspace, output: SweepOutput) -> lis
     from tfplan.experiment import index_output
 
     sweep_dir = Path(spec.sweep_dir)
-    header = {"sweep_id": spec.sweep_id, "sweep_dir": spec.sweep_dir,
-              "overrides": list(spec.overrides), "sweeper": spec.sweeper,
-              "concurrency": spec.concurrency, "started_at": round(time.time(), 3),
-              "command": " ".join(sys.argv)}
+    header = {
+        "sweep_id": spec.sweep_id,
+        "sweep_dir": spec.sweep_dir,
+        "overrides": list(spec.overrides),
+        "sweeper": spec.sweeper,
+        "concurrency": spec.concurrency,
+        "started_at": round(time.time(), 3),
+        "command": " ".join(sys.argv),
+    }
     record = SweepRecord(sweep_dir / "sweep.json", header)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     index_output(workspace, spec.sweep_id, spec.sweep_dir, "sweep")

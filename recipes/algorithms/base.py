@@ -20,8 +20,15 @@ import tensorflow as tf
 
 from recipes.config import AlgoConf
 
-__all__ = ["Algorithm", "BuildContext", "Params", "Problem", "TrainGraph", "make_optimizer",
-           "move_to_local_collection"]
+__all__ = [
+    "Algorithm",
+    "BuildContext",
+    "Params",
+    "Problem",
+    "TrainGraph",
+    "make_optimizer",
+    "move_to_local_collection",
+]
 
 v1 = tf.compat.v1
 Params = dict[str, tf.Variable]

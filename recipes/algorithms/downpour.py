@@ -22,8 +22,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from recipes.algorithms.base import (Algorithm, BuildContext, Params, Problem, TrainGraph,
-                                     make_optimizer, move_to_local_collection)
+from recipes.algorithms.base import (
+    Algorithm,
+    BuildContext,
+    Params,
+    Problem,
+    TrainGraph,
+    make_optimizer,
+    move_to_local_collection,
+)
 
 v1 = tf.compat.v1
 LOCAL = [v1.GraphKeys.LOCAL_VARIABLES]
@@ -31,10 +38,18 @@ LOCAL = [v1.GraphKeys.LOCAL_VARIABLES]
 
 def _local_twins(params: Params, suffix: str) -> Params:
     """Zero-initialised worker-local variables shaped like ``params``."""
-    return {k: v1.get_variable(f"{v.op.name}_{suffix}", shape=v.shape, dtype=v.dtype.base_dtype,
-                               initializer=v1.zeros_initializer(), collections=LOCAL,
-                               trainable=False, use_resource=True)
-            for k, v in params.items()}
+    return {
+        k: v1.get_variable(
+            f"{v.op.name}_{suffix}",
+            shape=v.shape,
+            dtype=v.dtype.base_dtype,
+            initializer=v1.zeros_initializer(),
+            collections=LOCAL,
+            trainable=False,
+            use_resource=True,
+        )
+        for k, v in params.items()
+    }
 
 
 class Downpour(Algorithm):
@@ -60,10 +75,10 @@ class Downpour(Algorithm):
                 grads = opt.compute_gradients(loss, var_list=list(local.values()))
                 local_step = tf.group(
                     opt.apply_gradients(grads),
-                    *[grad_sum[k].assign_add(g) for k, (g, _) in zip(local, grads)],
-                    name="local_step")
-                move_to_local_collection(
-                    [v for v in v1.global_variables() if id(v) not in before])
+                    *[grad_sum[k].assign_add(g) for k, (g, _) in zip(local, grads, strict=True)],
+                    name="local_step",
+                )
+                move_to_local_collection([v for v in v1.global_variables() if id(v) not in before])
             # Outside the "local" scope: the ps optimizer's slots are global, named model/...
             with tf.control_dependencies([local_step]):
                 push = self._push(ctx, center, local, pulled, grad_sum, ps_optimizer, window)
@@ -71,24 +86,37 @@ class Downpour(Algorithm):
                 push_pull = self._pull(center, local, pulled, grad_sum)
             with tf.control_dependencies([v1.local_variables_initializer()]):
                 local_init = self._pull(center, local, pulled, grad_sum)
-        return TrainGraph(params=center, train_params=local, loss=loss,
-                          step_ops=[local_step] * (window - 1) + [push_pull],
-                          local_init_op=local_init,
-                          extras={"pulled": pulled, "grad_sum": grad_sum})
+        return TrainGraph(
+            params=center,
+            train_params=local,
+            loss=loss,
+            step_ops=[local_step] * (window - 1) + [push_pull],
+            local_init_op=local_init,
+            extras={"pulled": pulled, "grad_sum": grad_sum},
+        )
 
     @staticmethod
-    def _push(ctx: BuildContext, center: Params, local: Params, pulled: Params,
-              grad_sum: Params, ps_optimizer: str, window: int) -> Any:
+    def _push(
+        ctx: BuildContext,
+        center: Params,
+        local: Params,
+        pulled: Params,
+        grad_sum: Params,
+        ps_optimizer: str,
+        window: int,
+    ) -> Any:
         step = ctx.global_step.assign_add(tf.constant(window, ctx.global_step.dtype.base_dtype))
         if ps_optimizer == "sgd":
             # The subtraction runs on the worker (device scope), so only the delta crosses the wire.
-            updates = [center[k].assign_add(local[k].read_value() - pulled[k].read_value())
-                       for k in center]
+            updates = [
+                center[k].assign_add(local[k].read_value() - pulled[k].read_value()) for k in center
+            ]
         else:
             with v1.device(ctx.ps_device):
                 ps_opt = v1.train.AdagradOptimizer(ctx.algo.lr, use_locking=False)
-                updates = [ps_opt.apply_gradients(
-                    [(grad_sum[k].read_value(), center[k]) for k in center])]
+                updates = [
+                    ps_opt.apply_gradients([(grad_sum[k].read_value(), center[k]) for k in center])
+                ]
         return tf.group(*updates, step, name="push")
 
     @staticmethod
@@ -96,6 +124,9 @@ class Downpour(Algorithm):
         ops = []
         for k in center:
             value = center[k].read_value()
-            ops += [local[k].assign(value), pulled[k].assign(value),
-                    grad_sum[k].assign(tf.zeros_like(value))]
+            ops += [
+                local[k].assign(value),
+                pulled[k].assign(value),
+                grad_sum[k].assign(tf.zeros_like(value)),
+            ]
         return tf.group(*ops, name="pull")

@@ -23,9 +23,14 @@ class DownpourEasy(Downpour):
 
     def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
         if ctx.algo.optimizer != "sgd":
-            raise ValueError(f"downpour_easy runs plain SGD on the workers; got "
-                             f"algo.optimizer={ctx.algo.optimizer} (use algo=downpour for others)")
-        extra = {"window": 3, "ps_optimizer": "adagrad",
-                 **{k: v for k, v in ctx.algo.extra.items() if v is not None}}
+            raise ValueError(
+                f"downpour_easy runs plain SGD on the workers; got "
+                f"algo.optimizer={ctx.algo.optimizer} (use algo=downpour for others)"
+            )
+        extra = {
+            "window": 3,
+            "ps_optimizer": "adagrad",
+            **{k: v for k, v in ctx.algo.extra.items() if v is not None},
+        }
         ctx = dataclasses.replace(ctx, algo=dataclasses.replace(ctx.algo, extra=extra))
         return super().build(ctx, problem)

@@ -53,19 +53,29 @@ class DynSGD(Algorithm):
         window = positive_int(ctx, "window", 5)
         with v1.device(ctx.ps_device):
             center = problem.create_params(None)
-            clock = v1.get_variable("dynsgd/clock", shape=[], dtype=tf.int64,
-                                    initializer=v1.zeros_initializer(), trainable=False,
-                                    use_resource=True)
+            clock = v1.get_variable(
+                "dynsgd/clock",
+                shape=[],
+                dtype=tf.int64,
+                initializer=v1.zeros_initializer(),
+                trainable=False,
+                use_resource=True,
+            )
         with v1.device(clock.device):
             lock = tf.CriticalSection(name="dynsgd_lock", shared_name=LOCK_NAME)
         with v1.device(ctx.worker_device):
             local = create_local_copy(problem)
             with v1.variable_scope("local"):
                 pulled = local_twins(center, "pulled")
-                pulled_clock = v1.get_variable("dynsgd/pulled_clock", shape=[], dtype=tf.int64,
-                                               initializer=v1.zeros_initializer(),
-                                               collections=LOCAL, trainable=False,
-                                               use_resource=True)
+                pulled_clock = v1.get_variable(
+                    "dynsgd/pulled_clock",
+                    shape=[],
+                    dtype=tf.int64,
+                    initializer=v1.zeros_initializer(),
+                    collections=LOCAL,
+                    trainable=False,
+                    use_resource=True,
+                )
             loss = problem.loss_fn(local)
             local_step = local_optimizer_step(ctx, loss, local)
             with tf.control_dependencies([local_step]):
@@ -95,16 +105,25 @@ class DynSGD(Algorithm):
                 return read_on_ps(center), now
 
             tau, new_clock, values = lock.execute(commit_and_read, name="commit")
-            exchange = tf.group(assign_all([local, pulled], values, "pull"),
-                                pulled_clock.assign(new_clock), add_global_steps(ctx, window),
-                                name="exchange")
+            exchange = tf.group(
+                assign_all([local, pulled], values, "pull"),
+                pulled_clock.assign(new_clock),
+                add_global_steps(ctx, window),
+                name="exchange",
+            )
             with tf.control_dependencies([v1.local_variables_initializer()]):
-                init_values, init_clock = lock.execute(read_center_and_clock,
-                                                       name="local_init_read")
-                local_init = tf.group(assign_all([local, pulled], init_values, "local_init"),
-                                      pulled_clock.assign(init_clock))
-        return TrainGraph(params=center, train_params=local, loss=loss,
-                          step_ops=window_ops(local_step, exchange, window),
-                          local_init_op=local_init,
-                          extras={"clock": clock, "pulled_clock": pulled_clock, "tau": tau,
-                                  "pulled": pulled})
+                init_values, init_clock = lock.execute(
+                    read_center_and_clock, name="local_init_read"
+                )
+                local_init = tf.group(
+                    assign_all([local, pulled], init_values, "local_init"),
+                    pulled_clock.assign(init_clock),
+                )
+        return TrainGraph(
+            params=center,
+            train_params=local,
+            loss=loss,
+            step_ops=window_ops(local_step, exchange, window),
+            local_init_op=local_init,
+            extras={"clock": clock, "pulled_clock": pulled_clock, "tau": tau, "pulled": pulled},
+        )

@@ -56,20 +56,28 @@ class EAMSGD(Algorithm):
             keys = list(center)
             grads = dict(zip(keys, tf.gradients(loss, [look[k] for k in keys]), strict=True))
             v_new = {k: delta * v[k] - lr * grads[k] for k in keys}
-            local_step = tf.group(*[velocity[k].assign(v_new[k]) for k in keys],
-                                  *[local[k].assign(x[k] + v_new[k]) for k in keys],
-                                  name="local_step")
+            local_step = tf.group(
+                *[velocity[k].assign(v_new[k]) for k in keys],
+                *[local[k].assign(x[k] + v_new[k]) for k in keys],
+                name="local_step",
+            )
             e = elastic_difference(center, x, alpha)
             with tf.control_dependencies(list(e.values())):
-                moved = tf.group(*[velocity[k].assign(v_new[k]) for k in keys],
-                                 *[local[k].assign(x[k] + v_new[k]) for k in keys])
+                moved = tf.group(
+                    *[velocity[k].assign(v_new[k]) for k in keys],
+                    *[local[k].assign(x[k] + v_new[k]) for k in keys],
+                )
             with tf.control_dependencies([moved]):
-                exchange = tf.group(*exchange_ops(ctx, center, local, e, window),
-                                    name="exchange")
+                exchange = tf.group(*exchange_ops(ctx, center, local, e, window), name="exchange")
             with tf.control_dependencies([v1.local_variables_initializer()]):
-                local_init = tf.group(*[local[k].assign(center[k].read_value()) for k in keys],
-                                      name="local_init")
-        return TrainGraph(params=center, train_params=local, loss=loss,
-                          step_ops=window_ops(local_step, exchange, window),
-                          local_init_op=local_init,
-                          extras={"velocity": velocity, "alpha": alpha, "momentum": delta})
+                local_init = tf.group(
+                    *[local[k].assign(center[k].read_value()) for k in keys], name="local_init"
+                )
+        return TrainGraph(
+            params=center,
+            train_params=local,
+            loss=loss,
+            step_ops=window_ops(local_step, exchange, window),
+            local_init_op=local_init,
+            extras={"velocity": velocity, "alpha": alpha, "momentum": delta},
+        )

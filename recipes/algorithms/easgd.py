@@ -49,11 +49,15 @@ def elastic_difference(center: Params, x: dict[str, Any], alpha: float) -> dict[
     return {k: alpha * (x[k] - tf.identity(center[k].read_value())) for k in center}
 
 
-def exchange_ops(ctx: BuildContext, center: Params, local: Params, e: dict[str, Any],
-                 window: int) -> list[Any]:
+def exchange_ops(
+    ctx: BuildContext, center: Params, local: Params, e: dict[str, Any], window: int
+) -> list[Any]:
     """x -= E and center += E (the center's add is lock-free), global_step += T."""
-    return [*[local[k].assign_sub(e[k]) for k in center],
-            *[center[k].assign_add(e[k]) for k in center], add_global_steps(ctx, window)]
+    return [
+        *[local[k].assign_sub(e[k]) for k in center],
+        *[center[k].assign_add(e[k]) for k in center],
+        add_global_steps(ctx, window),
+    ]
 
 
 class EASGD(Algorithm):
@@ -72,12 +76,17 @@ class EASGD(Algorithm):
             e = elastic_difference(center, read_all(local), alpha)
             step_then_exchange = opt.apply(control=list(e.values()))
             with tf.control_dependencies([step_then_exchange]):
-                exchange = tf.group(*exchange_ops(ctx, center, local, e, window),
-                                    name="exchange")
+                exchange = tf.group(*exchange_ops(ctx, center, local, e, window), name="exchange")
             # The copy starts at the center (x^i = center); later pulls never overwrite it.
             with tf.control_dependencies([v1.local_variables_initializer()]):
-                local_init = tf.group(*[local[k].assign(center[k].read_value())
-                                        for k in center], name="local_init")
-        return TrainGraph(params=center, train_params=local, loss=loss,
-                          step_ops=window_ops(local_step, exchange, window),
-                          local_init_op=local_init, extras={"alpha": alpha})
+                local_init = tf.group(
+                    *[local[k].assign(center[k].read_value()) for k in center], name="local_init"
+                )
+        return TrainGraph(
+            params=center,
+            train_params=local,
+            loss=loss,
+            step_ops=window_ops(local_step, exchange, window),
+            local_init_op=local_init,
+            extras={"alpha": alpha},
+        )

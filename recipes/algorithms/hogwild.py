@@ -23,6 +23,7 @@ class Hogwild(Algorithm):
             params = problem.create_params(None)
             loss = problem.loss_fn(params)
             opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
-            train_op = opt.minimize(loss, global_step=ctx.global_step,
-                                    var_list=list(params.values()))
+            train_op = opt.minimize(
+                loss, global_step=ctx.global_step, var_list=list(params.values())
+            )
         return TrainGraph(params=params, train_params=params, loss=loss, step_ops=[train_op])

@@ -21,9 +21,19 @@ from recipes.algorithms.base import (
     move_to_local_collection,
 )
 
-__all__ = ["LOCAL", "LocalOptimizer", "add_global_steps", "assign_all", "create_local_copy",
-           "local_optimizer_step", "local_twins", "option", "positive_int", "read_all",
-           "window_ops"]
+__all__ = [
+    "LOCAL",
+    "LocalOptimizer",
+    "add_global_steps",
+    "assign_all",
+    "create_local_copy",
+    "local_optimizer_step",
+    "local_twins",
+    "option",
+    "positive_int",
+    "read_all",
+    "window_ops",
+]
 
 v1 = tf.compat.v1
 LOCAL = [v1.GraphKeys.LOCAL_VARIABLES]
@@ -43,10 +53,18 @@ def positive_int(ctx: BuildContext, key: str, default: int) -> int:
 
 def local_twins(params: Params, suffix: str) -> Params:
     """Zero-initialised worker-local variables shaped like ``params`` (call on the worker)."""
-    return {k: v1.get_variable(f"{v.op.name}_{suffix}", shape=v.shape, dtype=v.dtype.base_dtype,
-                               initializer=v1.zeros_initializer(), collections=LOCAL,
-                               trainable=False, use_resource=True)
-            for k, v in params.items()}
+    return {
+        k: v1.get_variable(
+            f"{v.op.name}_{suffix}",
+            shape=v.shape,
+            dtype=v.dtype.base_dtype,
+            initializer=v1.zeros_initializer(),
+            collections=LOCAL,
+            trainable=False,
+            use_resource=True,
+        )
+        for k, v in params.items()
+    }
 
 
 def create_local_copy(problem: Problem) -> Params:
@@ -68,8 +86,7 @@ class LocalOptimizer:
         self.opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
         self.grads = self.opt.compute_gradients(loss, var_list=list(local.values()))
 
-    def apply(self, grad_sums: Params | None = None,
-              control: list[Any] | None = None) -> Any:
+    def apply(self, grad_sums: Params | None = None, control: list[Any] | None = None) -> Any:
         """One local step.
 
         Args:
@@ -81,15 +98,18 @@ class LocalOptimizer:
         with tf.control_dependencies(control or []):
             ops = [self.opt.apply_gradients(self.grads)]
             if grad_sums is not None:
-                ops += [grad_sums[k].assign_add(g)
-                        for k, (g, _) in zip(self._local, self.grads, strict=True)]
+                ops += [
+                    grad_sums[k].assign_add(g)
+                    for k, (g, _) in zip(self._local, self.grads, strict=True)
+                ]
         step = tf.group(*ops, name="local_step")
         move_to_local_collection([v for v in v1.global_variables() if id(v) not in before])
         return step
 
 
-def local_optimizer_step(ctx: BuildContext, loss: Any, local: Params,
-                         grad_sums: Params | None = None) -> Any:
+def local_optimizer_step(
+    ctx: BuildContext, loss: Any, local: Params, grad_sums: Params | None = None
+) -> Any:
     """One step of a fresh :class:`LocalOptimizer` (see there)."""
     return LocalOptimizer(ctx, loss, local).apply(grad_sums)
 

@@ -58,8 +58,10 @@ class MultiGPU(Algorithm):
             n = tf.shape(x)[0]
         losses, grads, weights = [], [], []
         for i in range(towers):
-            with v1.device(f"{ctx.worker_device}/device:{device.upper()}:{i}"), \
-                    tf.name_scope(f"tower{i}"):
+            with (
+                v1.device(f"{ctx.worker_device}/device:{device.upper()}:{i}"),
+                tf.name_scope(f"tower{i}"),
+            ):
                 rows = tf.range(i, n, towers)
                 loss_i = problem.loss_on(values, tf.gather(x, rows), tf.gather(y, rows))
                 grads.append(tf.gradients(loss_i, [values[k] for k in keys]))
@@ -67,11 +69,19 @@ class MultiGPU(Algorithm):
                 weights.append(tf.cast(tf.size(rows), tf.float32) / tf.cast(n, tf.float32))
         with v1.device(ctx.worker_device):
             loss = tf.add_n([w * t for w, t in zip(weights, losses, strict=True)], name="loss")
-            mean: list[Any] = [tf.add_n([w * g[j] for w, g in zip(weights, grads, strict=True)])
-                               for j in range(len(keys))]
+            mean: list[Any] = [
+                tf.add_n([w * g[j] for w, g in zip(weights, grads, strict=True)])
+                for j in range(len(keys))
+            ]
         with v1.device(ctx.ps_device):
             opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
-            train_op = opt.apply_gradients(list(zip(mean, [params[k] for k in keys], strict=True)),
-                                           global_step=ctx.global_step)
-        return TrainGraph(params=params, train_params=params, loss=loss, step_ops=[train_op],
-                          extras={"towers": towers, "tower_losses": losses})
+            train_op = opt.apply_gradients(
+                list(zip(mean, [params[k] for k in keys], strict=True)), global_step=ctx.global_step
+            )
+        return TrainGraph(
+            params=params,
+            train_params=params,
+            loss=loss,
+            step_ops=[train_op],
+            extras={"towers": towers, "tower_losses": losses},
+        )

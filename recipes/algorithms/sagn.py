@@ -59,22 +59,32 @@ class SAGN(Algorithm):
         with v1.device(ctx.ps_device):
             sync_opt = v1.train.SyncReplicasOptimizer(
                 make_optimizer(str(option(ctx, "ps_optimizer", "sgd")), ctx.algo.lr),
-                replicas_to_aggregate=r, total_num_replicas=ctx.n_replicas)
-            round_op = sync_opt.apply_gradients([(mean[k], center[k]) for k in center],
-                                                global_step=ctx.global_step)
+                replicas_to_aggregate=r,
+                total_num_replicas=ctx.n_replicas,
+            )
+            round_op = sync_opt.apply_gradients(
+                [(mean[k], center[k]) for k in center], global_step=ctx.global_step
+            )
         with v1.device(ctx.worker_device):
             with tf.control_dependencies([round_op]):
                 values = read_all(center)
                 zeros = {k: tf.zeros_like(values[k]) for k in center}
-                exchange = tf.group(assign_all([local], values, "pull"),
-                                    assign_all([grad_sum], zeros, "reset"), name="exchange")
+                exchange = tf.group(
+                    assign_all([local], values, "pull"),
+                    assign_all([grad_sum], zeros, "reset"),
+                    name="exchange",
+                )
             with tf.control_dependencies([v1.local_variables_initializer()]):
                 local_init = assign_all([local], read_all(center), "local_init")
-        return TrainGraph(params=center, train_params=local, loss=loss,
-                          step_ops=window_ops(local_step, exchange, window),
-                          hooks=[sync_opt.make_session_run_hook(ctx.is_chief, num_tokens=0)],
-                          local_init_op=local_init,
-                          run_options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
-                          stop_grace_secs=float(option(ctx, "stop_grace_secs", 5.0)),
-                          batches_per_global_step=r * window,
-                          extras={"optimizer": sync_opt, "grad_sum": grad_sum})
+        return TrainGraph(
+            params=center,
+            train_params=local,
+            loss=loss,
+            step_ops=window_ops(local_step, exchange, window),
+            hooks=[sync_opt.make_session_run_hook(ctx.is_chief, num_tokens=0)],
+            local_init_op=local_init,
+            run_options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
+            stop_grace_secs=float(option(ctx, "stop_grace_secs", 5.0)),
+            batches_per_global_step=r * window,
+            extras={"optimizer": sync_opt, "grad_sum": grad_sum},
+        )

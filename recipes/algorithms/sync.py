@@ -23,8 +23,10 @@ def replicas_to_aggregate(ctx: BuildContext) -> int:
     backups = int(ctx.algo.get("backup_workers", 0))
     r = int(ctx.algo.get("replicas_to_aggregate", ctx.n_replicas - backups))
     if not 1 <= r <= ctx.n_replicas:
-        raise ValueError(f"sync: replicas_to_aggregate={r} must be in 1..{ctx.n_replicas} "
-                         f"(replicas={ctx.n_replicas}, backup_workers={backups})")
+        raise ValueError(
+            f"sync: replicas_to_aggregate={r} must be in 1..{ctx.n_replicas} "
+            f"(replicas={ctx.n_replicas}, backup_workers={backups})"
+        )
     return r
 
 
@@ -39,12 +41,21 @@ class SyncSGD(Algorithm):
             loss = problem.loss_fn(params)
             opt = v1.train.SyncReplicasOptimizer(
                 make_optimizer(ctx.algo.optimizer, ctx.algo.lr),
-                replicas_to_aggregate=r, total_num_replicas=ctx.n_replicas)
-            train_op = opt.minimize(loss, global_step=ctx.global_step,
-                                    var_list=list(params.values()))
-        graph = TrainGraph(params=params, train_params=params, loss=loss, step_ops=[train_op],
-                           hooks=[opt.make_session_run_hook(ctx.is_chief)],
-                           run_options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
-                           stop_grace_secs=float(ctx.algo.get("stop_grace_secs", 5.0)),
-                           batches_per_global_step=r, extras={"optimizer": opt})
+                replicas_to_aggregate=r,
+                total_num_replicas=ctx.n_replicas,
+            )
+            train_op = opt.minimize(
+                loss, global_step=ctx.global_step, var_list=list(params.values())
+            )
+        graph = TrainGraph(
+            params=params,
+            train_params=params,
+            loss=loss,
+            step_ops=[train_op],
+            hooks=[opt.make_session_run_hook(ctx.is_chief)],
+            run_options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
+            stop_grace_secs=float(ctx.algo.get("stop_grace_secs", 5.0)),
+            batches_per_global_step=r,
+            extras={"optimizer": opt},
+        )
         return graph

@@ -42,8 +42,9 @@ class SyncLR(Algorithm):
 
     def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
         if ctx.algo.optimizer != "sgd":
-            raise ValueError(f"sync_lr is SGD with per-worker rates; got algo.optimizer="
-                             f"{ctx.algo.optimizer}")
+            raise ValueError(
+                f"sync_lr is SGD with per-worker rates; got algo.optimizer={ctx.algo.optimizer}"
+            )
         r = replicas_to_aggregate(ctx)
         lr = worker_learning_rates(ctx)[ctx.replica_index]
         timeout = float(option(ctx, "run_timeout_secs", 30.0))
@@ -52,12 +53,21 @@ class SyncLR(Algorithm):
             loss = problem.loss_fn(params)
             opt = v1.train.SyncReplicasOptimizer(
                 v1.train.GradientDescentOptimizer(1.0, use_locking=False),
-                replicas_to_aggregate=r, total_num_replicas=ctx.n_replicas)
+                replicas_to_aggregate=r,
+                total_num_replicas=ctx.n_replicas,
+            )
             grads = opt.compute_gradients(loss, var_list=list(params.values()))
-            train_op = opt.apply_gradients([(g * (lr * r), v) for g, v in grads],
-                                           global_step=ctx.global_step)
-        return TrainGraph(params=params, train_params=params, loss=loss, step_ops=[train_op],
-                          hooks=[opt.make_session_run_hook(ctx.is_chief)],
-                          run_options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
-                          stop_grace_secs=float(option(ctx, "stop_grace_secs", 5.0)),
-                          batches_per_global_step=r, extras={"optimizer": opt, "lr": lr})
+            train_op = opt.apply_gradients(
+                [(g * (lr * r), v) for g, v in grads], global_step=ctx.global_step
+            )
+        return TrainGraph(
+            params=params,
+            train_params=params,
+            loss=loss,
+            step_ops=[train_op],
+            hooks=[opt.make_session_run_hook(ctx.is_chief)],
+            run_options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
+            stop_grace_secs=float(option(ctx, "stop_grace_secs", 5.0)),
+            batches_per_global_step=r,
+            extras={"optimizer": opt, "lr": lr},
+        )

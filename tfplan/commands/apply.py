@@ -32,12 +32,20 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "without a saved plan, plan the defaults first). With Hydra overrides: plan, show, ask, "
         "apply. With a file: apply that saved plan.",
     )
-    apply.add_argument("args", nargs="*", metavar="PLANFILE|OVERRIDES",
-                       help="a saved plan file, or Hydra overrides such as cluster=local algo.lr=0.1")
-    apply.add_argument("--auto-approve", "-auto-approve", action="store_true",
-                       help="do not ask before applying")
-    apply.add_argument("--detach", action="store_true",
-                       help="return once every task is started; tasks keep running")
+    apply.add_argument(
+        "args",
+        nargs="*",
+        metavar="PLANFILE|OVERRIDES",
+        help="a saved plan file, or Hydra overrides such as cluster=local algo.lr=0.1",
+    )
+    apply.add_argument(
+        "--auto-approve", "-auto-approve", action="store_true", help="do not ask before applying"
+    )
+    apply.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once every task is started; tasks keep running",
+    )
     apply.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
     apply.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     add_sweep_arguments(apply)
@@ -67,8 +75,10 @@ def run_apply(args: argparse.Namespace) -> int:
         )
         if args.detach:
             run.detached = True
-            out.print(f"Detached. Follow with: tfplan logs -f -e {plan.experiment_id}; "
-                      f"stop with: tfplan destroy -e {plan.experiment_id}")
+            out.print(
+                f"Detached. Follow with: tfplan logs -f -e {plan.experiment_id}; "
+                f"stop with: tfplan destroy -e {plan.experiment_id}"
+            )
             return 0
         if not any(t.status == "running" for t in result.state.tasks):
             return 0
@@ -112,7 +122,9 @@ def _approved(args: argparse.Namespace, out: Console) -> bool:
         return True
     if not sys.stdin.isatty():
         raise TfplanError("apply needs approval and stdin is not a terminal: pass --auto-approve")
-    out.print("\nDo you want to perform these actions?\n  Only 'yes' will be accepted to approve.\n")
+    out.print(
+        "\nDo you want to perform these actions?\n  Only 'yes' will be accepted to approve.\n"
+    )
     return input("  Enter a value: ").strip() == "yes"
 
 
@@ -135,4 +147,6 @@ def _report(outcome: Outcome, plan: Plan, result: dict[str, Any] | None, out: Co
         fields = ", ".join(f"{k}={v}" for k, v in result.items() if k != "status")
         out.print(f"Result ({result_path(plan.output_dir)}): {fields}")
     if not outcome.succeeded:
-        raise ApplyError(f"training failed: {outcome.reason}; see `tfplan logs -e {plan.experiment_id}`")
+        raise ApplyError(
+            f"training failed: {outcome.reason}; see `tfplan logs -e {plan.experiment_id}`"
+        )

@@ -47,8 +47,12 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
     destroy = subparsers.add_parser("destroy", help="stop every task of an experiment")
     destroy.add_argument("-e", "--experiment", help="experiment id (default: the only one)")
-    destroy.add_argument("--auto-approve", "-auto-approve", action="store_true",
-                         help="do not ask (only asked on a terminal)")
+    destroy.add_argument(
+        "--auto-approve",
+        "-auto-approve",
+        action="store_true",
+        help="do not ask (only asked on a terminal)",
+    )
     destroy.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     destroy.set_defaults(func=run_destroy)
 
@@ -59,14 +63,18 @@ def _load(args: argparse.Namespace) -> tuple[StateStore, State]:
     store = workspace.store(experiment)
     state = store.load()
     if state is None:
-        raise StateError(f"experiment {experiment!r} has no state in {workspace.root}: nothing was applied")
+        raise StateError(
+            f"experiment {experiment!r} has no state in {workspace.root}: nothing was applied"
+        )
     return store, state
 
 
 def run_status(args: argparse.Namespace) -> int:
     _, state = _load(args)
     out = console()
-    table = Table(title=f"experiment {state.experiment_id} · cluster {state.cluster_name} · serial {state.serial}")
+    table = Table(
+        title=f"experiment {state.experiment_id} · cluster {state.cluster_name} · serial {state.serial}"
+    )
     for column in ("task", "host", "pid", "state", "uptime", "cpu %", "rss", "step", "last line"):
         table.add_column(column, overflow="fold")
     with HostPool(state.hosts) as pool:
@@ -86,8 +94,9 @@ def run_status(args: argparse.Namespace) -> int:
             step, last = _tail(pool, task)
             uptime = f"{now - task.started_at:.0f}s" if status == "running" else ""
             restarts = f" ↻{task.restarts}" if task.restarts else ""
-            table.add_row(task.name, task.host, str(task.pid), status + restarts, uptime, cpu, rss,
-                          step, last)
+            table.add_row(
+                task.name, task.host, str(task.pid), status + restarts, uptime, cpu, rss, step, last
+            )
     out.print(table)
     return 0
 
@@ -113,7 +122,9 @@ def run_logs(args: argparse.Namespace) -> int:
     tasks = [t for t in sorted(state.tasks, key=_order) if args.task in (None, t.name)]
     if not tasks:
         names = ", ".join(t.name for t in state.tasks)
-        raise StateError(f"no task {args.task!r} in experiment {state.experiment_id}: choose one of {names}")
+        raise StateError(
+            f"no task {args.task!r} in experiment {state.experiment_id}: choose one of {names}"
+        )
     printer = LogPrinter(console())
     with HostPool(state.hosts) as pool:
         if args.follow and any(t.status == "running" for t in tasks):
@@ -122,13 +133,14 @@ def run_logs(args: argparse.Namespace) -> int:
         for task in tasks:
             data, _ = pool[task.host].read_log(task.log_path, 0)
             lines = data.decode(errors="replace").splitlines()
-            for line in lines[-args.lines:] if args.lines else lines:
+            for line in lines[-args.lines :] if args.lines else lines:
                 printer.emit(task.name, line)
     return 0
 
 
-def _follow(state: State, tasks: list[TaskState], store: StateStore, pool: HostPool,
-            printer: LogPrinter) -> None:
+def _follow(
+    state: State, tasks: list[TaskState], store: StateStore, pool: HostPool, printer: LogPrinter
+) -> None:
     names = {t.name for t in tasks}
 
     def emit(name: str, line: str) -> None:
@@ -154,8 +166,9 @@ class _Follower(Supervisor):
             while True:
                 self._drain()
                 infos: dict[str, Any] = collect_status(subset, self.pool)
-                if all(i is None or isinstance(i, BaseException) or not i.alive
-                       for i in infos.values()):
+                if all(
+                    i is None or isinstance(i, BaseException) or not i.alive for i in infos.values()
+                ):
                     time.sleep(0.3)
                     self._drain()
                     return
@@ -178,12 +191,16 @@ def run_watch(args: argparse.Namespace) -> int:
     printer = LogPrinter(out)
     with store.lock("watch"), HostPool(state.hosts) as pool:
         state = store.load() or state
-        out.print(f"Watching {sum(t.status == 'running' for t in state.tasks)} running task(s) of "
-                  f"experiment {state.experiment_id}")
+        out.print(
+            f"Watching {sum(t.status == 'running' for t in state.tasks)} running task(s) of "
+            f"experiment {state.experiment_id}"
+        )
         with step_progress(out, None) as on_step:
             outcome = Supervisor(store, pool, printer.emit, on_step=on_step).run(state)
     if not outcome.succeeded:
-        raise ApplyError(f"training failed: {outcome.reason}; see `tfplan logs -e {state.experiment_id}`")
+        raise ApplyError(
+            f"training failed: {outcome.reason}; see `tfplan logs -e {state.experiment_id}`"
+        )
     out.print(f"Training complete: {outcome.reason}.")
     return 0
 
@@ -193,7 +210,9 @@ def _stop_lost(state: State, store: StateStore, pool: HostPool, say: Any) -> lis
     remaining = []
     for task in state.lost:
         try:
-            pool[task.host].stop(task.pid, task.pgid, float(task.settings.get("stop_grace_secs", "5")))
+            pool[task.host].stop(
+                task.pid, task.pgid, float(task.settings.get("stop_grace_secs", "5"))
+            )
             say(f"Stopped {task.name} left on {task.host} (pid {task.pid})")
         except TfplanError as error:
             say(f"{task.name} on {task.host}: {error}")
@@ -217,10 +236,15 @@ def run_destroy(args: argparse.Namespace) -> int:
         state = store.load() or state
         say = lambda line: out.print(f"tfplan | {line}")  # noqa: E731
         state = stop_tasks(state, list(state.tasks), store, pool, say, forget=True)
-        left = [n for n, i in collect_status(state, pool).items()
-                if i is not None and not isinstance(i, BaseException) and i.alive]
+        left = [
+            n
+            for n, i in collect_status(state, pool).items()
+            if i is not None and not isinstance(i, BaseException) and i.alive
+        ]
         if left:
-            raise ApplyError(f"still running after destroy: {', '.join(left)}; run `tfplan destroy` again")
+            raise ApplyError(
+                f"still running after destroy: {', '.join(left)}; run `tfplan destroy` again"
+            )
         unreachable = _stop_lost(state, store, pool, say)
         if unreachable:
             raise ApplyError(
@@ -228,6 +252,8 @@ def run_destroy(args: argparse.Namespace) -> int:
                 f"({', '.join(f'{t.name} pid {t.pid} on {t.host}' for t in unreachable)}): "
                 "run `tfplan destroy` again once the host answers"
             )
-    out.print(f"Destroy complete! {len(running)} task(s) stopped, state cleared "
-              f"({time.monotonic() - started:.1f}s).")
+    out.print(
+        f"Destroy complete! {len(running)} task(s) stopped, state cleared "
+        f"({time.monotonic() - started:.1f}s)."
+    )
     return 0

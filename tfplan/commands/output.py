@@ -11,8 +11,13 @@ from rich.text import Text
 
 __all__ = ["LogPrinter", "step_progress"]
 
-_ROLE_STYLE = {"ps": "blue", "chief": "green", "worker": "cyan", "evaluator": "magenta",
-               "tfplan": "bold"}
+_ROLE_STYLE = {
+    "ps": "blue",
+    "chief": "green",
+    "worker": "cyan",
+    "evaluator": "magenta",
+    "tfplan": "bold",
+}
 
 
 class LogPrinter:

@@ -21,11 +21,19 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         description="Compose the config (Hydra overrides: cluster=3node algo=downpour algo.lr=0.05), "
         "place every task and show the changes against what is running.",
     )
-    plan.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster=3node algo.lr=0.1")
-    plan.add_argument("-out", "--out", dest="out", help="save the plan here (default: .tfplan/plan.json)")
+    plan.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. cluster=3node algo.lr=0.1"
+    )
+    plan.add_argument(
+        "-out", "--out", dest="out", help="save the plan here (default: .tfplan/plan.json)"
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.add_argument("--detailed-exitcode", "-detailed-exitcode", action="store_true",
-                      help="exit 0 when there are no changes, 2 when there are, 1 on error")
+    plan.add_argument(
+        "--detailed-exitcode",
+        "-detailed-exitcode",
+        action="store_true",
+        help="exit 0 when there are no changes, 2 when there are, 1 on error",
+    )
     plan.add_argument("--cfg", choices=["job"], help="print the composed config and exit")
     plan.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
     plan.add_argument("--workspace", help="workspace folder (default: .tfplan)")
@@ -62,8 +70,10 @@ def run_plan(args: argparse.Namespace) -> int:
     if not args.no_save:
         path = workspace.save_plan(plan, Path(args.out) if args.out else None)
         if not args.json:
-            console().print(f"\nSaved the plan to {path}. To perform exactly these actions, run: "
-                            f"tfplan apply{'' if not args.out else ' ' + str(args.out)}")
+            console().print(
+                f"\nSaved the plan to {path}. To perform exactly these actions, run: "
+                f"tfplan apply{'' if not args.out else ' ' + str(args.out)}"
+            )
     if args.detailed_exitcode:
         return 2 if plan.has_changes else 0
     return 0

@@ -12,11 +12,17 @@ __all__ = ["add_parsers", "run_report"]
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     report = subparsers.add_parser(
-        "report", help="a sweep's results: table, results.csv, results.json, accuracy.png",
+        "report",
+        help="a sweep's results: table, results.csv, results.json, accuracy.png",
         description="Reads the sweep folder as it is now (each point's result.json and "
-        "eval/metrics.jsonl), prints one row per point and rewrites the CSV, JSON and plot.")
-    report.add_argument("target", nargs="?", metavar="DIR|SWEEP",
-                        help="a sweep folder or sweep id (default: the latest sweep applied here)")
+        "eval/metrics.jsonl), prints one row per point and rewrites the CSV, JSON and plot.",
+    )
+    report.add_argument(
+        "target",
+        nargs="?",
+        metavar="DIR|SWEEP",
+        help="a sweep folder or sweep id (default: the latest sweep applied here)",
+    )
     report.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     report.set_defaults(func=run_report)
 
@@ -32,8 +38,10 @@ def run_report(args: argparse.Namespace) -> int:
     else:
         kind, folder = find_output(workspace_from(args.workspace), args.target)
         if kind != "sweep":
-            raise TfplanError(f"{args.target or 'the latest run'} is an experiment, not a sweep: "
-                              "give a sweep id or folder (tfplan tensorboard shows an experiment)")
+            raise TfplanError(
+                f"{args.target or 'the latest run'} is an experiment, not a sweep: "
+                "give a sweep id or folder (tfplan tensorboard shows an experiment)"
+            )
     header, rows = load_rows(folder)
     render_table(rows, out, f"sweep {header.get('sweep_id')} · {len(rows)} points")
     written = write_report(folder, header, rows)

@@ -13,15 +13,21 @@ __all__ = ["add_parsers", "run_tensorboard"]
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     board = subparsers.add_parser(
-        "tensorboard", help="start TensorBoard on an experiment or a sweep and print its URL",
+        "tensorboard",
+        help="start TensorBoard on an experiment or a sweep and print its URL",
         description="TARGET is an experiment id, a sweep id, or a folder (default: the latest "
-        "experiment or sweep applied from here). A sweep shows one run per point.")
+        "experiment or sweep applied from here). A sweep shows one run per point.",
+    )
     board.add_argument("target", nargs="?", metavar="EXPERIMENT|SWEEP|DIR")
     board.add_argument("--port", type=int, help="default: 6006 when free, else any free port")
-    board.add_argument("--host", default="127.0.0.1",
-                       help="address to serve on (default: loopback only)")
-    board.add_argument("--detach", action="store_true",
-                       help="leave TensorBoard running and return (stop it with kill PID)")
+    board.add_argument(
+        "--host", default="127.0.0.1", help="address to serve on (default: loopback only)"
+    )
+    board.add_argument(
+        "--detach",
+        action="store_true",
+        help="leave TensorBoard running and return (stop it with kill PID)",
+    )
     board.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     board.set_defaults(func=run_tensorboard)
 

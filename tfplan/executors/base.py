@@ -263,8 +263,9 @@ class Executor(ABC):
             return {}
         dirs = list(workdirs) if workdirs is not None else [None] * len(pids)
         # Short: the supervisor polls this, and a host that went silent must not stall it.
-        result = self.run_script(_scripts.status_script(pids, dirs), "read process status",
-                                 timeout=STATUS_TIMEOUT_SECS)
+        result = self.run_script(
+            _scripts.status_script(pids, dirs), "read process status", timeout=STATUS_TIMEOUT_SECS
+        )
         return _parse_status(pids, result.stdout.decode())
 
     def stream_log(self, path: str, pid: int, on_line: Callable[[str], None]) -> LogStream:
