@@ -22,7 +22,13 @@ from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
 from recipes.models import Model, loss_and_accuracy
-from recipes.runtime import RoleSessionCreator, done_token_ops, make_server, session_config
+from recipes.runtime import (
+    RoleSessionCreator,
+    done_token_ops,
+    make_server,
+    session_config,
+    touches_ps,
+)
 
 __all__ = ["ReplicaGraph", "TrainingFailed", "build_replica_graph", "run_replica"]
 
@@ -180,6 +186,9 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         x_tr, y_tr, cfg.data.batch_size, seed=cfg.trainer.seed * 1000 + task.replica_index
     )
     ops, n_ops = g.train.step_ops, len(g.train.step_ops)
+    # Which runs of the window touch no ps: those run on the raw session, past the hooks.
+    local = [not touches_ps([op, g.train.loss]) for op in ops]
+    max_steps = cfg.trainer.max_steps
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
     recent: deque[float] = deque(maxlen=20)
     i, gs, first_gs, t_start = 0, 0, None, time.monotonic()
@@ -192,12 +201,30 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         ) as sess:
             while not sess.should_stop():
                 bx, by = next(feed_iter)
-                _, loss, gs = sess.run(
-                    [ops[i % n_ops], g.train.loss, g.global_step],
-                    feed_dict={g.x: bx, g.y: by},
-                    options=g.train.run_options,
-                )
-                gs, i = int(gs), i + 1
+                k = i % n_ops
+                if local[k]:
+                    # A pure-local step: no hook reads global_step from the ps. The step is
+                    # read (one ps round trip per window) only on the first run and on the
+                    # last local run before an exchange, so that a stop drops the unpushed
+                    # window as the hooked StopAtStepHook would.
+                    want_gs = first_gs is None or not local[(k + 1) % n_ops]
+                    fetches = [ops[k], g.train.loss] + ([g.global_step] if want_gs else [])
+                    out = sess._tf_sess().run(  # noqa: SLF001 - see docs/runtime.md
+                        fetches, feed_dict={g.x: bx, g.y: by}, options=g.train.run_options
+                    )
+                    loss = out[1]
+                    if not np.isfinite(loss):
+                        raise v1.train.NanLossDuringTrainingError
+                    if want_gs:
+                        gs = int(out[2])
+                else:
+                    _, loss, gs = sess.run(
+                        [ops[k], g.train.loss, g.global_step],
+                        feed_dict={g.x: bx, g.y: by},
+                        options=g.train.run_options,
+                    )
+                    gs = int(gs)
+                i += 1
                 recent.append(float(loss))
                 now = time.monotonic()
                 if first_gs is None:
@@ -210,6 +237,8 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                     rate = (gs - last_log_gs) * ex_per_gs / max(now - last_log_t, 1e-9)
                     log(f"step={gs} loss={np.mean(recent):.4f} examples_per_sec={rate:.1f}")
                     last_log_gs, last_log_t = gs, now
+                if local[k] and gs >= max_steps:
+                    break  # what StopAtStepHook would do at the next hooked run
     except tf.compat.v1.train.NanLossDuringTrainingError:
         raise TrainingFailed(
             f"loss became NaN near step={gs}: lower algo.lr (now {cfg.algo.lr}) or check the data",

@@ -27,6 +27,7 @@ __all__ = [
     "make_server",
     "run_ps",
     "session_config",
+    "touches_ps",
     "wait_until_initialized",
 ]
 
@@ -92,6 +93,23 @@ def run_ps(task: TaskInfo, log: Any = print) -> int:
     sys.stdout.flush()
     # Why _exit: the gRPC server has no clean shutdown and would keep the process alive.
     os._exit(0)
+
+
+def touches_ps(fetches: list[Any]) -> bool:
+    """Whether running ``fetches`` (ops or tensors) executes any op placed on a ``/job:ps`` task,
+    following data and control inputs. A run that touches no ps makes no ps round trip."""
+    stack = [getattr(f, "op", f) for f in fetches]
+    seen: set[int] = set()
+    while stack:
+        op = stack.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        if "/job:ps" in op.device:
+            return True
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return False
 
 
 def wait_until_initialized(
