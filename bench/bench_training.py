@@ -1,12 +1,18 @@
 """Throughput of the built-in algorithms on 1 ps + 2 workers vs one plain process.
 
-Usage: ``.venv/bin/python bench/bench_training.py [--repeats 2] [--out docs/bench_training.md]``
+Usage: ``.venv/bin/python bench/bench_training.py [--repeats 3] [--out docs/bench_training.md]
+[--baseline DIR] [--only LABEL,...]``
+
+``--baseline DIR`` runs every configuration alternately from another checkout (e.g. ``git worktree
+add /tmp/before <commit>``) and from this one, so both figures come from the same minutes of a
+shared, noisy machine; the report then has a before/after column.
 
 Every configuration trains the same model (MLP 784-128-10 on synthetic 28x28 data) with the same
 batch; the cluster figure is the chief's ``result.json`` ``examples_per_sec`` (all replicas'
 examples per second of training, start-up excluded); the single-process figure is a plain
-``Session.run`` loop. It also records launch-to-first-step of every task. Writes a Markdown
-report.
+``Session.run`` loop. The ceiling is two such processes at once with one thread each (what two
+workers could do with no communication at all). It also records launch-to-first-step of every
+task. Writes a Markdown report.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
+import recipe_cluster  # noqa: E402
 from recipe_cluster import RecipeCluster, run_config  # noqa: E402
 
 MODEL = {"name": "mlp", "hidden": [128]}
@@ -41,7 +48,7 @@ tf.compat.v1.disable_eager_execution()
 from recipes.config import DataConf, ModelConf
 from recipes.data import load, batches
 from recipes.models import Model, loss_and_accuracy
-batch, secs = int(sys.argv[2]), float(sys.argv[3])
+batch, secs, threads = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 ds = load(DataConf(name="synthetic", image_size=28, synthetic_examples=6000, batch_size=batch))
 m = Model(ModelConf(name="mlp", hidden=(128,)), 28, 1, 10)
 x = tf.compat.v1.placeholder(tf.float32, [None, 784]); y = tf.compat.v1.placeholder(tf.int64, [None])
@@ -49,7 +56,9 @@ p = m.create_params(); loss, _ = loss_and_accuracy(m.logits(p, x), y)
 step = tf.compat.v1.train.GradientDescentOptimizer(0.05).minimize(loss)
 it = batches(ds.x_train, ds.y_train, batch, 0)
 rates = []
-with tf.compat.v1.Session() as s:
+conf = tf.compat.v1.ConfigProto(
+    intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
+with tf.compat.v1.Session(config=conf) as s:
     s.run(tf.compat.v1.global_variables_initializer())
     for _ in range(50): bx, by = next(it); s.run(step, {x: bx, y: by})
     for _ in range(3):
@@ -61,20 +70,31 @@ print(json.dumps(rates))
 """
 
 
-def single_process(batch: int, secs: float = 2.0) -> float:
-    out = subprocess.run(
-        [sys.executable, "-c", SINGLE, str(REPO), str(batch), str(secs)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    return statistics.median(json.loads(out.stdout.strip().splitlines()[-1]))
+def single_process(batch: int, secs: float = 2.0, threads: int = 0, copies: int = 1) -> float:
+    """Median examples/s of one plain process (threads 0 = TF's default, one per core); with
+    ``copies`` > 1, that many independent processes at once and the sum of their medians."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SINGLE, str(REPO), str(batch), str(secs), str(threads)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(copies)
+    ]
+    total = 0.0
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        if proc.returncode:
+            raise RuntimeError(f"single process failed ({proc.returncode})")
+        total += statistics.median(json.loads(out.strip().splitlines()[-1]))
+    return total
 
 
 def cluster_run(
-    algo: dict[str, Any], batch: int, max_steps: int, evaluator: bool = False
+    algo: dict[str, Any], batch: int, max_steps: int, evaluator: bool = False, repo: Path = REPO
 ) -> tuple[float, dict[str, float]]:
+    recipe_cluster.REPO = repo  # the checkout whose recipes/ the tasks run
     with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
         cfg = run_config(
             Path(tmp) / "out",
@@ -99,40 +119,68 @@ def cluster_run(
             return float(c.result()["examples_per_sec"]), launch
 
 
+CONFIGS = [  # (label, algo, batch, max_steps)
+    ("hogwild", {"name": "hogwild", "lr": 0.05}, 100, 1500),
+    ("hogwild, batch 400", {"name": "hogwild", "lr": 0.05}, 400, 500),
+    ("downpour T=10", {"name": "downpour", "lr": 0.05, "window": 10}, 100, 2000),
+    ("downpour T=10, batch 400", {"name": "downpour", "lr": 0.05, "window": 10}, 400, 1000),
+    ("downpour T=40", {"name": "downpour", "lr": 0.05, "window": 40}, 100, 4000),
+    ("agn T=4", {"name": "agn", "lr": 0.05, "window": 4}, 100, 2000),
+    ("easgd T=4", {"name": "easgd", "lr": 0.05, "window": 4}, 100, 2000),
+    ("sync (R=2)", {"name": "sync", "lr": 0.1, "stop_grace_secs": 2}, 100, 500),
+]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(REPO / "docs" / "bench_training.md"))
+    ap.add_argument("--baseline", help="another checkout to run alternately (before/after)")
+    ap.add_argument("--only", help="comma-separated configuration labels to run")
     args = ap.parse_args()
-    configs = [  # (label, algo, batch, max_steps)
-        ("hogwild", {"name": "hogwild", "lr": 0.05}, 100, 1500),
-        ("hogwild, batch 400", {"name": "hogwild", "lr": 0.05}, 400, 500),
-        ("downpour T=10", {"name": "downpour", "lr": 0.05, "window": 10}, 100, 3000),
-        ("downpour T=10, batch 400", {"name": "downpour", "lr": 0.05, "window": 10}, 400, 1000),
-        ("sync (R=2)", {"name": "sync", "lr": 0.1, "stop_grace_secs": 2}, 100, 500),
-    ]
-    singles: dict[int, float] = {}
+    baseline = Path(args.baseline).resolve() if args.baseline else None
+    only = set(args.only.split(",")) if args.only else None
+    configs = [c for c in CONFIGS if only is None or c[0] in only]
+    singles: dict[int, dict[str, float]] = {}
     rows = []
     launch: dict[str, float] = {}
     t_start = time.monotonic()
     for label, algo, batch, steps in configs:
         if batch not in singles:
-            singles[batch] = single_process(batch)
-            print(f"single process, batch {batch}: {singles[batch]:.0f} examples/s", flush=True)
-        rates = []
+            singles[batch] = {
+                "default": single_process(batch),
+                "1 thread": single_process(batch, threads=1),
+                "2 x 1 thread": single_process(batch, threads=1, copies=2),
+            }
+            print(f"single process, batch {batch}: {singles[batch]}", flush=True)
+        rates: list[float] = []
+        before: list[float] = []
         for r in range(args.repeats):
-            rate, first = cluster_run(algo, batch, steps, evaluator=(label == "hogwild" and r == 0))
+            first_run = label == "hogwild" and r == 0
+            if baseline is not None:  # alternate: before, after, before, after, ...
+                before.append(cluster_run(algo, batch, steps, repo=baseline)[0])
+            rate, first = cluster_run(algo, batch, steps, evaluator=first_run)
             rates.append(rate)
-            if label == "hogwild" and r == 0:
+            if first_run:
                 launch = first
+            print(f"  {label} run {r}: after {rate:.0f} before {before[-1:]}", flush=True)
         med = statistics.median(rates)
-        rows.append((label, batch, med, singles[batch], rates))
-        print(f"{label}: {med:.0f} examples/s = {med / singles[batch]:.2f}x", flush=True)
-    write_report(Path(args.out), rows, launch, args.repeats, time.monotonic() - t_start)
+        rows.append((label, batch, rates, before, singles[batch]))
+        print(f"{label}: {med:.0f} examples/s = {med / singles[batch]['default']:.2f}x", flush=True)
+    write_report(Path(args.out), rows, launch, args.repeats, time.monotonic() - t_start, baseline)
+
+
+def _rates(rates: list[float]) -> str:
+    return ", ".join(f"{r:,.0f}" for r in rates)
 
 
 def write_report(
-    path: Path, rows: list[Any], launch: dict[str, float], repeats: int, elapsed: float
+    path: Path,
+    rows: list[Any],
+    launch: dict[str, float],
+    repeats: int,
+    elapsed: float,
+    baseline: Path | None,
 ) -> None:
     lines = [
         "# Training throughput: 1 ps + 2 workers vs one process",
@@ -142,49 +190,76 @@ def write_report(
         f"{elapsed:.0f} s). MLP 784-128-10, synthetic 28x28 data, plain SGD. Cluster figures "
         f"are medians of {repeats} runs of the chief's `examples_per_sec` (every replica's "
         "examples, start-up excluded); the single process is a plain `Session.run` loop with "
-        "the same model and batch (median of 3 x 2 s). All processes share the same cores.",
+        "the same model and batch (median of 3 x 2 s, TF's default threads). The ceiling is two "
+        "such processes at once with one thread each (two workers that never communicate). All "
+        "processes share the same cores.",
         "",
-        "| configuration | batch | cluster examples/s | one process examples/s | ratio | runs |",
-        "|---|---|---|---|---|---|",
     ]
-    for label, batch, med, single, rates in rows:
+    if baseline is not None:
+        lines += [
+            f"*before* ran the recipes of `{baseline}` alternately with this checkout's "
+            "(*after*): before, after, before, after, ...",
+            "",
+            "| configuration | batch | one process | ceiling (2 x 1 thread) | before | after "
+            "| before ratio | after ratio | after / before | runs before | runs after |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for label, batch, rates, before, single in rows:
+            one, med, med_b = single["default"], statistics.median(rates), statistics.median(before)
+            lines.append(
+                f"| {label} | {batch} | {one:,.0f} | {single['2 x 1 thread']:,.0f} "
+                f"({single['2 x 1 thread'] / one:.2f}x) | {med_b:,.0f} | {med:,.0f} | "
+                f"{med_b / one:.2f}x | **{med / one:.2f}x** | {med / med_b:.2f} | "
+                f"{_rates(before)} | {_rates(rates)} |"
+            )
+    else:
+        lines += [
+            "| configuration | batch | cluster examples/s | one process | ratio "
+            "| ceiling (2 x 1 thread) | runs |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for label, batch, rates, _, single in rows:
+            one, med = single["default"], statistics.median(rates)
+            lines.append(
+                f"| {label} | {batch} | {med:,.0f} | {one:,.0f} | **{med / one:.2f}x** | "
+                f"{single['2 x 1 thread']:,.0f} ({single['2 x 1 thread'] / one:.2f}x) | "
+                f"{_rates(rates)} |"
+            )
+    singles = {batch: single for _, batch, _, _, single in rows}
+    lines += ["", "| batch | one process, default threads | one process, 1 thread | 2 x 1 thread |"]
+    lines += ["|---|---|---|---|"]
+    for batch, single in sorted(singles.items()):
         lines.append(
-            f"| {label} | {batch} | {med:,.0f} | {single:,.0f} | {med / single:.2f}x | "
-            + ", ".join(f"{r:,.0f}" for r in rates)
-            + " |"
+            f"| {batch} | {single['default']:,.0f} | {single['1 thread']:,.0f} | "
+            f"{single['2 x 1 thread']:,.0f} |"
         )
-    lines += [
-        "",
-        "## Launch to first step (hogwild run, all tasks started at once)",
-        "",
-        "| task | seconds from launch | event |",
-        "|---|---|---|",
-    ]
-    for name, secs in launch.items():
-        event = {"ps": "server up", "evaluator": "first evaluation"}.get(
-            name.split("/")[0], "first training step"
-        )
-        lines.append(f"| {name} | {secs:.1f} | {event} |")
+    if launch:
+        lines += [
+            "",
+            "## Launch to first step (hogwild run, all tasks started at once)",
+            "",
+            "| task | seconds from launch | event |",
+            "|---|---|---|",
+        ]
+        for name, secs in launch.items():
+            event = {"ps": "server up", "evaluator": "first evaluation"}.get(
+                name.split("/")[0], "first training step"
+            )
+            lines.append(f"| {name} | {secs:.1f} | {event} |")
     lines += [
         "",
         "## Reading the figures",
         "",
-        "- The target of 0.8x of one process is **not reached** on this 2-core machine. "
-        "Three processes (ps + 2 workers) share the 2 cores that one process uses alone, "
-        "so the ceiling is about 1x even with no communication.",
-        "- DOWNPOUR's window removes the parameter traffic of T-1 of every T steps, but "
-        "each local step is still one `MonitoredSession.run`, whose hooks read "
-        "`global_step` from the ps (StopAtStep, StepCounter, the progress line): one ps "
-        "round trip per minibatch remains. Caching the step on the worker during a window "
-        "is the next lever.",
-        "- Launch-to-first-step is dominated by importing TensorFlow in 4 processes at "
-        "once on 2 cores.",
+        READING,
         "",
         "See docs/runtime.md for how the runtime works.",
         "",
     ]
     path.write_text("\n".join(lines))
     print(f"wrote {path}")
+
+
+READING = "(filled in below)"
 
 
 if __name__ == "__main__":
