@@ -239,7 +239,10 @@ def stop_tasks(
         elif old.status == "running":
             state = state.with_task(replace(old, status="stopped"))
     state = store.write(state)
-    names = ", ".join(n for n, r in results.items() if not isinstance(r, BaseException))
+    was_running = {t.name for t in tasks if t.status == "running"}
+    names = ", ".join(
+        n for n, r in results.items() if not isinstance(r, BaseException) and n in was_running
+    )
     if names:
         say(f"Stopped {names} ({time.monotonic() - started:.1f}s)")
     if failures:
