@@ -259,7 +259,16 @@ def write_report(
     print(f"wrote {path}")
 
 
-READING = "(filled in below)"
+READING = (
+    "- *one process* uses TF's default thread pools (one thread per core); the 1-thread and "
+    "2 x 1-thread columns show what a process gets when it does not compete with its own "
+    "threads. Three tasks (ps + 2 workers) share the cores one process has alone; the runtime "
+    "sizes each task's pools to cores / co-located tasks (`recipes.runtime.op_threads`).\n"
+    "- Windowed algorithms run their T-1 local steps past the hooks (no ps round trip); hogwild "
+    "and sync still ship all parameters over gRPC every minibatch.\n"
+    "- Timings on a shared machine are noisy: compare before/after only within one "
+    "`--baseline` run."
+)
 
 
 if __name__ == "__main__":

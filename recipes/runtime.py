@@ -25,6 +25,7 @@ __all__ = [
     "RoleSessionCreator",
     "done_token_ops",
     "make_server",
+    "op_threads",
     "run_ps",
     "session_config",
     "touches_ps",
@@ -35,14 +36,43 @@ v1 = tf.compat.v1
 POLL_SECS = 0.5
 
 
+def op_threads(task: TaskInfo) -> int:
+    """TensorFlow threads per pool for this task: the host's cores split over the cluster's
+    tasks on the same host (at least 1), or ``TFPLAN_TF_THREADS`` when set (0 = TF's default of
+    one per core). Why: TF sizes each task's pools to every core of the host, and 3 tasks on 2
+    cores then spin-wait against each other (a 1-thread process ran 2-5x faster than a default
+    one here, see docs/bench_training.md)."""
+    env = os.environ.get("TFPLAN_TF_THREADS")
+    if env is not None and env.strip():
+        return max(0, int(env))
+    addresses = [a for job in task.cluster.values() for a in job]
+    try:
+        own = task.cluster[task.type][task.index]
+    except (KeyError, IndexError):
+        return 0
+    host = own.rsplit(":", 1)[0]
+    sharing = sum(1 for a in addresses if a.rsplit(":", 1)[0] == host)
+    cores = os.cpu_count() or 1
+    if sharing <= 1:
+        return 0
+    return max(1, cores // sharing)
+
+
 def session_config(task: TaskInfo) -> Any:
     """Device filters: a replica talks to the ps and itself only, so one dead peer worker does
-    not block session creation, and replicas do not wait for each other to start."""
+    not block session creation, and replicas do not wait for each other to start. Thread pools
+    sized by :func:`op_threads`."""
     if task.type == "ps":
         filters = [task.device]
     else:
         filters = ["/job:ps", task.device]
-    return v1.ConfigProto(device_filters=filters, allow_soft_placement=False)
+    threads = op_threads(task)
+    return v1.ConfigProto(
+        device_filters=filters,
+        allow_soft_placement=False,
+        intra_op_parallelism_threads=threads,
+        inter_op_parallelism_threads=threads,
+    )
 
 
 def make_server(task: TaskInfo) -> Any:
