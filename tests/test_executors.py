@@ -483,3 +483,35 @@ def test_registry(tmp_path: Path) -> None:
     with pytest.raises(ExecutorError, match="failed on 1 of 2 host"):
         results.raise_if_failed("dividing")
     assert threading.active_count() < 50
+
+
+def test_concurrent_put_tree_into_one_shared_folder(tmp_path: Path) -> None:
+    """Hosts sharing a folder (NFS, namespaces on one machine) copy the code at the same time:
+    every copy succeeds and the folder ends up holding exactly one whole tree."""
+    import threading
+
+    from tfplan.executors import HostTarget, executor_for
+
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    for i in range(30):
+        (src / "pkg" / f"m{i}.py").write_text(f"X = {i}\n")
+    dst = str(tmp_path / "shared" / "code")
+    errors: list[BaseException] = []
+
+    def copy() -> None:
+        try:
+            with executor_for(HostTarget(name="h", address="127.0.0.1")) as executor:
+                for _ in range(4):
+                    executor.put_tree(src, dst)
+        except BaseException as error:  # noqa: BLE001 - collected and asserted below
+            errors.append(error)
+
+    threads = [threading.Thread(target=copy) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["code"]
+    assert len(list((tmp_path / "shared" / "code" / "pkg").iterdir())) == 30

@@ -158,13 +158,18 @@ def put_tree_script(remote_dir: str) -> str:
     """Unpack a gzipped tar from stdin so that ``remote_dir`` holds exactly its contents.
 
     Unpacks beside the target and swaps with two renames, so readers never see half a tree.
+    Several hosts may share the folder (NFS, or network namespaces on one machine) and copy
+    the same tree at once: a swap that loses the race to another writer is simply retried.
     """
     d = remote_dir.rstrip("/")
     return (
         f'new="{_dq(d)}.new.$$"; old="{_dq(d)}.old.$$"; '
         'rm -rf "$new" && mkdir -p "$new" && tar -xzf - -C "$new" || { rm -rf "$new"; exit 1; }; '
-        f'if [ -e {q(d)} ]; then mv {q(d)} "$old" || exit 1; fi; '
-        f'mv "$new" {q(d)} && rm -rf "$old"'
+        "i=0; while [ $i -lt 50 ]; do i=$((i+1)); "
+        f'if [ -e {q(d)} ]; then mv -T {q(d)} "$old" 2>/dev/null || {{ sleep 0.1; continue; }}; fi; '
+        f'if mv -T "$new" {q(d)} 2>/dev/null; then rm -rf "$old"; exit 0; fi; '
+        'rm -rf "$old"; sleep 0.1; done; '
+        f'rm -rf "$new" "$old"; echo "could not swap in {_dq(d)}" >&2; exit 1'
     )
 
 
