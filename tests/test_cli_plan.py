@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,23 +75,9 @@ def test_detailed_exitcode_is_0_when_the_state_matches(tmp_path: Path) -> None:
     plan = Plan.from_json(first.stdout)
     # "succeeded" tasks match without a refresh reaching out to their (fake) processes
     tasks = tuple(
-        TaskState(
-            name=t.name,
-            role=t.role.value,
-            index=t.index,
-            host=t.host,
-            address=t.address,
-            port=t.port,
-            pid=10 + i,
-            pgid=10 + i,
-            log_path=t.log_path,
-            workdir=t.workdir,
-            fingerprint=t.fingerprint,
-            started_at=0.0,
-            status="succeeded",
+        replace(
+            TaskState.from_task(t, pid=10 + i, pgid=10 + i, started_at=0.0, status="succeeded"),
             exit_code=0,
-            settings=dict(t.settings),
-            spec=t.to_dict(),
         )
         for i, t in enumerate(plan.tasks)
     )

@@ -38,23 +38,7 @@ def config(*overrides: str) -> Config:
 def state_from(p: Plan, status: str = "running", serial: int = 3) -> State:
     """A state in which every task of ``p`` runs exactly as planned."""
     tasks = tuple(
-        TaskState(
-            name=t.name,
-            role=t.role.value,
-            index=t.index,
-            host=t.host,
-            address=t.address,
-            port=t.port,
-            pid=1000 + i,
-            pgid=1000 + i,
-            log_path=t.log_path,
-            workdir=t.workdir,
-            fingerprint=t.fingerprint,
-            started_at=0.0,
-            status=status,
-            settings=dict(t.settings),
-            spec=t.to_dict(),
-        )
+        TaskState.from_task(t, pid=1000 + i, pgid=1000 + i, started_at=0.0, status=status)
         for i, t in enumerate(p.tasks)
     )
     return State(
@@ -336,22 +320,7 @@ def test_unreachable_host_gets_no_task_and_its_tasks_are_replaced_elsewhere() ->
     ctx = PlanContext(cwd="/w", local_python="/usr/bin/python3", tf_version="2.21.0")
     first = plan(cfg, None, ctx)
     tasks = tuple(
-        TaskState(
-            name=t.name,
-            role=t.role.value,
-            index=t.index,
-            host=t.host,
-            address=t.address,
-            port=t.port,
-            pid=100 + i,
-            pgid=100 + i,
-            log_path=t.log_path,
-            workdir=t.workdir,
-            fingerprint=t.fingerprint,
-            started_at=0.0,
-            settings=dict(t.settings),
-            spec=t.to_dict(),
-        )
+        TaskState.from_task(t, pid=100 + i, pgid=100 + i, started_at=0.0)
         for i, t in enumerate(first.tasks)
     )
     down = next(t.host for t in first.tasks if t.name == "worker/1")

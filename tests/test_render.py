@@ -43,22 +43,7 @@ def _text(p: Plan) -> str:
 
 def _state_from(p: Plan) -> State:
     tasks = tuple(
-        TaskState(
-            name=t.name,
-            role=t.role.value,
-            index=t.index,
-            host=t.host,
-            address=t.address,
-            port=t.port,
-            pid=100 + i,
-            pgid=100 + i,
-            log_path=t.log_path,
-            workdir=t.workdir,
-            fingerprint=t.fingerprint,
-            started_at=0.0,
-            settings=dict(t.settings),
-            spec=t.to_dict(),
-        )
+        TaskState.from_task(t, pid=100 + i, pgid=100 + i, started_at=0.0)
         for i, t in enumerate(p.tasks)
     )
     return State(

@@ -169,21 +169,8 @@ def _start_all(
                 f"{task.name} could not start on host {task.host} ({error}); stopped the "
                 f"{len(started)} task(s) this apply had started"
             ) from error
-        record = TaskState(
-            name=task.name,
-            role=task.role.value,
-            index=task.index,
-            host=task.host,
-            address=task.address,
-            port=task.port,
-            pid=launched.pid,
-            pgid=launched.pgid,
-            log_path=task.log_path,
-            workdir=task.workdir,
-            fingerprint=task.fingerprint,
-            started_at=launched.started_at,
-            settings=dict(task.settings),
-            spec=task.to_dict(),
+        record = TaskState.from_task(
+            task, pid=launched.pid, pgid=launched.pgid, started_at=launched.started_at
         )
         started.append(record)
         state = store.write(state.with_task(record))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tfplan.errors import StaleStateError, StateLockedError
-from tfplan.plan import HostSpec
+from tfplan.plan import HostSpec, Task
 
 __all__ = [
     "STATE_FILE",
@@ -61,6 +61,29 @@ class TaskState:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskState:
         return cls(**data)
+
+    @classmethod
+    def from_task(
+        cls, task: Task, pid: int, pgid: int, started_at: float, status: str = "running"
+    ) -> TaskState:
+        """The record of ``task`` once started as process ``pid`` in group ``pgid``."""
+        return cls(
+            name=task.name,
+            role=task.role.value,
+            index=task.index,
+            host=task.host,
+            address=task.address,
+            port=task.port,
+            pid=pid,
+            pgid=pgid,
+            log_path=task.log_path,
+            workdir=task.workdir,
+            fingerprint=task.fingerprint,
+            started_at=started_at,
+            status=status,
+            settings=dict(task.settings),
+            spec=task.to_dict(),
+        )
 
 
 @dataclass(frozen=True)
