@@ -20,7 +20,6 @@ import json
 import math
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
+sys.path.insert(0, str(REPO / "tests"))
+from apply_helpers import free_port_base  # noqa: E402  (one free-port search for tests and benches)
+
 ORDER = [
     "hogwild",
     "downpour",
@@ -61,25 +63,6 @@ def minibatches_per_step(name: str) -> int:
         return 1
     per_replica = SYNC_ROUND[name] or int(algo_defaults(name)["window"])
     return REPLICAS * per_replica
-
-
-def free_port_base(count: int = 8) -> int:
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count < 65000 and all(_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError("no free port range found")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def run_one(name: str, minibatches: int, root: Path) -> dict[str, Any]:

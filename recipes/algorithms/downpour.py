@@ -31,25 +31,10 @@ from recipes.algorithms.base import (
     make_optimizer,
     move_to_local_collection,
 )
+from recipes.algorithms.local import local_twins
 
 v1 = tf.compat.v1
 LOCAL = [v1.GraphKeys.LOCAL_VARIABLES]
-
-
-def _local_twins(params: Params, suffix: str) -> Params:
-    """Zero-initialised worker-local variables shaped like ``params``."""
-    return {
-        k: v1.get_variable(
-            f"{v.op.name}_{suffix}",
-            shape=v.shape,
-            dtype=v.dtype.base_dtype,
-            initializer=v1.zeros_initializer(),
-            collections=LOCAL,
-            trainable=False,
-            use_resource=True,
-        )
-        for k, v in params.items()
-    }
 
 
 class Downpour(Algorithm):
@@ -67,8 +52,8 @@ class Downpour(Algorithm):
         with v1.device(ctx.worker_device):
             with v1.variable_scope("local"):
                 local = problem.create_params(LOCAL)
-                pulled = _local_twins(center, "pulled")
-                grad_sum = _local_twins(center, "grad_sum")
+                pulled = local_twins(center, "pulled")
+                grad_sum = local_twins(center, "grad_sum")
                 loss = problem.loss_fn(local)
                 opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
                 before = {id(v) for v in v1.global_variables()}
