@@ -22,6 +22,7 @@ import tensorflow as tf
 from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph
 from recipes.algorithms.easgd import elastic_alpha, elastic_difference, exchange_ops
 from recipes.algorithms.local import (
+    assign_all,
     create_local_copy,
     local_twins,
     option,
@@ -70,9 +71,7 @@ class EAMSGD(Algorithm):
             with tf.control_dependencies([moved]):
                 exchange = tf.group(*exchange_ops(ctx, center, local, e, window), name="exchange")
             with tf.control_dependencies([v1.local_variables_initializer()]):
-                local_init = tf.group(
-                    *[local[k].assign(center[k].read_value()) for k in keys], name="local_init"
-                )
+                local_init = assign_all([local], read_all(center), "local_init")
         return TrainGraph(
             params=center,
             train_params=local,

@@ -25,6 +25,7 @@ from recipes.algorithms.base import Algorithm, BuildContext, Params, Problem, Tr
 from recipes.algorithms.local import (
     LocalOptimizer,
     add_global_steps,
+    assign_all,
     create_local_copy,
     option,
     positive_int,
@@ -79,9 +80,7 @@ class EASGD(Algorithm):
                 exchange = tf.group(*exchange_ops(ctx, center, local, e, window), name="exchange")
             # The copy starts at the center (x^i = center); later pulls never overwrite it.
             with tf.control_dependencies([v1.local_variables_initializer()]):
-                local_init = tf.group(
-                    *[local[k].assign(center[k].read_value()) for k in center], name="local_init"
-                )
+                local_init = assign_all([local], read_all(center), "local_init")
         return TrainGraph(
             params=center,
             train_params=local,
