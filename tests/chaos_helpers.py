@@ -99,7 +99,7 @@ def task_record(cwd: Path, name: str, experiment: str = "t") -> dict[str, Any]:
 def kill_task(cwd: Path, name: str, sig: int = signal.SIGKILL) -> dict[str, Any]:
     """Send ``sig`` to a task's whole process group, as a crash or the OOM killer would."""
     task = task_record(cwd, name)
-    os.killpg(task["pgid"], sig)
+    os.killpg(task["handle"]["pgid"], sig)
     return task
 
 
@@ -132,5 +132,5 @@ def final_checkpoint_step(output_dir: Path) -> int:
 def assert_nothing_left(cwd: Path, experiment: str = "t") -> None:
     state = state_of(cwd, experiment)
     assert all(t["status"] != "running" for t in state["tasks"]), state["tasks"]
-    left = [t["name"] for t in state["tasks"] if alive(t["pid"])]
+    left = [t["name"] for t in state["tasks"] if alive(t["handle"]["pid"])]
     assert not left, f"still running: {left}"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from testbed import LoopbackSshd, NetnsTestbed  # tests/ is on sys.path (no __init__.py)
 
-from tfplan.executors import HostTarget
+from tfplan.backends.transports.specs import HostTarget
 
 
 @pytest.fixture(scope="session")

@@ -85,7 +85,7 @@ def test_sigkill_of_a_task_is_restarted_and_training_completes(ws: Path, victim:
     before = kill_task(ws, victim)
     recovered = run.wait_for(rf"{victim}: restarted on localhost", timeout=30, after=fault)
     restarted = task_record(ws, victim)
-    assert restarted["pid"] != before["pid"] and restarted["restarts"] == 1
+    assert restarted["handle"]["pid"] != before["handle"]["pid"] and restarted["restarts"] == 1
     assert restarted["port"] == before["port"]
     if victim == "worker/0":
         # The chief rejoins the live variables: no rollback at all, not even to the checkpoint.
@@ -123,7 +123,7 @@ def test_killing_tfplan_leaves_tasks_running_and_watch_takes_over(ws: Path) -> N
     run.proc.send_signal(signal.SIGKILL)
     run.finish(timeout=10)
     tasks = state_of(ws)["tasks"]
-    assert all(alive(t["pid"]) for t in tasks), "tasks must outlive tfplan"
+    assert all(alive(t["handle"]["pid"]) for t in tasks), "tasks must outlive tfplan"
     status = tfplan(ws, "status", check=True)
     assert status.stdout.count("running") >= 3
     watch = tfplan(ws, "watch", timeout=240)
@@ -184,5 +184,5 @@ def test_unreachable_host_is_replaced_on_the_others_and_training_completes(
     assert [t["name"] for t in state["lost"]] == ["worker/1"]
     destroyed = tfplan(ws, "destroy", env=env, timeout=120)
     assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
-    assert f"Stopped worker/1 left on h3 (pid {lost['pid']})" in destroyed.stdout
+    assert f"Stopped worker/1 left on h3 (pid {lost['handle']['pid']})" in destroyed.stdout
     assert state_of(ws)["lost"] == []

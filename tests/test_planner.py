@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tfplan.compose import compose_config, to_config
-from tfplan.config import Config
-from tfplan.plan import Action, Plan, Role, Task, VariableSpec
-from tfplan.planner import PlanContext, plan
-from tfplan.sharding import greedy_bytes, model_variables, round_robin
-from tfplan.state import State, TaskState
-from tfplan.tf_config import tf_config_json
-from tfplan.validate import ALGORITHMS
+from tfplan.config.algorithms import ALGORITHMS
+from tfplan.config.compose import compose_config, to_config
+from tfplan.config.schema import Config
+from tfplan.engine.plans import make_plan as plan
+from tfplan.planning.context import PlanContext
+from tfplan.planning.plan import Action, Plan, Role, Task, VariableSpec
+from tfplan.planning.sharding import greedy_bytes, model_variables, round_robin
+from tfplan.planning.state import State, TaskStatus
+from tfplan.planning.tf_config import tf_config_json
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 CLUSTERS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
@@ -35,20 +36,7 @@ def config(*overrides: str) -> Config:
     return copy.deepcopy(_composed(tuple(overrides)))
 
 
-def state_from(p: Plan, status: str = "running", serial: int = 3) -> State:
-    """A state in which every task of ``p`` runs exactly as planned."""
-    tasks = tuple(
-        TaskState.from_task(t, pid=1000 + i, pgid=1000 + i, started_at=0.0, status=status)
-        for i, t in enumerate(p.tasks)
-    )
-    return State(
-        lineage="lineage-1",
-        serial=serial,
-        experiment_id=p.experiment_id,
-        cluster_name=p.cluster_name,
-        output_dir=p.output_dir,
-        tasks=tasks,
-    )
+from state_helpers import records, state_from  # noqa: E402
 
 
 def test_conf_holds_the_expected_options() -> None:
@@ -85,18 +73,18 @@ def test_every_cluster_and_algo_composes_and_plans(cluster: str, algo: str) -> N
     assert chiefs == (["chief/0"] if cfg.cluster.chief.value == "separate" else ["worker/0"])
     # the cluster spec lists every task but the evaluator, each address once
     spec_tasks = {
-        f"{job}/{i}": a for job, addrs in p.cluster_spec.items() for i, a in enumerate(addrs)
+        f"{job}/{i}": a for job, addrs in p.cluster_spec().items() for i, a in enumerate(addrs)
     }
     assert set(spec_tasks) == {t.name for t in p.tasks if t.role is not Role.EVALUATOR}
     assert len(set(spec_tasks.values())) == len(spec_tasks)
     for task in p.tasks:
-        assert task.tf_config == tf_config_json(p.cluster_spec, task.role.value, task.index)
-        assert task.env["TF_CONFIG"] == task.tf_config
+        assert p.tf_config(task) == tf_config_json(p.cluster_spec(), task.role.value, task.index)
+        assert "TF_CONFIG" not in task.env  # derived at start, never stored per task
         assert task.env["TFPLAN_TASK"] == task.name
         if task.role is Role.EVALUATOR:
             assert task.port is None
         else:
-            assert spec_tasks[task.name] == f"{task.address}:{task.port}"
+            assert spec_tasks[task.name] == f"{p.address_of(task)}:{task.port}"
     assert len({t.fingerprint for t in p.tasks}) == len(p.tasks)
     assert plan(cfg, None, CTX) == p  # pure and deterministic
     assert any("no authentication" in w for w in p.warnings)
@@ -122,11 +110,13 @@ def test_counts_per_host_and_per_gpu() -> None:
 
 def test_local_plan_details() -> None:
     p = plan(config("cluster=local"), None, CTX)
-    assert p.cluster_spec == {
+    assert p.cluster_spec() == {
         "ps": ["127.0.0.1:2222"],
         "worker": ["127.0.0.1:2223", "127.0.0.1:2224"],
     }
-    assert p.hosts[0].executor == "local" and p.hosts[0].python == "/usr/bin/python3"
+    hosts = p.backend.config["hosts"]
+    assert p.backend.name == "process"
+    assert hosts[0]["kind"] == "local" and hosts[0]["python"] == "/usr/bin/python3"
     assert p.output_dir == "/home/user/project/outputs/default"  # relative: from the cwd
     assert p.task("worker/1").command == (
         "/usr/bin/python3",
@@ -136,7 +126,8 @@ def test_local_plan_details() -> None:
         "/tmp/tfplan/default/worker-1/run.yaml",
     )
     remote = plan(config("cluster=3node"), None, CTX)
-    assert {h.executor for h in remote.hosts} == {"ssh"} and remote.hosts[0].python == "python3"
+    remote_hosts = remote.backend.config["hosts"]
+    assert {h["kind"] for h in remote_hosts} == {"ssh"} and remote_hosts[0]["python"] == "python3"
 
 
 def test_port_offset_moves_every_address() -> None:
@@ -227,14 +218,14 @@ def test_a_failed_task_is_replaced_with_its_reason() -> None:
     cfg = config("cluster=local")
     first = plan(cfg, None, CTX)
     state = state_from(first)
-    dead = dataclasses.replace(state.tasks[1], status="failed", exit_code=137)
+    dead = dataclasses.replace(state.tasks[1], status=TaskStatus.FAILED, exit_code=137)
     p = plan(cfg, state.with_task(dead), CTX)
     actions = {c.task: c for c in p.changes}
     assert actions["worker/0"].action is Action.REPLACE
     assert actions["worker/0"].reasons == (
         "the process is not running (status failed, exit code 137)",
     )
-    assert actions["worker/0"].previous["pid"] == 1001
+    assert actions["worker/0"].previous == {"host": "localhost", "port": 2223, "status": "failed"}
     assert {c.task for c in p.changes if c.action is Action.NOOP} == {"ps/0", "worker/1"}
 
 
@@ -282,7 +273,7 @@ def test_the_fingerprint_follows_the_tf_config() -> None:
     # ps/0's own fields (host, port, command, env) are the same; only its TF_CONFIG differs
     ps_a, ps_b = a.task("ps/0"), b.task("ps/0")
     assert (ps_a.port, ps_a.command) == (ps_b.port, ps_b.command)
-    assert json.loads(ps_a.tf_config)["cluster"] != json.loads(ps_b.tf_config)["cluster"]
+    assert json.loads(a.tf_config(ps_a))["cluster"] != json.loads(b.tf_config(ps_b))["cluster"]
     assert ps_a.fingerprint != ps_b.fingerprint
 
 
@@ -312,22 +303,22 @@ def test_plan_json_round_trip(overrides: tuple[str, ...]) -> None:
 def test_unreachable_host_gets_no_task_and_its_tasks_are_replaced_elsewhere() -> None:
     from dataclasses import replace as _replace
 
-    from tfplan.compose import compose_config, to_config
-    from tfplan.planner import PlanContext, plan
-    from tfplan.state import State, TaskState
+    from tfplan.config.compose import compose_config, to_config
+    from tfplan.engine.plans import make_plan as plan
+    from tfplan.planning.context import PlanContext
+    from tfplan.planning.state import TaskStatus
 
     cfg = to_config(compose_config(["cluster=3node", "cluster.ps=1", "cluster.workers=2"]))
     ctx = PlanContext(cwd="/w", local_python="/usr/bin/python3", tf_version="2.21.0")
     first = plan(cfg, None, ctx)
-    tasks = tuple(
-        TaskState.from_task(t, pid=100 + i, pgid=100 + i, started_at=0.0)
-        for i, t in enumerate(first.tasks)
-    )
+    tasks = records(first)
     down = next(t.host for t in first.tasks if t.name == "worker/1")
     state = _replace(
         State.empty("L"),
         serial=4,
-        tasks=tuple(_replace(t, status="unreachable") if t.host == down else t for t in tasks),
+        tasks=tuple(
+            _replace(t, status=TaskStatus.UNREACHABLE) if t.host == down else t for t in tasks
+        ),
     )
     second = plan(cfg, state, ctx)
     assert down not in {t.host for t in second.tasks}

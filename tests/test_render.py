@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from state_helpers import state_from
 
-from tfplan.compose import compose_config, to_config
-from tfplan.config import Config
-from tfplan.plan import Plan
-from tfplan.planner import PlanContext, plan
-from tfplan.render import format_bytes, plan_lines, print_plan, summary_line
-from tfplan.state import State, TaskState
+from tfplan.cli.render import format_bytes, plan_lines, print_plan, summary_line
+from tfplan.config.compose import compose_config, to_config
+from tfplan.config.schema import Config
+from tfplan.engine.plans import make_plan as plan
+from tfplan.planning.context import PlanContext
+from tfplan.planning.plan import Plan
+from tfplan.planning.state import State, TaskStatus
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -42,18 +44,7 @@ def _text(p: Plan) -> str:
 
 
 def _state_from(p: Plan) -> State:
-    tasks = tuple(
-        TaskState.from_task(t, pid=100 + i, pgid=100 + i, started_at=0.0)
-        for i, t in enumerate(p.tasks)
-    )
-    return State(
-        lineage="L",
-        serial=1,
-        experiment_id=p.experiment_id,
-        cluster_name=p.cluster_name,
-        output_dir=p.output_dir,
-        tasks=tasks,
-    )
+    return state_from(p, serial=1, lineage="L")
 
 
 def _check_golden(name: str, text: str) -> None:
@@ -70,7 +61,7 @@ def test_golden_local_plan() -> None:
 def _replace_destroy_plan() -> Plan:
     """worker/2 gone from the config, ps/0 dead, the rest restarted for the new cluster spec."""
     state = _state_from(_plan("cluster=local", "cluster.workers=3"))
-    dead = dataclasses.replace(state.tasks[0], status="failed", exit_code=1)
+    dead = dataclasses.replace(state.tasks[0], status=TaskStatus.FAILED, exit_code=1)
     return _plan("cluster=local", state=state.with_task(dead))
 
 

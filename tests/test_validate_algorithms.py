@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from recipes.algorithms import available
-from tfplan.cli import main
-from tfplan.validate import ALGORITHMS
+from tfplan.cli.main import main
+from tfplan.config.algorithms import ALGORITHMS
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 _ENV_KEYS = ("TFPLAN_WORKSPACE", "TFPLAN_CONF", "TFPLAN_DEBUG")
@@ -58,7 +58,7 @@ BAD = [
     (
         ["algo=agn", "algo.sync=true"],
         "algo.sync: true, but agn is asynchronous",
-        "algo=sync, sagn or sync_lr",
+        "algo=sync, algo=sagn, algo=sync_lr",
     ),
     (
         ["algo=easgd", "algo.sync=true"],

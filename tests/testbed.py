@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tfplan.executors import HostTarget
+from tfplan.backends.transports.specs import HostTarget
 
 __all__ = ["LoopbackSshd", "NetnsTestbed", "SshdProcess", "free_port", "make_key"]
 

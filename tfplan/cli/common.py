@@ -1,0 +1,99 @@
+"""Helpers the CLI verbs share: the console, the workspace, composing, approval, the backend of
+a stored experiment.
+
+Hydra (about 0.4 s to import) is loaded only by the verbs that compose a config, so that
+status, logs and destroy start fast even on a host whose cores are busy training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from tfplan.engine.store import StateStore
+from tfplan.engine.workspace import Workspace
+from tfplan.errors import StateError, TfplanError
+from tfplan.planning.state import State
+
+if TYPE_CHECKING:
+    from tfplan.backends.api import Backend
+    from tfplan.config.schema import Config
+
+__all__ = [
+    "approved",
+    "backend_of",
+    "compose",
+    "console",
+    "err_console",
+    "load_experiment",
+    "workspace_from",
+]
+
+
+def console() -> Console:
+    """stdout; when piped, wide enough that tables do not fold (scripts grep them)."""
+    width = None if sys.stdout.isatty() else 200
+    return Console(highlight=False, soft_wrap=True, width=width)
+
+
+def err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def workspace_from(path: str | None) -> Workspace:
+    return Workspace(Path(path) if path else None)
+
+
+def compose(overrides: list[str], config_dir: str | None) -> Config:
+    from tfplan.config.compose import compose_config, to_config
+
+    return to_config(compose_config(overrides, config_dir))
+
+
+def approved(out: Console, question: str, auto_approve: bool, flag: str = "--auto-approve") -> bool:
+    """Terraform's approval: only ``yes`` approves; without a terminal, ``flag`` is required.
+
+    Raises:
+        TfplanError: stdin is not a terminal and ``auto_approve`` is not set.
+    """
+    if auto_approve:
+        return True
+    if not sys.stdin.isatty():
+        raise TfplanError(f"this needs approval and stdin is not a terminal: pass {flag}")
+    out.print(f"\n{question}\n  Only 'yes' will be accepted to approve.\n")
+    return input("  Enter a value: ").strip() == "yes"
+
+
+def load_experiment(args: argparse.Namespace) -> tuple[StateStore, State]:
+    """The store and state of ``-e EXPERIMENT`` (or the only experiment) in the workspace.
+
+    Raises:
+        StateError: no such experiment, several to choose from, or nothing applied.
+    """
+    workspace = workspace_from(args.workspace)
+    experiment = workspace.resolve_experiment(args.experiment)
+    store = workspace.store(experiment)
+    state = store.load()
+    if state is None:
+        raise StateError(
+            f"experiment {experiment!r} has no state in {workspace.root}: nothing was applied"
+        )
+    return store, state
+
+
+def backend_of(store: StateStore, state: State) -> Backend:
+    """The backend that runs the state's tasks (open it in a ``with``)."""
+    from tfplan.backends import open_backend
+
+    if state.backend is None:
+        raise StateError(f"{store.path} names no backend: nothing was started from it")
+    return open_backend(state.backend, store.scratch)
+
+
+def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-e", "--experiment", help="experiment id (default: the only one)")
+    parser.add_argument("--workspace", help="workspace folder (default: .tfplan)")

@@ -1,0 +1,64 @@
+"""Make a plan: ask the backend where the cluster can run, plan on it, attach its dry run.
+
+The planner is pure and knows no backend; this is where the two meet (the CLI, sweeps and the
+supervisor's re-plan all come through here).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from importlib import metadata
+from typing import TYPE_CHECKING
+
+from tfplan.planning.context import PlanContext
+from tfplan.planning.plan import Plan
+from tfplan.planning.state import State
+
+if TYPE_CHECKING:
+    from tfplan.config.schema import Config
+
+__all__ = ["make_plan", "plan_context", "replan_from_state", "tf_version"]
+
+
+def tf_version() -> str:
+    """The installed TensorFlow's version, read from package metadata (no import: 2 s saved)."""
+    for dist in ("tensorflow-cpu", "tensorflow", "tf-nightly"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def plan_context() -> PlanContext:
+    return PlanContext(cwd=os.getcwd(), local_python=sys.executable, tf_version=tf_version())
+
+
+def make_plan(cfg: Config, state: State | None, ctx: PlanContext | None = None) -> Plan:
+    """The plan of ``cfg`` against ``state`` on the backend ``cfg.cluster.backend`` names.
+
+    Raises:
+        ConfigError: a bad value (the backend's own options included), naming the key.
+        PlanError: the tasks do not fit.
+    """
+    from tfplan.backends import backend_class
+    from tfplan.planning.planner import plan
+
+    backend = backend_class(cfg.cluster.backend)
+    ctx = ctx or plan_context()
+    made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx))
+    request = backend.dryrun(made)
+    return replace(made, request=request) if request else made
+
+
+def replan_from_state(state: State) -> Plan | None:
+    """Plan again from the config the state carries (after hosts went down); None when the
+    state carries none. The planning context is the one of the original plan."""
+    if not state.config:
+        return None
+    from tfplan.config.compose import config_from_dict
+
+    cfg = config_from_dict(state.config["config"])
+    return make_plan(cfg, state, PlanContext(**state.config["context"]))
