@@ -124,6 +124,10 @@ class Capabilities:
     hosts_known_at_plan: bool = True  # False: addresses are "known after apply" (Slurm)
     firewall: bool = False  # can install per-host firewall rules (cluster.firewall=true)
     replace_lost_hosts: bool = False  # a lost host's tasks can be re-planned onto others
+    # output_dir is a folder the machine running tfplan shares (the record of each apply goes
+    # to <output_dir>/tfplan/); False: it exists only inside the cluster (a Kubernetes volume),
+    # and the record goes to the workspace (.tfplan/<experiment>/output/tfplan/) instead.
+    shared_output: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 

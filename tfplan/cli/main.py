@@ -20,6 +20,7 @@ VERBS = (
     "cmd_logs",
     "cmd_watch",
     "cmd_destroy",
+    "cmd_export",
     "cmd_report",
     "cmd_tensorboard",
 )

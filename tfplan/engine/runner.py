@@ -43,13 +43,30 @@ from tfplan.errors import TfplanError
 from tfplan.planning.plan import Plan
 from tfplan.planning.state import State
 
-__all__ = ["ExperimentRun", "close_record", "read_result", "result_path", "supervise_state"]
+__all__ = [
+    "ExperimentRun",
+    "close_record",
+    "read_result",
+    "record_dir",
+    "result_path",
+    "supervise_state",
+]
 
 Say = Callable[[str], None]
 
 
 def result_path(output_dir: str) -> str:
     return posixpath.join(output_dir, "result.json")
+
+
+def record_dir(plan: Plan, workspace: Workspace) -> str:
+    """Where the launcher keeps the experiment's record: its output_dir when this machine
+    shares it, else the workspace (the backend's ``capabilities.shared_output``)."""
+    from tfplan.backends import backend_class
+
+    if backend_class(plan.backend.name).capabilities.shared_output:
+        return plan.output_dir
+    return str(workspace.root / plan.experiment_id / "output")
 
 
 def read_result(backend: Backend, output_dir: str, chief_host: str | None) -> dict[str, Any] | None:
@@ -121,7 +138,8 @@ class ExperimentRun:
         self.say = say
         self.config_yaml = config_yaml
         self.store = workspace.store(plan.experiment_id)
-        self.folder = ExperimentFolder(plan.output_dir)
+        self.record_dir = record_dir(plan, workspace)
+        self.folder = ExperimentFolder(self.record_dir)
         self.resumed_from: int | None = None
         self.applied: ApplyResult | None = None
         self.outcome: Outcome | None = None
@@ -186,7 +204,7 @@ class ExperimentRun:
         config_yaml = self.config_yaml or _yaml(plan.run_config)
         self.folder.begin(plan.experiment_id, plan.to_json(), config_yaml, self.resumed_from)
         self._began = True
-        index_output(self.workspace, plan.experiment_id, plan.output_dir, "experiment")
+        index_output(self.workspace, plan.experiment_id, self.record_dir, "experiment")
         self.applied = apply_plan(plan, self.store, self.backend, self.say)
         return self.applied
 
