@@ -107,7 +107,9 @@ class KubernetesBackend(Backend):
             port=opts.port,
             python=opts.python,
         )
-        topology = Topology(per_task=per_task, places_key="cluster.options", slots_key="cluster.options")
+        topology = Topology(
+            per_task=per_task, places_key="cluster.options", slots_key="cluster.options"
+        )
         return Target(BackendRef(cls.name, opts.to_config()), topology)
 
     @classmethod
@@ -134,19 +136,33 @@ class KubernetesBackend(Backend):
                 ) from None
             if error.status != 403:  # allowed to work in a namespace it may not read
                 raise
-        checks = [("PersistentVolumeClaim", opts.output_volume, kube.core.read_namespaced_persistent_volume_claim)]
-        checks.append(("ServiceAccount", opts.service_account, kube.core.read_namespaced_service_account))
+        checks = [
+            (
+                "PersistentVolumeClaim",
+                opts.output_volume,
+                kube.core.read_namespaced_persistent_volume_claim,
+            )
+        ]
+        checks.append(
+            ("ServiceAccount", opts.service_account, kube.core.read_namespaced_service_account)
+        )
         for kind, name, read in checks:
             if name and not self._exists(f"read {kind} {name}", read, name):
                 problems.append(f"{kind} {name} not found in namespace {ns}")
         wanted = {opts.job(t.role.value, t.index) for t in tasks}
-        jobs = kube.call("list Jobs", kube.batch.list_namespaced_job, ns, label_selector=opts.selector)
+        jobs = kube.call(
+            "list Jobs", kube.batch.list_namespaced_job, ns, label_selector=opts.selector
+        )
         left = sorted(wanted & {j.metadata.name for j in jobs.items})
         if left:
-            problems.append(f"Job(s) {', '.join(left)} exist already (tfplan destroy, or kubectl delete job)")
+            problems.append(
+                f"Job(s) {', '.join(left)} exist already (tfplan destroy, or kubectl delete job)"
+            )
         size = sum(len(v.encode()) for v in self._config_map(plan)["data"].values())
         if size > CONFIG_MAP_LIMIT:
-            problems.append(f"the ConfigMap would hold {size} bytes, over the API's 1 MiB: use options.code=image")
+            problems.append(
+                f"the ConfigMap would hold {size} bytes, over the API's 1 MiB: use options.code=image"
+            )
         if problems:
             raise PreflightError({"kubernetes": "; ".join(problems)})
 
@@ -193,7 +209,12 @@ class KubernetesBackend(Backend):
         except KubeError as error:
             if error.status != 409:
                 raise
-            existing = kube.call(f"read Service {opts.service}", kube.core.read_namespaced_service, opts.service, opts.namespace)
+            existing = kube.call(
+                f"read Service {opts.service}",
+                kube.core.read_namespaced_service,
+                opts.service,
+                opts.namespace,
+            )
             owner = (existing.metadata.labels or {}).get(LABEL_EXPERIMENT)
             if owner != opts.name:
                 raise KubeError(
@@ -208,7 +229,12 @@ class KubernetesBackend(Backend):
         kube, opts = self.kube, self.opts
         body = kube.model("V1ConfigMap", self._config_map(plan))
         try:
-            kube.call(f"create ConfigMap {opts.config_map}", kube.core.create_namespaced_config_map, opts.namespace, body)
+            kube.call(
+                f"create ConfigMap {opts.config_map}",
+                kube.core.create_namespaced_config_map,
+                opts.namespace,
+                body,
+            )
         except KubeError as error:
             if error.status != 409:
                 raise
@@ -225,11 +251,20 @@ class KubernetesBackend(Backend):
         kube, opts = self.kube, self.opts
         if request.keep_log_as:
             self._keep_previous_log(request)
-        task = PodTask(request.role, request.index, request.command, dict(request.env), request.workdir)
+        task = PodTask(
+            request.role, request.index, request.command, dict(request.env), request.workdir
+        )
         data = allocation.data
-        job = task_job(opts, task, data.get("code", []), data.get("code_dir", f"{opts.workdir}/_code"))
+        job = task_job(
+            opts, task, data.get("code", []), data.get("code_dir", f"{opts.workdir}/_code")
+        )
         name = job["metadata"]["name"]
-        kube.call(f"create Job {name}", kube.batch.create_namespaced_job, opts.namespace, kube.model("V1Job", job))
+        kube.call(
+            f"create Job {name}",
+            kube.batch.create_namespaced_job,
+            opts.namespace,
+            kube.model("V1Job", job),
+        )
         return Launched(
             handle={"job": name, "namespace": opts.namespace},
             host=request.host,
@@ -238,22 +273,46 @@ class KubernetesBackend(Backend):
         )
 
     def release(self, allocation: Allocation) -> None:
-        """Delete the Service and the ConfigMap (the Jobs are gone already)."""
+        """Once no task runs: delete what is left of the experiment (its ended Jobs, their logs
+        kept in the workspace for ``tfplan logs``), the Service and the ConfigMap."""
         kube, ns = self.kube, self.opts.namespace
+        for pod in self._pods(self.opts.selector):
+            task = (pod.metadata.labels or {}).get(LABEL_TASK)
+            if task:
+                self._save_log_as(self.scratch / "logs" / f"{task}.log", pod)
+        jobs = kube.call(
+            "list Jobs", kube.batch.list_namespaced_job, ns, label_selector=self.opts.selector
+        )
+        for job in jobs.items:
+            name = job.metadata.name
+            self._delete(
+                f"delete Job {name}",
+                kube.batch.delete_namespaced_job,
+                name,
+                0,
+                propagation_policy="Foreground",
+            )
         for kind, name, delete in (
             ("Service", self.opts.service, kube.core.delete_namespaced_service),
             ("ConfigMap", self.opts.config_map, kube.core.delete_namespaced_config_map),
         ):
-            try:
-                kube.call(f"delete {kind} {name}", delete, name, ns)
-            except KubeError as error:
-                if error.status != 404:
-                    raise
+            self._delete(f"delete {kind} {name}", delete, name, 0)
 
     # ---- observe and control -------------------------------------------------------------
     def _pods(self, selector: str) -> list[Any]:
-        pods = self.kube.call("list pods", self.kube.core.list_namespaced_pod, self.opts.namespace, label_selector=selector)
-        return sorted(pods.items, key=lambda p: (p.metadata.creation_timestamp is not None, p.metadata.creation_timestamp or 0))
+        pods = self.kube.call(
+            "list pods",
+            self.kube.core.list_namespaced_pod,
+            self.opts.namespace,
+            label_selector=selector,
+        )
+        return sorted(
+            pods.items,
+            key=lambda p: (
+                p.metadata.creation_timestamp is not None,
+                p.metadata.creation_timestamp or 0,
+            ),
+        )
 
     def _task_selector(self, task: TaskRecord) -> str:
         return f"{self.opts.selector},{LABEL_TASK}={task.role}-{task.index}"
@@ -261,7 +320,11 @@ class KubernetesBackend(Backend):
     def _pod_of(self, task: TaskRecord) -> Any | None:
         """The newest pod of the task's current Job, or None."""
         job = task.handle.get("job")
-        pods = [p for p in self._pods(self._task_selector(task)) if (p.metadata.labels or {}).get("job-name") in (None, job)]
+        pods = [
+            p
+            for p in self._pods(self._task_selector(task))
+            if (p.metadata.labels or {}).get("job-name") in (None, job)
+        ]
         return pods[-1] if pods else None
 
     def describe(self, tasks: Sequence[TaskRecord]) -> dict[str, TaskInfo]:
@@ -281,7 +344,12 @@ class KubernetesBackend(Backend):
                     out[task.name] = _pod_info(pod)
                     continue
                 if jobs is None:
-                    listed = self.kube.call("list Jobs", self.kube.batch.list_namespaced_job, self.opts.namespace, label_selector=self.opts.selector)
+                    listed = self.kube.call(
+                        "list Jobs",
+                        self.kube.batch.list_namespaced_job,
+                        self.opts.namespace,
+                        label_selector=self.opts.selector,
+                    )
                     jobs = {j.metadata.name for j in listed.items}
                 if task.handle.get("job") in jobs:
                     out[task.name] = TaskInfo(TaskPhase.PENDING, detail="Job created, no pod yet")
@@ -289,9 +357,14 @@ class KubernetesBackend(Backend):
                     out[task.name] = TaskInfo(TaskPhase.FAILED, detail="its Job is gone")
             return out
         except KubeError as error:
-            return {t.name: TaskInfo(TaskPhase.UNREACHABLE, host=t.host, error=str(error)) for t in tasks}
+            return {
+                t.name: TaskInfo(TaskPhase.UNREACHABLE, host=t.host, error=str(error))
+                for t in tasks
+            }
 
-    def cancel(self, tasks: Sequence[TaskRecord], grace_secs: float) -> dict[str, CancelResult | Exception]:
+    def cancel(
+        self, tasks: Sequence[TaskRecord], grace_secs: float
+    ) -> dict[str, CancelResult | Exception]:
         """Delete each task's pods (grace period ``grace_secs``) and its Job (foreground), and
         wait until they are gone, all tasks at once."""
         return dict(run_on_hosts({t.name: t for t in tasks}, lambda t: self._stop(t, grace_secs)))
@@ -306,21 +379,40 @@ class KubernetesBackend(Backend):
             self._save_log(task, pods[-1])
         grace = math.ceil(grace_secs)
         for pod in pods:
-            self._delete(f"delete pod {pod.metadata.name}", kube.core.delete_namespaced_pod, pod.metadata.name, grace)
+            self._delete(
+                f"delete pod {pod.metadata.name}",
+                kube.core.delete_namespaced_pod,
+                pod.metadata.name,
+                grace,
+            )
         job = str(task.handle.get("job") or self.opts.job(task.role, task.index))
-        self._delete(f"delete Job {job}", kube.batch.delete_namespaced_job, job, grace, propagation_policy="Foreground")
+        self._delete(
+            f"delete Job {job}",
+            kube.batch.delete_namespaced_job,
+            job,
+            grace,
+            propagation_policy="Foreground",
+        )
         deadline = began + grace_secs + GONE_TIMEOUT_SECS
-        while self._pods(selector) or self._exists(f"read Job {job}", kube.batch.read_namespaced_job, job):
+        while self._pods(selector) or self._exists(
+            f"read Job {job}", kube.batch.read_namespaced_job, job
+        ):
             if time.monotonic() > deadline:
-                raise BackendError(f"Job {job} in namespace {ns} still has pods {GONE_TIMEOUT_SECS:.0f}s after its grace period")
+                raise BackendError(
+                    f"Job {job} in namespace {ns} still has pods {GONE_TIMEOUT_SECS:.0f}s after its grace period"
+                )
             time.sleep(POLL_SECS)
         elapsed = time.monotonic() - began
         outcome = "none" if not live else ("terminated" if elapsed <= grace_secs + 1 else "killed")
         return CancelResult(outcome, elapsed)
 
-    def _delete(self, what: str, delete: Callable[..., Any], name: str, grace: int, **kwargs: Any) -> None:
+    def _delete(
+        self, what: str, delete: Callable[..., Any], name: str, grace: int, **kwargs: Any
+    ) -> None:
         try:
-            self.kube.call(what, delete, name, self.opts.namespace, grace_period_seconds=grace, **kwargs)
+            self.kube.call(
+                what, delete, name, self.opts.namespace, grace_period_seconds=grace, **kwargs
+            )
         except KubeError as error:
             if error.status != 404:
                 raise
@@ -331,18 +423,24 @@ class KubernetesBackend(Backend):
 
     def _save_log(self, task: TaskRecord, pod: Any) -> None:
         """Keep a pod's log before its Job is deleted (a restart keeps the previous life's)."""
+        self._save_log_as(self._log_file(task), pod)
+
+    def _save_log_as(self, path: Path, pod: Any) -> None:
+        if pod.status is None or pod.status.phase == "Pending":
+            return
         try:
             data = self._log(pod.metadata.name)
         except KubeError:
             return
-        path = self._log_file(task)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
     def _keep_previous_log(self, request: LaunchRequest) -> None:
         saved = self._log_file(request)
         if saved.exists() and request.keep_log_as:  # worker-1.log -> worker-1.log.0, as task.log.0
-            saved.replace(saved.with_name(saved.name + (Path(request.keep_log_as).suffix or ".prev")))
+            saved.replace(
+                saved.with_name(saved.name + (Path(request.keep_log_as).suffix or ".prev"))
+            )
 
     def _log(self, pod: str, container: str = CONTAINER, **kwargs: Any) -> bytes:
         response = self.kube.call(
@@ -385,14 +483,23 @@ class KubernetesBackend(Backend):
         if not opts.output_volume or not path.startswith(opts.output_dir.rstrip("/") + "/"):
             return None
         read_pvc = kube.core.read_namespaced_persistent_volume_claim
-        if not self._exists(f"read PersistentVolumeClaim {opts.output_volume}", read_pvc, opts.output_volume):
+        if not self._exists(
+            f"read PersistentVolumeClaim {opts.output_volume}", read_pvc, opts.output_volume
+        ):
             return None
         name = f"{opts.name}-read-{uuid.uuid4().hex[:8]}"
-        kube.call(f"create pod {name}", kube.core.create_namespaced_pod, opts.namespace, kube.model("V1Pod", reader_pod(opts, name, path)))
+        kube.call(
+            f"create pod {name}",
+            kube.core.create_namespaced_pod,
+            opts.namespace,
+            kube.model("V1Pod", reader_pod(opts, name, path)),
+        )
         try:
             deadline = time.monotonic() + READER_TIMEOUT_SECS
             while True:
-                pod = kube.call(f"read pod {name}", kube.core.read_namespaced_pod, name, opts.namespace)
+                pod = kube.call(
+                    f"read pod {name}", kube.core.read_namespaced_pod, name, opts.namespace
+                )
                 phase = pod.status.phase if pod.status else None
                 if phase == "Succeeded":
                     return self._log(name, "reader")
@@ -400,9 +507,13 @@ class KubernetesBackend(Backend):
                     code, reason = _terminated(pod, "reader")
                     if code == 3:
                         return None
-                    raise KubeError(f"reading {path}: pod {name} failed ({reason or f'exit code {code}'})")
+                    raise KubeError(
+                        f"reading {path}: pod {name} failed ({reason or f'exit code {code}'})"
+                    )
                 if time.monotonic() > deadline:
-                    raise KubeError(f"reading {path}: pod {name} did not finish in {READER_TIMEOUT_SECS:.0f}s ({phase})")
+                    raise KubeError(
+                        f"reading {path}: pod {name} did not finish in {READER_TIMEOUT_SECS:.0f}s ({phase})"
+                    )
                 time.sleep(POLL_SECS)
         finally:
             self._delete(f"delete pod {name}", kube.core.delete_namespaced_pod, name, 0)
@@ -482,7 +593,11 @@ class _PodLog:
 def _terminated(pod: Any, container: str) -> tuple[int | None, str]:
     """(exit code, reason) of a pod's container that ended."""
     for status in (pod.status.container_statuses or []) if pod.status else []:
-        if status.name == container and status.state is not None and status.state.terminated is not None:
+        if (
+            status.name == container
+            and status.state is not None
+            and status.state.terminated is not None
+        ):
             done = status.state.terminated
             return done.exit_code, done.reason or ""
     return None, (pod.status.reason or "") if pod.status else ""
@@ -508,12 +623,20 @@ def _pod_info(pod: Any) -> TaskInfo:
     if phase in ("Succeeded", "Failed"):
         code, reason = _terminated(pod, CONTAINER)
         if phase == "Succeeded":
-            return TaskInfo(TaskPhase.SUCCEEDED, exit_code=0 if code is None else code, host=node, detail=reason)
-        return TaskInfo(TaskPhase.FAILED, exit_code=code, host=node, detail=reason or (status.message or ""))
+            return TaskInfo(
+                TaskPhase.SUCCEEDED, exit_code=0 if code is None else code, host=node, detail=reason
+            )
+        return TaskInfo(
+            TaskPhase.FAILED, exit_code=code, host=node, detail=reason or (status.message or "")
+        )
     if phase == "Pending" and status is not None:
         reason, message = _waiting(pod)
         detail = f"{reason}: {message}" if message else reason
         if reason in _PERMANENT_WAITING:  # it will never start: the program "was not found"
             return TaskInfo(TaskPhase.FAILED, exit_code=127, host=node, detail=detail)
         return TaskInfo(TaskPhase.PENDING, host=node, detail=detail or "Pending")
-    return TaskInfo(TaskPhase.UNREACHABLE, host=node, error=f"pod {pod.metadata.name} is {phase} (its node does not report)")
+    return TaskInfo(
+        TaskPhase.UNREACHABLE,
+        host=node,
+        error=f"pod {pod.metadata.name} is {phase} (its node does not report)",
+    )

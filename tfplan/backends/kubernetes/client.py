@@ -59,18 +59,21 @@ class Kube:
             )
         configuration = client.Configuration()
         try:
-            config.load_kube_config(
+            config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=str(path), context=opts.context, client_configuration=configuration
             )
         except (ConfigException, OSError, ValueError, TypeError) as error:
             where = f"context {opts.context!r} of " if opts.context else ""
-            raise KubeError(f"cannot use {where}kubeconfig {path}: {_one_line(str(error))}") from None
+            raise KubeError(
+                f"cannot use {where}kubeconfig {path}: {_one_line(str(error))}"
+            ) from None
         configuration.retries = 1
         self.host = configuration.host
         self.client = client
-        self.api = client.ApiClient(configuration)
-        self.core = client.CoreV1Api(self.api)
-        self.batch = client.BatchV1Api(self.api)
+        # Typed as Any: the backend reads a few fields of the models, all optional there.
+        self.api: Any = client.ApiClient(configuration)
+        self.core: Any = client.CoreV1Api(self.api)
+        self.batch: Any = client.BatchV1Api(self.api)
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` with a timeout; errors as :class:`KubeError`."""

@@ -69,7 +69,9 @@ def _list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
 
 
 def _str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    style = "|" if "\n" in data and all(line == line.rstrip() for line in data.split("\n")) else None
+    style = (
+        "|" if "\n" in data and all(line == line.rstrip() for line in data.split("\n")) else None
+    )
     return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
 
@@ -79,7 +81,9 @@ _Dumper.add_representer(str, _str)
 
 def to_yaml(objects: Iterable[dict[str, Any]]) -> str:
     """Objects as one multi-document YAML stream (``kubectl apply -f -``)."""
-    return yaml.dump_all(list(objects), Dumper=_Dumper, sort_keys=False, width=100, explicit_start=True)
+    return yaml.dump_all(
+        list(objects), Dumper=_Dumper, sort_keys=False, width=100, explicit_start=True
+    )
 
 
 def file_name(position: int, obj: dict[str, Any]) -> str:

@@ -130,7 +130,9 @@ def _code_key(path: str) -> str:
     return path.replace("/", ".")  # ConfigMap keys allow [-._a-zA-Z0-9] only
 
 
-def config_map(opts: KubeOptions, run_config: Mapping[str, Any], code: Mapping[str, str]) -> dict[str, Any]:
+def config_map(
+    opts: KubeOptions, run_config: Mapping[str, Any], code: Mapping[str, str]
+) -> dict[str, Any]:
     """run.yaml and the code files (``recipes/...`` -> text)."""
     data = {"run.yaml": yaml.safe_dump(dict(run_config), sort_keys=True)}
     data.update({_code_key(path): text for path, text in sorted(code.items())})
@@ -157,7 +159,9 @@ def service(opts: KubeOptions) -> dict[str, Any]:
     }
 
 
-def _work_items(opts: KubeOptions, workdirs: Sequence[str], code_paths: Sequence[str], code_dir: str) -> list[dict[str, str]]:
+def work_items(
+    opts: KubeOptions, workdirs: Sequence[str], code_paths: Sequence[str], code_dir: str
+) -> list[dict[str, str]]:
     items = [
         {"key": "run.yaml", "path": posixpath.join(posixpath.relpath(w, opts.workdir), "run.yaml")}
         for w in workdirs
@@ -257,7 +261,10 @@ def job_spec(retry: Retry, template: dict[str, Any], indexed: bool = False) -> d
                         "values": list(PERMANENT_EXIT_CODES),
                     },
                 },
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                },
             ]
         }
     if retry.deadline_secs is not None:
@@ -285,7 +292,7 @@ def task_job(
     the_container = container(
         opts, task.role, [escape(w) for w in task.command], env_list(task.env), task.workdir
     )
-    items = _work_items(opts, [task.workdir], code_paths, code_dir)
+    items = work_items(opts, [task.workdir], code_paths, code_dir)
     template = {
         "metadata": {"labels": labels, **_annotations(opts)},
         "spec": pod_spec(opts, the_container, items, hostname=name),
@@ -331,7 +338,9 @@ def reader_pod(opts: KubeOptions, name: str, path: str) -> dict[str, Any]:
             "image": opts.image,
             "imagePullPolicy": opts.image_pull_policy,
             "command": ["sh", "-c", escape(script), "tfplan-read", escape(path)],
-            "volumeMounts": [{"name": OUTPUT_VOLUME, "mountPath": opts.output_dir, "readOnly": True}],
+            "volumeMounts": [
+                {"name": OUTPUT_VOLUME, "mountPath": opts.output_dir, "readOnly": True}
+            ],
         },
         [],
     )

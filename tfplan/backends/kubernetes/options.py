@@ -119,7 +119,11 @@ class KubeOptions:
         return f"{name}.{self.namespace}.svc{suffix}"
 
     def labels_for(self, role: str | None = None, index: int | None = None) -> dict[str, str]:
-        labels = {**self.labels, LABEL_EXPERIMENT: self.name, "app.kubernetes.io/managed-by": "tfplan"}
+        labels = {
+            **self.labels,
+            LABEL_EXPERIMENT: self.name,
+            "app.kubernetes.io/managed-by": "tfplan",
+        }
         if role is not None:
             labels[LABEL_ROLE] = role
             if index is not None:
@@ -146,7 +150,9 @@ class KubeOptions:
         return cls(**known)
 
 
-_OPTION_KEYS = tuple(k for k in KubeOptions.__dataclass_fields__ if k not in ("workdir", "output_dir"))
+_OPTION_KEYS = tuple(
+    k for k in KubeOptions.__dataclass_fields__ if k not in ("workdir", "output_dir")
+)
 
 
 def _err(key: str, problem: str, fix: str) -> ConfigError:
@@ -257,7 +263,7 @@ def _label(given: dict[str, Any], key: str, default: str, limit: int) -> str:
 def _choice(given: dict[str, Any], key: str, default: str, choices: tuple[str, ...]) -> str:
     value = given.get(key, default)
     if value not in choices:
-        raise _err(key, f"{value!r} is not one of {', '.join(choices)}", f"use one of them")
+        raise _err(key, f"{value!r} is not one of {', '.join(choices)}", "use one of them")
     return str(value)
 
 
@@ -291,7 +297,9 @@ def _mapping(given: dict[str, Any], key: str) -> dict[str, str]:
 
 def _resources(value: Any) -> dict[str, dict[str, dict[str, str]]]:
     if not isinstance(value, dict):
-        raise _err("resources", f"{value!r} is not a mapping", f"give one per role: {', '.join(ROLES)}")
+        raise _err(
+            "resources", f"{value!r} is not a mapping", f"give one per role: {', '.join(ROLES)}"
+        )
     resolved: dict[str, dict[str, dict[str, str]]] = {}
     for role, kinds in value.items():
         key = f"resources.{role}"
@@ -306,7 +314,9 @@ def _resources(value: Any) -> dict[str, dict[str, dict[str, str]]]:
             if amounts is None:
                 continue
             if not isinstance(amounts, dict):
-                raise _err(f"{key}.{kind}", f"{amounts!r} is not a mapping", "e.g. {cpu: 2, memory: 4Gi}")
+                raise _err(
+                    f"{key}.{kind}", f"{amounts!r} is not a mapping", "e.g. {cpu: 2, memory: 4Gi}"
+                )
             for resource, amount in amounts.items():
                 if isinstance(amount, bool) or not _QUANTITY_RE.match(str(amount)):
                     raise _err(
@@ -328,6 +338,8 @@ def _tolerations(value: Any) -> tuple[dict[str, Any], ...]:
             raise _err(key, f"{item!r} is not a mapping", "e.g. {key: gpu, operator: Exists}")
         for field_name in item:
             if field_name not in _TOLERATION_KEYS:
-                raise _err(f"{key}.{field_name}", "no such field", f"known: {', '.join(_TOLERATION_KEYS)}")
+                raise _err(
+                    f"{key}.{field_name}", "no such field", f"known: {', '.join(_TOLERATION_KEYS)}"
+                )
         out.append(dict(item))
     return tuple(out)

@@ -24,6 +24,7 @@ from typing import Any
 
 from tfplan.backends.kubernetes.manifests import (
     Retry,
+    work_items,
     config_map,
     container,
     escape,
@@ -31,7 +32,6 @@ from tfplan.backends.kubernetes.manifests import (
     pod_spec,
     retry_of,
     ships_code,
-    _work_items,
 )
 from tfplan.backends.kubernetes.options import KubeOptions
 from tfplan.errors import PlanError
@@ -84,12 +84,21 @@ def _tasks(plan: Plan, role: str) -> list[Task]:
     return sorted((t for t in plan.tasks if t.role.value == role), key=lambda t: t.index)
 
 
-def expected_task(plan: Plan, opts: KubeOptions, fmt: str, task: Task) -> tuple[list[str], dict[str, str]]:
+def expected_task(
+    plan: Plan, opts: KubeOptions, fmt: str, task: Task
+) -> tuple[list[str], dict[str, str]]:
     """(command, environment) task ``task`` must get under ``fmt``: the plan's, with the
     format's names (TFJob: without TF_CONFIG, which its operator adds)."""
     cluster = cluster_spec(plan, opts, fmt)
     if plan.command_template:
-        facts = TaskFacts(task.role.value, task.index, _training(cluster), task.port, task.is_chief, plan.output_dir)
+        facts = TaskFacts(
+            task.role.value,
+            task.index,
+            _training(cluster),
+            task.port,
+            task.is_chief,
+            plan.output_dir,
+        )
         command = list(fill_command(plan.command_template, facts))
     else:
         command = list(task.command)
@@ -132,10 +141,14 @@ def _generalise(values: list[str], role: str) -> str:
     if len(set(escaped)) == 1:
         return escaped[0]
     first = escaped[0]
-    return first.replace(f"{role}-0", f"{role}-{INDEX_REF}").replace(f"{role}/0", f"{role}/{INDEX_REF}")
+    return first.replace(f"{role}-0", f"{role}-{INDEX_REF}").replace(
+        f"{role}/0", f"{role}/{INDEX_REF}"
+    )
 
 
-def _command_template(plan: Plan, opts: KubeOptions, fmt: str, role: str, tasks: list[Task]) -> list[str]:
+def _command_template(
+    plan: Plan, opts: KubeOptions, fmt: str, role: str, tasks: list[Task]
+) -> list[str]:
     if not plan.command_template:
         words = list(zip(*(t.command for t in tasks), strict=True))
         return [_generalise(list(w), role) for w in words]
@@ -149,19 +162,27 @@ def _command_template(plan: Plan, opts: KubeOptions, fmt: str, role: str, tasks:
     return [escape(word).format_map(values) for word in plan.command_template]
 
 
-def _role_container(plan: Plan, opts: KubeOptions, fmt: str, role: str, tasks: list[Task]) -> dict[str, Any]:
+def _role_container(
+    plan: Plan, opts: KubeOptions, fmt: str, role: str, tasks: list[Task]
+) -> dict[str, Any]:
     expected = [expected_task(plan, opts, fmt, t) for t in tasks]
     command = _command_template(plan, opts, fmt, role, tasks)
     env: list[dict[str, Any]] = [
         {
             "name": INDEX_VAR,
-            "valueFrom": {"fieldRef": {"fieldPath": JOBSET_INDEX_FIELD if fmt == "jobset" else TFJOB_INDEX_FIELD}},
+            "valueFrom": {
+                "fieldRef": {
+                    "fieldPath": JOBSET_INDEX_FIELD if fmt == "jobset" else TFJOB_INDEX_FIELD
+                }
+            },
         }
     ]
     for key in expected[0][1]:
         if key == "TF_CONFIG":
             cluster = ClusterSpecText(cluster_spec(plan, opts, fmt)).cluster_json
-            value = f'{{"cluster":{escape(cluster)},"task":{{"index":{INDEX_REF},"type":"{role}"}}}}'
+            value = (
+                f'{{"cluster":{escape(cluster)},"task":{{"index":{INDEX_REF},"type":"{role}"}}}}'
+            )
         else:
             value = _generalise([e[1].get(key, "") for e in expected], role)
         env.append({"name": key, "value": value})
@@ -191,11 +212,15 @@ def _check(
             )
 
 
-def _role_items(plan: Plan, opts: KubeOptions, tasks: list[Task], code: Mapping[str, str]) -> list[dict[str, str]]:
-    return _work_items(opts, [t.workdir for t in tasks], sorted(code), plan.code_dir)
+def _role_items(
+    plan: Plan, opts: KubeOptions, tasks: list[Task], code: Mapping[str, str]
+) -> list[dict[str, str]]:
+    return work_items(opts, [t.workdir for t in tasks], sorted(code), plan.code_dir)
 
 
-def jobset_manifests(plan: Plan, opts: KubeOptions, code: Mapping[str, str]) -> list[dict[str, Any]]:
+def jobset_manifests(
+    plan: Plan, opts: KubeOptions, code: Mapping[str, str]
+) -> list[dict[str, Any]]:
     """``--format jobset``: the ConfigMap and one JobSet (its controller makes the headless
     Service ``<name>``). Each task is a one-pod Job retried by the plan's policy; the JobSet
     succeeds when the chief (or, with worker 0 as chief, every worker) has, and fails when any
@@ -209,7 +234,11 @@ def jobset_manifests(plan: Plan, opts: KubeOptions, code: Mapping[str, str]) -> 
         labels = opts.labels_for(role)
         pod = {
             "metadata": {"labels": labels},
-            "spec": pod_spec(opts, _role_container(plan, opts, "jobset", role, tasks), _role_items(plan, opts, tasks, shipped)),
+            "spec": pod_spec(
+                opts,
+                _role_container(plan, opts, "jobset", role, tasks),
+                _role_items(plan, opts, tasks, shipped),
+            ),
         }
         replicated.append(
             {
@@ -223,7 +252,11 @@ def jobset_manifests(plan: Plan, opts: KubeOptions, code: Mapping[str, str]) -> 
         )
     target = "chief" if any(t.role.value == "chief" for t in plan.tasks) else "worker"
     spec: dict[str, Any] = {
-        "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True, "subdomain": opts.service},
+        "network": {
+            "enableDNSHostnames": True,
+            "publishNotReadyAddresses": True,
+            "subdomain": opts.service,
+        },
         "successPolicy": {"operator": "All", "targetReplicatedJobs": [target]},
         "failurePolicy": {"maxRestarts": 0},
         "replicatedJobs": replicated,
@@ -244,7 +277,11 @@ def _no_ttl(retry: Retry) -> Retry:
 
 
 def _meta(opts: KubeOptions) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": opts.name, "namespace": opts.namespace, "labels": opts.labels_for()}
+    meta: dict[str, Any] = {
+        "name": opts.name,
+        "namespace": opts.namespace,
+        "labels": opts.labels_for(),
+    }
     if opts.annotations:
         meta["annotations"] = dict(opts.annotations)
     return meta
@@ -267,7 +304,12 @@ def tfjob_manifests(plan: Plan, opts: KubeOptions, code: Mapping[str, str]) -> l
             "restartPolicy": plan.policy.for_role(role).restart.value,
             "template": {
                 "metadata": {"labels": opts.labels_for(role)},
-                "spec": pod_spec(opts, the_container, _role_items(plan, opts, tasks, shipped), restart_policy=None),
+                "spec": pod_spec(
+                    opts,
+                    the_container,
+                    _role_items(plan, opts, tasks, shipped),
+                    restart_policy=None,
+                ),
             },
         }
     limits = [
