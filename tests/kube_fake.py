@@ -80,6 +80,7 @@ class FakeKube:
         self.logs: dict[str, bytearray] = {}  # pod name -> its container's log
         self.created: list[str] = []  # "Kind/name", in order of creation
         self.deleted: list[str] = []
+        self.requests: list[str] = []  # "METHOD path?query", in order
         self.autostart = False  # new task pods go Running at once
         self.closing = False
         self._version = 1
@@ -443,7 +444,13 @@ def _handler(fake: FakeKube) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _serve(self, method: str) -> None:
+            if fake.closing:  # the server went away: drop the kept-alive connection unanswered
+                self.close_connection = True
+                return
             url = urlsplit(self.path)
+            with fake.cond:
+                fake.requests.append(f"{method} {self.path}")
+                fake.cond.notify_all()
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""

@@ -40,7 +40,7 @@ from state_helpers import records, state_from  # noqa: E402
 
 
 def test_conf_holds_the_expected_options() -> None:
-    assert CLUSTERS == ["3node", "gpu2x4", "local", "local_chief"]
+    assert CLUSTERS == ["3node", "gpu2x4", "k8s", "local", "local_chief"]
     assert ALGOS == [
         "adag",
         "agn",

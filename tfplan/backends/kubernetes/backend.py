@@ -9,6 +9,11 @@ supervisor restarts tasks by their policy, as for every backend). ``status``, ``
 Handle: ``{"job": <Job name>, "namespace": ...}``; the Job's pod carries the label
 ``tfplan/task=<role>-<index>``.
 
+While tasks run, an ended task's Job and pod stay (its log readable); once none runs,
+:meth:`release` deletes everything the experiment created, keeping each pod's log in the
+workspace (``.tfplan/<experiment>/backend/logs/``), as a process ends and leaves its log. A task
+restarted by the supervisor keeps its previous life's log there as ``<role>-<index>.log.<n>``.
+
 Files a task wrote (``result.json``, the checkpoint index) are read with a short-lived reader
 pod that mounts the output volume and prints the file to its log: it works while training runs
 and after every task has ended (``exec`` would need a live pod), through nothing but the API.
@@ -535,28 +540,28 @@ class _PodLog:
         self.task = task
         self.stopped = threading.Event()
         self.response: Any = None
+        self.gone = False  # the Job is gone: its pod will never log
 
     def stream(self, on_line: Callable[[str], None]) -> LogStream:
         return LogStream(self.task.name, self.read_chunk, self.end, self.end, on_line)
 
     def read_chunk(self) -> bytes:
         while not self.stopped.is_set():
-            if self.response is None and not self._open():
-                if self.response is None and self._gone:
-                    return b""
-                self.stopped.wait(POLL_SECS * 2)
-                continue
+            if self.response is None:
+                if not self._open():
+                    if self.gone:
+                        return b""
+                    self.stopped.wait(POLL_SECS * 2)
+                continue  # stopped while it opened: end() saw no response to shut down
             chunk: bytes = self.response.read1(65536)
             return chunk
         return b""
-
-    _gone = False
 
     def _open(self) -> bool:
         backend = self.backend
         pod = backend._pod_of(self.task)
         if pod is None:
-            self._gone = not backend._exists(
+            self.gone = not backend._exists(
                 "read Job", backend.kube.batch.read_namespaced_job, str(self.task.handle.get("job"))
             )
             return False

@@ -52,6 +52,7 @@ __all__ = [
     "service",
     "ships_code",
     "task_job",
+    "work_items",
 ]
 
 PERMANENT_EXIT_CODES = list(range(1, 128))  # ExitCode: the program gave up; 128+ were killed

@@ -24,7 +24,6 @@ from typing import Any
 
 from tfplan.backends.kubernetes.manifests import (
     Retry,
-    work_items,
     config_map,
     container,
     escape,
@@ -32,6 +31,7 @@ from tfplan.backends.kubernetes.manifests import (
     pod_spec,
     retry_of,
     ships_code,
+    work_items,
 )
 from tfplan.backends.kubernetes.options import KubeOptions
 from tfplan.errors import PlanError
