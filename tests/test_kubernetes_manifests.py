@@ -459,3 +459,19 @@ def test_export_of_a_plan_for_another_backend_is_one_line(
         "error: the plan runs on the process backend, not kubernetes: plan it with cluster=k8s "
         "(tfplan plan cluster=k8s ...) to export Kubernetes manifests"
     )
+
+
+def test_the_docs_show_exactly_what_export_writes_for_the_downpour_example() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "kubernetes.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    shown = [list(yaml.safe_load_all(b)) for b in blocks]
+    plan = downpour_plan(
+        "cluster.options.code=image",
+        "cluster.options.image=registry.example.com/ml/tfplan:2.21.0",
+        "cluster.options.output_volume=tfplan-shared",
+    )
+    jobs, jobset, tfjob = (export_manifests(plan, fmt) for fmt in ("jobs", "jobset", "tfjob"))
+    assert shown == [jobs, jobset[1:], tfjob[1:]]
+    assert jobset[0] == tfjob[0] == jobs[0]  # the ConfigMap, shown once
+    for line in plan.request[:3]:
+        assert line in text

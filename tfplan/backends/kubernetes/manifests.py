@@ -277,7 +277,8 @@ def job_spec(retry: Retry, template: dict[str, Any], indexed: bool = False) -> d
 
 
 def env_list(env: Mapping[str, str]) -> list[dict[str, Any]]:
-    return [{"name": k, "value": escape(v)} for k, v in env.items()]
+    """The environment in name order (a plan read back from its file has it sorted too)."""
+    return [{"name": k, "value": escape(env[k])} for k in sorted(env)]
 
 
 def task_job(

@@ -177,7 +177,7 @@ def _role_container(
             },
         }
     ]
-    for key in expected[0][1]:
+    for key in sorted(expected[0][1]):
         if key == "TF_CONFIG":
             cluster = ClusterSpecText(cluster_spec(plan, opts, fmt)).cluster_json
             value = (
