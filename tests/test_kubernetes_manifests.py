@@ -29,7 +29,7 @@ from tfplan.backends.kubernetes.manifests import PodTask, task_job
 from tfplan.backends.kubernetes.options import KubeOptions
 from tfplan.backends.kubernetes.replicated import JOBSET_INDEX_FIELD, TFJOB_INDEX_FIELD
 from tfplan.cli.main import main
-from tfplan.errors import ConfigError, PlanError
+from tfplan.errors import BackendError, ConfigError, PlanError
 from tfplan.planning.plan import Plan
 from tfplan.planning.tf_config import ClusterSpecText
 
@@ -475,3 +475,33 @@ def test_the_docs_show_exactly_what_export_writes_for_the_downpour_example() -> 
     assert jobset[0] == tfjob[0] == jobs[0]  # the ConfigMap, shown once
     for line in plan.request[:3]:
         assert line in text
+
+
+def test_plan_and_export_need_no_kubernetes_client_and_apply_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m == "kubernetes" or m.startswith("kubernetes.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes -> ImportError
+    plan = downpour_plan()
+    assert len(export_manifests(plan, "tfjob")) == 2
+    backend = KubernetesBackend(plan.backend, tmp_path)
+    with pytest.raises(
+        BackendError,
+        match=r"the kubernetes client is not installed: pip install 'tfplan\[kubernetes\]'",
+    ):
+        backend.preflight(plan, plan.tasks)
+
+
+def test_cluster_domain_goes_into_every_address() -> None:
+    plan = k8s_plan("cluster.options.cluster_domain=corp.example")
+    assert (
+        plan.address_of(plan.tasks[0])
+        == "tfplan-default-ps-0.tfplan-default.default.svc.corp.example"
+    )
+    with pytest.raises(
+        ConfigError, match="cluster.options.cluster_domain: '{x}' is not a DNS domain"
+    ):
+        k8s_plan("cluster.options.cluster_domain='{x}'")

@@ -48,8 +48,14 @@ class Kube:
     """
 
     def __init__(self, opts: KubeOptions) -> None:
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
+        try:
+            from kubernetes import client, config
+            from kubernetes.config.config_exception import ConfigException
+        except ImportError:
+            raise KubeError(
+                "the kubernetes client is not installed: pip install 'tfplan[kubernetes]' "
+                "(tfplan plan and tfplan export work without it)"
+            ) from None
 
         path = kubeconfig_path(opts)
         if not path.is_file():

@@ -50,6 +50,7 @@ LABEL_TASK = "tfplan/task"
 LABEL_ROLE = "tfplan/role"
 MAX_NAME = 40  # <name>-evaluator-0 and JobSet's <name>-<role>-<i>-0 stay within 63 characters
 _LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _QUANTITY_RE = re.compile(r"^[+-]?[0-9.]+([eEinumkKMGTP]*[-+]?[0-9]*)$")
 _TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
 _RESOURCE_KINDS = ("requests", "limits")
@@ -191,7 +192,7 @@ def parse_options(cluster: ClusterConfig) -> KubeOptions:
         kubeconfig=_optional_text(given, "kubeconfig"),
         context=_optional_text(given, "context"),
         port=_port(given),
-        cluster_domain=_optional_text(given, "cluster_domain"),
+        cluster_domain=_domain(given),
         labels=_mapping(given, "labels"),
         annotations=_mapping(given, "annotations"),
         ttl_seconds_after_finished=(
@@ -257,6 +258,13 @@ def _label(given: dict[str, Any], key: str, default: str, limit: int) -> str:
     value = _text(given, key, default)
     if len(value) > limit or not _LABEL_RE.match(value):
         raise _err(key, f"{value!r} is not a DNS label", "use lowercase letters, digits and '-'")
+    return value
+
+
+def _domain(given: dict[str, Any]) -> str | None:
+    value = _optional_text(given, "cluster_domain")
+    if value is not None and not _DOMAIN_RE.match(value):
+        raise _err("cluster_domain", f"{value!r} is not a DNS domain", "e.g. cluster.local")
     return value
 
 
