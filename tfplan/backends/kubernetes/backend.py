@@ -23,7 +23,6 @@ Without ``output_volume`` there is nothing shared to read, and :meth:`read_file`
 from __future__ import annotations
 
 import math
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -60,6 +59,7 @@ from tfplan.backends.kubernetes.options import (
     KubeOptions,
     parse_options,
 )
+from tfplan.backends.kubernetes.pods import PodLog, pod_info, terminated
 from tfplan.errors import BackendError, PreflightError
 from tfplan.planning.plan import BackendRef, Plan, Task
 from tfplan.planning.state import Allocation, TaskRecord
@@ -75,7 +75,6 @@ CONFIG_MAP_LIMIT = 1 << 20  # the API server refuses a ConfigMap above 1 MiB
 POLL_SECS = 0.2
 READER_TIMEOUT_SECS = 90.0
 GONE_TIMEOUT_SECS = 60.0  # beyond the grace period, for a deleted pod to disappear
-_PERMANENT_WAITING = ("InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError")
 
 
 class KubernetesBackend(Backend):
@@ -346,7 +345,7 @@ class KubernetesBackend(Backend):
             for task in tasks:
                 pod = by_task.get(f"{task.role}-{task.index}")
                 if pod is not None:
-                    out[task.name] = _pod_info(pod)
+                    out[task.name] = pod_info(pod)
                     continue
                 if jobs is None:
                     listed = self.kube.call(
@@ -475,7 +474,34 @@ class KubernetesBackend(Backend):
 
     def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
         """Follow the pod's log (it waits for the pod to start); ends when the pod ends."""
-        return _PodLog(self, task).stream(on_line)
+        return PodLog(task.name, lambda: self._open_follow(task)).stream(on_line)
+
+    def _open_follow(self, task: TaskRecord) -> tuple[Any | None, bool]:
+        """(the follow response of the task's started pod, or None; whether it never will be)."""
+        pod = self._pod_of(task)
+        if pod is None:
+            job = str(task.handle.get("job"))
+            return None, not self._exists(
+                f"read Job {job}", self.kube.batch.read_namespaced_job, job
+            )
+        if pod.status is None or pod.status.phase == "Pending":
+            return None, False
+        try:
+            response = self.kube.call(
+                f"follow the log of pod {pod.metadata.name}",
+                self.kube.core.read_namespaced_pod_log,
+                pod.metadata.name,
+                self.opts.namespace,
+                container=CONTAINER,
+                follow=True,
+                _preload_content=False,
+                _request_timeout=None,
+            )
+        except KubeError as error:
+            if error.status in (400, 404):  # the container is not started yet, or just went
+                return None, False
+            raise
+        return response, False
 
     def read_file(self, path: str, near: str | None = None) -> bytes | None:
         """A file of the output volume, printed by a reader pod; None without a volume or
@@ -509,7 +535,7 @@ class KubernetesBackend(Backend):
                 if phase == "Succeeded":
                     return self._log(name, "reader")
                 if phase == "Failed":
-                    code, reason = _terminated(pod, "reader")
+                    code, reason = terminated(pod, "reader")
                     if code == 3:
                         return None
                     raise KubeError(
@@ -530,118 +556,3 @@ class KubernetesBackend(Backend):
         if self._kube is not None:
             self._kube.close()
             self._kube = None
-
-
-class _PodLog:
-    """A followed pod log: waits for the pod to start, then reads the follow stream."""
-
-    def __init__(self, backend: KubernetesBackend, task: TaskRecord) -> None:
-        self.backend = backend
-        self.task = task
-        self.stopped = threading.Event()
-        self.response: Any = None
-        self.gone = False  # the Job is gone: its pod will never log
-
-    def stream(self, on_line: Callable[[str], None]) -> LogStream:
-        return LogStream(self.task.name, self.read_chunk, self.end, self.end, on_line)
-
-    def read_chunk(self) -> bytes:
-        while not self.stopped.is_set():
-            if self.response is None:
-                if not self._open():
-                    if self.gone:
-                        return b""
-                    self.stopped.wait(POLL_SECS * 2)
-                continue  # stopped while it opened: end() saw no response to shut down
-            chunk: bytes = self.response.read1(65536)
-            return chunk
-        return b""
-
-    def _open(self) -> bool:
-        backend = self.backend
-        pod = backend._pod_of(self.task)
-        if pod is None:
-            self.gone = not backend._exists(
-                "read Job", backend.kube.batch.read_namespaced_job, str(self.task.handle.get("job"))
-            )
-            return False
-        if pod.status is None or pod.status.phase == "Pending":
-            return False
-        try:
-            self.response = backend.kube.call(
-                f"follow the log of pod {pod.metadata.name}",
-                backend.kube.core.read_namespaced_pod_log,
-                pod.metadata.name,
-                backend.opts.namespace,
-                container=CONTAINER,
-                follow=True,
-                _preload_content=False,
-                _request_timeout=None,
-            )
-        except KubeError as error:
-            if error.status in (400, 404):  # the container is not started yet, or just went
-                return False
-            raise
-        return True
-
-    def end(self) -> None:
-        self.stopped.set()
-        response = self.response
-        if response is not None:
-            try:
-                response.shutdown()
-                response.release_conn()
-            except Exception:  # noqa: BLE001 - closing a finished stream may fail; nothing to do
-                pass
-
-
-def _terminated(pod: Any, container: str) -> tuple[int | None, str]:
-    """(exit code, reason) of a pod's container that ended."""
-    for status in (pod.status.container_statuses or []) if pod.status else []:
-        if (
-            status.name == container
-            and status.state is not None
-            and status.state.terminated is not None
-        ):
-            done = status.state.terminated
-            return done.exit_code, done.reason or ""
-    return None, (pod.status.reason or "") if pod.status else ""
-
-
-def _waiting(pod: Any) -> tuple[str, str]:
-    for status in pod.status.container_statuses or []:
-        if status.state is not None and status.state.waiting is not None:
-            return status.state.waiting.reason or "", status.state.waiting.message or ""
-    for condition in pod.status.conditions or []:
-        if condition.type == "PodScheduled" and condition.status == "False":
-            return condition.reason or "Unschedulable", condition.message or ""
-    return "", ""
-
-
-def _pod_info(pod: Any) -> TaskInfo:
-    """A task's TaskInfo from its pod: phase, the container's exit code, node, why pending."""
-    status = pod.status
-    node = pod.spec.node_name if pod.spec else None
-    phase = status.phase if status else None
-    if phase == "Running":
-        return TaskInfo(TaskPhase.RUNNING, host=node, detail=f"pod {pod.metadata.name} on {node}")
-    if phase in ("Succeeded", "Failed"):
-        code, reason = _terminated(pod, CONTAINER)
-        if phase == "Succeeded":
-            return TaskInfo(
-                TaskPhase.SUCCEEDED, exit_code=0 if code is None else code, host=node, detail=reason
-            )
-        return TaskInfo(
-            TaskPhase.FAILED, exit_code=code, host=node, detail=reason or (status.message or "")
-        )
-    if phase == "Pending" and status is not None:
-        reason, message = _waiting(pod)
-        detail = f"{reason}: {message}" if message else reason
-        if reason in _PERMANENT_WAITING:  # it will never start: the program "was not found"
-            return TaskInfo(TaskPhase.FAILED, exit_code=127, host=node, detail=detail)
-        return TaskInfo(TaskPhase.PENDING, host=node, detail=detail or "Pending")
-    return TaskInfo(
-        TaskPhase.UNREACHABLE,
-        host=node,
-        error=f"pod {pod.metadata.name} is {phase} (its node does not report)",
-    )
