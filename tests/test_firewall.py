@@ -627,7 +627,9 @@ def test_a_host_firewall_that_accepts_everything_does_not_let_outsiders_in(
         host_rules = (
             "nft -f - <<'EOF'\ntable inet host {\n chain input {\n"
             "  type filter hook input priority 0; policy accept;\n"
-            f"  tcp dport {P1} accept\n  accept\n }}\n}}\nEOF"
+            f"  tcp dport {P1} accept\n  accept\n }}\n}}\nEOF\n"
+            # and legacy iptables rules beside it (both run on one kernel)
+            f"iptables-legacy -w -I INPUT -p tcp --dport {P1} -j ACCEPT"
         )
     else:
         host_rules = (
