@@ -1,4 +1,4 @@
-"""tfplan.firewall: the generated rules, and the real thing in network namespaces.
+"""tfplan.backends.firewall: the generated rules, and the real thing in network namespaces.
 
 The namespace tests build their own private network (see TESTBED.md for the recipe): a
 "switch" namespace holding a bridge, and three hosts on it, each in its own namespace:
@@ -29,8 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tfplan.errors import ConfigError, ExecutorError
-from tfplan.firewall import (
+from tfplan.backends.firewall import (
     BACKENDS,
     DETECT_MARK,
     INSTALLED_MARK,
@@ -46,6 +45,7 @@ from tfplan.firewall import (
     parse_detect,
     remove_script,
 )
+from tfplan.errors import BackendError, ConfigError
 
 # --- the generated rules (no root needed) -------------------------------------------------------
 
@@ -226,7 +226,7 @@ def test_parse_detect(fields: dict[str, str], backend: str | None, needle: str |
     "output", ["", "hello\n", f"{DETECT_MARK} root=1\n", _line(nft="maybe"), _line(uid="x")]
 )
 def test_parse_detect_refuses_garbage(output: str) -> None:
-    with pytest.raises(ExecutorError) as err:
+    with pytest.raises(BackendError) as err:
         parse_detect(output)
     assert "\n" not in str(err.value)
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from tfplan.errors import ConfigError, ExecutorError
+from tfplan.errors import BackendError, ConfigError
 
 __all__ = [
     "BACKENDS",
@@ -423,7 +423,7 @@ def parse_detect(output: str) -> FirewallSupport:
     """Read :func:`detect_script`'s line from a command's output (other lines are ignored).
 
     Raises:
-        ExecutorError: no such line, or a malformed one (one-line message quoting it).
+        BackendError: no such line, or a malformed one (one-line message quoting it).
     """
     for line in output.splitlines():
         words = line.split()
@@ -442,11 +442,11 @@ def parse_detect(output: str) -> FirewallSupport:
                 ipv6=fields["ipv6"] == "1",
             )
         except (KeyError, ValueError):
-            raise ExecutorError(
+            raise BackendError(
                 f"firewall detection printed a malformed line: {line[:200]!r}"
             ) from None
     head = output.strip().splitlines()[0][:200] if output.strip() else ""
-    raise ExecutorError(f"firewall detection printed no {DETECT_MARK} line (output: {head!r})")
+    raise BackendError(f"firewall detection printed no {DETECT_MARK} line (output: {head!r})")
 
 
 def remove_script(experiment: str) -> str:
