@@ -14,7 +14,9 @@ runs and engineers can run beds at once. Teardown ends processes by PID only (th
 started, then whatever still lives in the namespaces it made, i.e. slurmstepd and tasks).
 
 Clients (sbatch, srun, squeue, scancel, sinfo, scontrol, sacct) need only ``SLURM_CONF``: the
-munge socket is named in slurm.conf (``AuthInfo=socket=...``). Use :meth:`SlurmTestbed.env`.
+munge socket is named in slurm.conf (``AuthInfo=socket=...``). Use :meth:`SlurmTestbed.env`, or
+:meth:`SlurmTestbed.run` / :meth:`SlurmTestbed.popen`, which start clients in the bed's
+``work`` folder (so ``slurm-ID.out`` files land there) and end leftover clients at ``stop()``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 __all__ = ["SlurmTestbed", "alive", "slurm_missing"]
 
@@ -70,7 +73,7 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _stop_proc(proc: subprocess.Popen[bytes], what: str, grace: float = 5.0) -> str | None:
+def _stop_proc(proc: subprocess.Popen[Any], what: str, grace: float = 5.0) -> str | None:
     """SIGTERM, then SIGKILL after ``grace`` seconds; returns a problem or None."""
     if proc.poll() is not None:
         return None
@@ -97,11 +100,14 @@ class SlurmTestbed:
 
     partition = "debug"
 
-    def __init__(self, tmp: Path, nodes: int = 3, cpus: int = 8) -> None:
+    def __init__(self, tmp: Path, nodes: int = 3, cpus: int = 8, extra_conf: str = "") -> None:
+        """``extra_conf``: more slurm.conf lines (e.g. ``"KillWait=5\\nMinJobAge=10"``); they
+        come after the defaults, before the node lines."""
         if not 1 <= nodes <= 9:
             raise ValueError("1..9 nodes")
         self.tmp = Path(tmp)
         self.cpus = cpus
+        self.extra_conf = extra_conf.strip()
         # unique per bed: PID + counter; interface names stay <= 15 chars (sl + 7 + 2 + br)
         prefix = f"sl{os.getpid()}{next(_counter)}"
         self.cluster_name = f"tfp{prefix}"
@@ -115,6 +121,7 @@ class SlurmTestbed:
         self.hostname = socket.gethostname().split(".")[0]
         self.conf = self.tmp / "slurm.conf"
         self.log_dir = self.tmp / "log"
+        self.work_dir = self.tmp / "work"  # where run()/popen() start clients by default
         self.run_dir = self.tmp / "run"
         self.ctld_port = 0
         self.slurmd_port = 0
@@ -122,6 +129,7 @@ class SlurmTestbed:
         self.munged: subprocess.Popen[bytes] | None = None
         self.slurmctld: subprocess.Popen[bytes] | None = None
         self.slurmds: dict[str, subprocess.Popen[bytes]] = {}
+        self._clients: list[subprocess.Popen[str]] = []  # from popen(), ended by stop()
         self._made: list[tuple[str, str]] = []  # ("netns"|"link", name) for teardown
         self._made_run_netns = False
         self.started_s = 0.0  # seconds start() + wait_ready() took
@@ -150,9 +158,18 @@ class SlurmTestbed:
         return env
 
     def run(
-        self, *argv: str, timeout: float = 30, check: bool = True, input: str | None = None
+        self,
+        *argv: str,
+        timeout: float = 30,
+        check: bool = True,
+        input: str | None = None,
+        cwd: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run one Slurm client command against this cluster (text output captured)."""
+        """Run one Slurm client command against this cluster (text output captured).
+
+        It runs in ``cwd``, by default :attr:`work_dir` (a step's task starts in the client's
+        folder, and sbatch writes ``slurm-ID.out`` there unless ``--output`` says otherwise).
+        """
         done = subprocess.run(
             list(argv),
             env=self.env(),
@@ -160,6 +177,7 @@ class SlurmTestbed:
             text=True,
             timeout=timeout,
             input=input,
+            cwd=cwd or self.work_dir,
         )
         if check and done.returncode != 0:
             raise RuntimeError(
@@ -168,10 +186,19 @@ class SlurmTestbed:
         return done
 
     def popen(self, *argv: str, **kwargs: object) -> subprocess.Popen[str]:
-        """Start one Slurm client command (e.g. a long ``srun``) against this cluster."""
+        """Start one Slurm client command (e.g. a long ``srun``) against this cluster.
+
+        ``stop()`` ends it if it still runs then: an srun whose slurmstepd is gone keeps
+        waiting for the controller long after the bed (measured: > 30 s).
+        """
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)
-        return subprocess.Popen(list(argv), env=self.env(), text=True, **kwargs)  # type: ignore[call-overload,no-any-return]
+        kwargs.setdefault("cwd", self.work_dir)
+        proc: subprocess.Popen[str] = subprocess.Popen(  # type: ignore[call-overload]
+            list(argv), env=self.env(), text=True, **kwargs
+        )
+        self._clients.append(proc)
+        return proc
 
     def netns_pids(self, node: str) -> list[int]:
         """Live processes in node ``node``'s namespace: its slurmd, slurmstepds and tasks."""
@@ -194,7 +221,7 @@ class SlurmTestbed:
         if missing:
             raise RuntimeError(f"not installed: {', '.join(missing)} (run scripts/setup.sh)")
         t0 = time.monotonic()
-        for sub in ("state", "spool", "log", "run", "munge"):
+        for sub in ("state", "spool", "log", "run", "munge", "work"):
             (self.tmp / sub).mkdir(parents=True, exist_ok=True)
         self._network()
         self._start_munged()
@@ -228,6 +255,9 @@ class SlurmTestbed:
     def stop(self) -> list[str]:
         """Undo everything this bed made; returns the problems met (never raises)."""
         problems: list[str] = []
+        for client in self._clients:  # SIGTERM: srun cancels its step while slurmctld is up
+            if problem := _stop_proc(client, f"client {client.args!r}", grace=3):
+                problems.append(problem)
         for name, proc in self.slurmds.items():
             problems += self._check_pid_file(f"slurmd-{name}.pid", proc)
             if problem := _stop_proc(proc, f"slurmd {name}"):
@@ -378,9 +408,11 @@ class SlurmTestbed:
             "MailProg=/bin/true\n"
             # declared CPUs, not the machine's 2, so several tasks fit on a node
             "SlurmdParameters=config_overrides\n"
-            # no slurmdbd: sacct has nothing; job end states go to a text file instead
+            # no slurmdbd: plain sacct has nothing; job end states go to a text file that
+            # `sacct -c` reads (docs/slurm_notes.md)
             "AccountingStorageType=accounting_storage/none\n"
             f"JobCompType=jobcomp/filetxt\nJobCompLoc={self.jobcomp_log}\n"
+            + (self.extra_conf + "\n" if self.extra_conf else "")
             + nodes
             + f"PartitionName={self.partition} Nodes={','.join(self.node_names)} Default=YES "
             "MaxTime=INFINITE State=UP\n"

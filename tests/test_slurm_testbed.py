@@ -25,9 +25,18 @@ def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:
     try:
         line = lines.get(timeout=timeout)
     except queue.Empty:
-        raise AssertionError(f"no line from {proc.args} in {timeout}s") from None
-    assert line, f"{proc.args} exited {proc.wait()} before a line"
+        raise AssertionError(f"no line from {proc.args!r} in {timeout}s") from None
+    assert line, f"{proc.args!r} exited {proc.wait()} before a line"
     return line.strip()
+
+
+def _wait_for_task(bed: SlurmTestbed, argv: list[str], nodes: list[str]) -> None:
+    deadline = time.monotonic() + 30
+    while not all(
+        any(_cmdline(p)[: len(argv)] == argv for p in bed.netns_pids(node)) for node in nodes
+    ):
+        assert time.monotonic() < deadline, f"{argv} did not start on {nodes}"
+        time.sleep(0.1)
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -94,15 +103,16 @@ def test_teardown_leaves_no_process_namespace_or_link(tmp_path: Path) -> None:
     with bed:
         # a step left running: its slurmstepd and task outlive slurmd unless teardown ends them
         job = bed.run("sbatch", "--parsable", "-N2", "--wrap", "srun sleep 300").stdout.strip()
-        deadline = time.monotonic() + 30
-        while not all(
-            any(_cmdline(p)[:2] == ["/usr/bin/sleep", "300"] for p in bed.netns_pids(node))
-            for node in bed.node_names
-        ):
-            assert time.monotonic() < deadline, f"job {job}'s step did not start on every node"
-            time.sleep(0.1)
+        _wait_for_task(bed, ["/usr/bin/sleep", "300"], bed.node_names)
+        # and an srun client of the test's own, still running at teardown: stop() ends it
+        client = bed.popen(
+            "srun", "-N1", "-n1", "-w", "n1", "--overlap", f"--jobid={job}", "sleep", "301"
+        )
+        _wait_for_task(bed, ["/usr/bin/sleep", "301"], ["n1"])
         pids = bed.pids()
         munge_dir = bed.munge_dir
+        assert (tmp_path / "work" / f"slurm-{job}.out").exists()
+    assert client.poll() is not None
     assert [p for p in pids if alive(p)] == []
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(ns in listed for ns in bed.namespaces)
