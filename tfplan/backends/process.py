@@ -17,8 +17,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from tfplan.backends.api import (
     Backend,
     CancelResult,
@@ -39,6 +37,7 @@ from tfplan.backends.firewall import (
     parse_detect,
     remove_script,
 )
+from tfplan.backends.staging import RECIPES_DIR, run_yaml
 from tfplan.backends.transports.pool import TransportPool
 from tfplan.backends.transports.preflight import (
     PreflightRequest,
@@ -55,9 +54,8 @@ if TYPE_CHECKING:
     from tfplan.config.schema import ClusterConfig, HostConfig
     from tfplan.planning.context import PlanContext
 
-__all__ = ["RECIPES_DIR", "ProcessBackend", "host_name"]
+__all__ = ["ProcessBackend", "host_name"]
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 TRANSPORT_KINDS = ("auto", "local", "ssh")
 
 
@@ -204,7 +202,7 @@ class ProcessBackend(Backend):
         Raises:
             BackendError: a host could not be written, naming each.
         """
-        run_yaml = yaml.safe_dump(plan.run_config, sort_keys=True).encode()
+        config = run_yaml(plan)
         hosts = sorted({t.host for t in tasks})
 
         def ship(name: str) -> None:
@@ -212,7 +210,7 @@ class ProcessBackend(Backend):
             if plan.builtin_recipes:
                 transport.put_tree(RECIPES_DIR, posixpath.join(plan.code_dir, "recipes"))
             for task in (t for t in tasks if t.host == name):
-                transport.write_file(posixpath.join(task.workdir, "run.yaml"), run_yaml)
+                transport.write_file(posixpath.join(task.workdir, "run.yaml"), config)
 
         failures = run_on_hosts({h: h for h in hosts}, ship).failed
         if failures:
