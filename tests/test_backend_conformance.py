@@ -58,9 +58,25 @@ def _process_case(tmp: Path, kind: str, sshd: LoopbackSshd | None) -> Case:
     return Case(backend, Allocation(), "h", tmp)
 
 
-@pytest.fixture(params=["process-local", "process-ssh", "slurm"])
+def _docs_example() -> type[Backend]:
+    """The worked example of docs/backends.md, exactly as printed there."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "backends.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, object] = {}
+    exec(compile(code, "docs/backends.md", "exec"), namespace)  # noqa: S102 - our own docs
+    backend = namespace["NiceBackend"]
+    assert isinstance(backend, type) and issubclass(backend, Backend)
+    return backend
+
+
+@pytest.fixture(params=["process-local", "process-ssh", "slurm", "docs-example"])
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
-    if request.param == "process-local":
+    if request.param == "docs-example":
+        nice = _docs_example()
+        made = Case(
+            nice(BackendRef("nice", {"level": 10}), tmp_path), Allocation(), "here", tmp_path
+        )
+    elif request.param == "process-local":
         made = _process_case(tmp_path, "local", None)
     elif request.param == "process-ssh":
         made = _process_case(tmp_path, "ssh", request.getfixturevalue("sshd_server"))

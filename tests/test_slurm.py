@@ -208,3 +208,31 @@ def test_a_killed_ps_is_restarted_inside_the_allocation(
     result = json.loads((ws / "out" / "result.json").read_text())
     assert result["global_step"] >= 1200
     assert _squeue(slurm_cluster) == []
+
+
+def test_a_sweep_runs_one_slurm_job_per_point(ws: Path, slurm_cluster: SlurmTestbed) -> None:
+    env = _env(ws, slurm_cluster)
+    script = ws / "fake_task.py"
+    script.write_text(FAKE_TASK)
+    proc = tfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        "--concurrency",
+        "2",
+        "cluster=slurmtest",
+        "experiment.id=sw",
+        "lifecycle.stop_grace_secs=2",
+        "recipe=command",
+        f"recipe.command='{sys.executable} {script} steps=3 step_secs=0.05'",
+        "trainer.max_steps=10,20",
+        env=env,
+        timeout=300,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr
+    jobs = set(re.findall(r"submitted Slurm job (\d+)", out))
+    assert len(jobs) == 2, out[-3000:]  # one job per point
+    assert "Sweep complete! 2 succeeded, 0 failed." in out
+    assert _squeue(slurm_cluster) == []
