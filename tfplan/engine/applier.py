@@ -131,7 +131,7 @@ def _start_all(
             )
             started.append(record)
             state = store.write(state.with_task(record))
-            say(f"{task.name}: started on {launched.host}{_handle_note(launched.handle)}")
+            say(f"{task.name}: started on {launched.host} ({backend.handle_text(record)})")
     except BaseException as error:
         if isinstance(error, TfplanError) and not isinstance(error, ApplyError):
             say(f"apply failed: {error}")
@@ -140,11 +140,6 @@ def _start_all(
             state = _release(state, store, backend, say)
         raise
     return state
-
-
-def _handle_note(handle: dict[str, object]) -> str:
-    shown = ", ".join(f"{k} {v}" for k, v in handle.items() if k in ("pid", "job", "step", "pod"))
-    return f" ({shown})" if shown else ""
 
 
 def _release(state: State, store: StateStore, backend: Backend, say: Say) -> State:
