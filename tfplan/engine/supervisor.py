@@ -82,6 +82,8 @@ class Supervisor:
         replan: makes a new plan around hosts that went down (``on_host_failure=replace``).
         handover: once set, supervision stops at the next tick with :class:`HandedOver`, leaving
             the tasks running (another tfplan takes over).
+        interrupt: once set, the next tick acts as Ctrl-C: every task is stopped and
+            KeyboardInterrupt raised (how a sweep stops the points running in other threads).
         poll_secs: how often the tasks are observed.
     """
 
@@ -93,6 +95,7 @@ class Supervisor:
         on_step: Callable[[int], None] | None = None,
         replan: Replan | None = None,
         handover: threading.Event | None = None,
+        interrupt: threading.Event | None = None,
         poll_secs: float = 0.5,
     ) -> None:
         self.store = store
@@ -101,6 +104,7 @@ class Supervisor:
         self.logs = LogFanIn(backend, emit, on_step)
         self.replan = replan
         self.handover = handover
+        self.interrupt = interrupt
         self.poll_secs = poll_secs
         self._life_started: dict[str, float] = {}
         self._pending: dict[str, float] = {}  # task name -> when to restart it
@@ -150,6 +154,8 @@ class Supervisor:
             if self.handover is not None and self.handover.is_set():
                 self.logs.drain()
                 raise HandedOver()
+            if self.interrupt is not None and self.interrupt.is_set():
+                raise KeyboardInterrupt()
             self.logs.drain()
             state = self._observe(state)
             state = self._kill_hung(state)
