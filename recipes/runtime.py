@@ -1,6 +1,6 @@
 """Cluster plumbing shared by every role: server, placement, sessions, the ps done-queue.
 
-Fixes for the TF 2.21 pitfalls measured in /work/shared/TENSORFLOW.md:
+Fixes for the TF 2.21 pitfalls measured in ../shared/TENSORFLOW.md (the shared material beside a checkout):
 - a ps exits by itself: it owns ``FIFOQueue(n, shared_name="done_ps<k>")`` and exits 0 once every
   training replica has enqueued a token (and on SIGTERM);
 - non-chief replicas join fast: they poll for initialised ps variables every 0.5 s instead of

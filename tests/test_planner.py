@@ -40,7 +40,7 @@ from state_helpers import records, state_from  # noqa: E402
 
 
 def test_conf_holds_the_expected_options() -> None:
-    assert CLUSTERS == ["3node", "gpu2x4", "k8s", "local", "local_chief"]
+    assert CLUSTERS == ["3node", "gpu2x4", "k8s", "local", "local_chief", "slurm"]
     assert ALGOS == [
         "adag",
         "agn",
@@ -84,7 +84,7 @@ def test_every_cluster_and_algo_composes_and_plans(cluster: str, algo: str) -> N
         if task.role is Role.EVALUATOR:
             assert task.port is None
         else:
-            assert spec_tasks[task.name] == f"{p.address_of(task)}:{task.port}"
+            assert spec_tasks[task.name] == f"{p.address_of(task) or task.host}:{task.port}"
     assert len({t.fingerprint for t in p.tasks}) == len(p.tasks)
     assert plan(cfg, None, CTX) == p  # pure and deterministic
     assert any("no authentication" in w for w in p.warnings)

@@ -205,6 +205,12 @@ class Backend(ABC):
     def release(self, allocation: Allocation) -> None:  # noqa: B027 - optional
         """Give the allocation back; its tasks must already be stopped."""
 
+    def allocation_problem(self, allocation: Allocation) -> str | None:
+        """Why the allocation can no longer run tasks (a job cancelled from outside, its time
+        limit reached), or None. Asked when a task ends unexpectedly: restarting into a dead
+        allocation is pointless, the job ends with this reason instead."""
+        return None
+
     # ---- observe and control -------------------------------------------------------------
     @abstractmethod
     def describe(self, tasks: Sequence[TaskRecord]) -> dict[str, TaskInfo]:

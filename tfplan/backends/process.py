@@ -13,11 +13,9 @@ from __future__ import annotations
 import posixpath
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import yaml
 
 from tfplan.backends.api import (
     Backend,
@@ -26,10 +24,20 @@ from tfplan.backends.api import (
     Launched,
     LaunchRequest,
     LogStream,
+    Say,
     TaskInfo,
     TaskPhase,
 )
 from tfplan.backends.fanout import run_on_hosts
+from tfplan.backends.firewall import (
+    HostFirewall,
+    cluster_firewalls,
+    detect_script,
+    install_script,
+    parse_detect,
+    remove_script,
+)
+from tfplan.backends.staging import RECIPES_DIR, run_yaml
 from tfplan.backends.transports.pool import TransportPool
 from tfplan.backends.transports.preflight import (
     PreflightRequest,
@@ -46,9 +54,8 @@ if TYPE_CHECKING:
     from tfplan.config.schema import ClusterConfig, HostConfig
     from tfplan.planning.context import PlanContext
 
-__all__ = ["RECIPES_DIR", "ProcessBackend", "host_name"]
+__all__ = ["ProcessBackend", "host_name"]
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 TRANSPORT_KINDS = ("auto", "local", "ssh")
 
 
@@ -65,6 +72,7 @@ class ProcessBackend(Backend):
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
         self.hosts = [HostTarget(**h) for h in ref.config.get("hosts", [])]
+        self.firewall = bool(ref.config.get("firewall", False))
         self.pool = TransportPool(self.hosts)
 
     # ---- plan time -----------------------------------------------------------------------
@@ -95,8 +103,17 @@ class ProcessBackend(Backend):
             )
             for t, h in zip(targets, cluster.hosts, strict=True)
         )
-        ref = BackendRef(cls.name, {"hosts": [asdict(t) for t in targets]})
+        ref = BackendRef(
+            cls.name, {"hosts": [asdict(t) for t in targets], "firewall": cluster.firewall}
+        )
         return Target(ref, Topology(places=places))
+
+    @classmethod
+    def dryrun(cls, plan: Plan) -> tuple[str, ...]:
+        """With ``cluster.firewall``: the rules each host will get."""
+        if not plan.backend.config.get("firewall"):
+            return ()
+        return tuple(f"firewall: {fw.describe()}" for fw in _firewalls(plan).values() if fw.ports)
 
     # ---- apply ---------------------------------------------------------------------------
     def preflight(self, plan: Plan, tasks: Sequence[Task]) -> None:
@@ -118,9 +135,65 @@ class ProcessBackend(Backend):
                 shared_dir=plan.output_dir if len(hosts) > 1 else None,
                 marker_token=marker,
             )
-            return self.pool[name].preflight(request)
+            result = self.pool[name].preflight(request)
+            if self.firewall:
+                support = parse_detect(self.run_on_host(name, detect_script(), "detect"))
+                if support.problem:
+                    result = replace(result, problems=(*result.problems, support.problem))
+            return result
 
-        raise_for_preflight(run_on_hosts({h: h for h in hosts}, check))
+        firewall_hosts = sorted({t.host for t in plan.tasks}) if self.firewall else []
+        raise_for_preflight(run_on_hosts({h: h for h in sorted({*hosts, *firewall_hosts})}, check))
+
+    def allocate(
+        self,
+        plan: Plan,
+        tasks: Sequence[Task],
+        current: Allocation | None,
+        say: Say,
+        submitted: Callable[[Allocation], None],
+    ) -> Allocation:
+        """The hosts are the planned ones; with ``cluster.firewall``, install the rules on every
+        host of the plan (replacing what an earlier apply installed) before any task starts."""
+        if not self.firewall:
+            return current or Allocation()
+        firewalls = _firewalls(plan)
+        allocation = Allocation(
+            data={"firewall": sorted(firewalls), "experiment": plan.experiment_id}
+        )
+        submitted(allocation)  # recorded before installing: a failure part-way is removed again
+
+        def install(host: str) -> str:
+            support = parse_detect(self.run_on_host(host, detect_script(), "detect"))
+            if support.backend is None:
+                raise BackendError(support.problem or "no firewall tool")
+            self.run_on_host(host, install_script(firewalls[host], support.backend), "firewall")
+            return support.backend
+
+        done = run_on_hosts({h: h for h in firewalls}, install)
+        failed = done.failed
+        if failed:
+            detail = "; ".join(f"{h}: {e}" for h, e in sorted(failed.items()))
+            raise BackendError(f"could not install the firewall rules: {detail}")
+        say(
+            "firewall: only the cluster's addresses reach its ports on "
+            + ", ".join(f"{h} ({kind})" for h, kind in sorted(done.succeeded.items()))
+        )
+        return allocation
+
+    def release(self, allocation: Allocation) -> None:
+        """Remove the firewall rules this experiment installed (idempotent)."""
+        hosts = allocation.data.get("firewall") or []
+        experiment = str(allocation.data.get("experiment", ""))
+        if not hosts or not experiment:
+            return
+        script = remove_script(experiment)
+        failed = run_on_hosts(
+            {h: h for h in hosts}, lambda h: self.run_on_host(h, script, "firewall")
+        ).failed
+        if failed:
+            detail = "; ".join(f"{h}: {e}" for h, e in sorted(failed.items()))
+            raise BackendError(f"could not remove the firewall rules: {detail}")
 
     def stage(self, plan: Plan, tasks: Sequence[Task], allocation: Allocation) -> None:
         """Copy the recipes package to every host (built-in recipes), and each task's run.yaml
@@ -129,7 +202,7 @@ class ProcessBackend(Backend):
         Raises:
             BackendError: a host could not be written, naming each.
         """
-        run_yaml = yaml.safe_dump(plan.run_config, sort_keys=True).encode()
+        config = run_yaml(plan)
         hosts = sorted({t.host for t in tasks})
 
         def ship(name: str) -> None:
@@ -137,7 +210,7 @@ class ProcessBackend(Backend):
             if plan.builtin_recipes:
                 transport.put_tree(RECIPES_DIR, posixpath.join(plan.code_dir, "recipes"))
             for task in (t for t in tasks if t.host == name):
-                transport.write_file(posixpath.join(task.workdir, "run.yaml"), run_yaml)
+                transport.write_file(posixpath.join(task.workdir, "run.yaml"), config)
 
         failures = run_on_hosts({h: h for h in hosts}, ship).failed
         if failures:
@@ -216,6 +289,16 @@ class ProcessBackend(Backend):
     def run_on_host(self, host: str, script: str, what: str) -> str:
         """Run a POSIX sh script on one host; its stdout. Raises BackendError on failure."""
         return self.pool[host].run_script(script, what).stdout.decode(errors="replace")
+
+
+def _firewalls(plan: Plan) -> dict[str, HostFirewall]:
+    """Each host's rules: the ports of its own tasks, open to every host of the cluster.
+
+    Raises:
+        ConfigError: a host's address is not an IP address (rules need addresses).
+    """
+    tasks = [(t.host, plan.address_of(t) or t.host, t.port) for t in plan.tasks]
+    return cluster_firewalls(plan.experiment_id, tasks)
 
 
 def _pid(task: TaskRecord) -> int:

@@ -82,7 +82,7 @@ def run_apply(args: argparse.Namespace) -> int:
         if args.detach:
             run.detached = True
             log = run.store.folder / "supervisor.log"
-            pid = start_background_supervisor(workspace.root, plan.experiment_id, log)
+            pid = start_background_supervisor(run.store, workspace.root, plan.experiment_id, log)
             out.print(
                 f"Detached: a background supervisor (pid {pid}, log {log}) watches the tasks to "
                 f"the end. Follow with: tfplan watch -e {plan.experiment_id}; stop with: "

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -69,6 +69,15 @@ def one_line_error(error: BaseException) -> ConfigError:
     """Hydra/OmegaConf messages span many lines; keep the key, the problem and the options."""
     if isinstance(error, MissingConfigException):
         return _missing_option(error)
+    if isinstance(error, OverrideParseException):
+        override = str(getattr(error, "override", "") or "")
+        key = override.split("=", 1)[0].lstrip("+~") or "overrides"
+        problem = str(error).strip().splitlines()[0]
+        return ConfigError(
+            key,
+            f"Hydra cannot read {override!r} ({problem})",
+            f"quote a value holding spaces, '=' or braces: \"{key}='...'\"",
+        )
     cause: BaseException = error
     while cause.__cause__ is not None and isinstance(cause.__cause__, OmegaConfBaseException):
         cause = cause.__cause__

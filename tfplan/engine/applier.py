@@ -131,7 +131,7 @@ def _start_all(
             )
             started.append(record)
             state = store.write(state.with_task(record))
-            say(f"{task.name}: started on {launched.host}{_handle_note(launched.handle)}")
+            say(f"{task.name}: started on {launched.host} ({backend.handle_text(record)})")
     except BaseException as error:
         if isinstance(error, TfplanError) and not isinstance(error, ApplyError):
             say(f"apply failed: {error}")
@@ -142,20 +142,19 @@ def _start_all(
     return state
 
 
-def _handle_note(handle: dict[str, object]) -> str:
-    shown = ", ".join(f"{k} {v}" for k, v in handle.items() if k in ("pid", "job", "step", "pod"))
-    return f" ({shown})" if shown else ""
-
-
 def _release(state: State, store: StateStore, backend: Backend, say: Say) -> State:
-    if state.allocation is None or state.allocation.id is None:
-        return store.write(replace(state, allocation=None))
+    """Give the allocation back (a scheduler's job, firewall rules): the backend decides what
+    there is to do; the state forgets it only once that worked, so destroy can try again."""
+    if state.allocation is None:
+        return state
+    what = f"allocation {state.allocation.id}" if state.allocation.id else "the allocation"
     try:
         backend.release(state.allocation)
-        say(f"released allocation {state.allocation.id}")
     except TfplanError as error:
-        say(f"could not release allocation {state.allocation.id}: {error}")
+        say(f"could not release {what}: {error}; `tfplan destroy` tries again")
         return state
+    if state.allocation.id:
+        say(f"released {what}")
     return store.write(replace(state, allocation=None))
 
 

@@ -13,6 +13,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,11 +84,14 @@ def supervisor_status(state: State) -> dict[str, Any] | None:
     return {**record.to_dict(), "alive": supervisor_alive(record)}
 
 
-def start_background_supervisor(workspace_root: Path, experiment_id: str, log_path: Path) -> int:
+def start_background_supervisor(
+    store: StateStore, workspace_root: Path, experiment_id: str, log_path: Path
+) -> int:
     """Start ``tfplan watch --background`` for the experiment, detached from this terminal (its
-    own session: it survives logout and the end of this process); returns its PID.
+    own session: it survives logout and the end of this process), record it in the state as
+    the experiment's supervisor, and return its PID.
 
-    It waits for this process's lock, then supervises exactly as an attached apply would, and
+    It waits for the caller's lock, then supervises exactly as an attached apply would, and
     ends with the training.
     """
     import subprocess
@@ -113,6 +117,10 @@ def start_background_supervisor(workspace_root: Path, experiment_id: str, log_pa
             start_new_session=True,
             close_fds=True,
         )
+    record = replace(me(detached=True, log_path=str(log_path)), pid=proc.pid)
+    state = store.load()
+    if state is not None:
+        store.write(replace(state, supervisor=record), bump=False)
     return proc.pid
 
 

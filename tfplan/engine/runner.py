@@ -88,6 +88,7 @@ def supervise_state(
     detached: bool = False,
     log_path: str | None = None,
     handover: threading.Event | None = None,
+    interrupt: threading.Event | None = None,
 ) -> Outcome:
     """Supervise ``state``'s tasks to the end, recorded in the state as its supervisor; the
     caller holds the lock.
@@ -98,7 +99,13 @@ def supervise_state(
     state = store.write(replace(state, supervisor=me(detached, log_path)), bump=False)
     try:
         supervisor = Supervisor(
-            store, backend, emit, on_step=on_step, replan=replan_from_state, handover=handover
+            store,
+            backend,
+            emit,
+            on_step=on_step,
+            replan=replan_from_state,
+            handover=handover,
+            interrupt=interrupt,
         )
         return supervisor.run(state)
     finally:
@@ -208,10 +215,18 @@ class ExperimentRun:
         self.applied = apply_plan(plan, self.store, self.backend, self.say)
         return self.applied
 
-    def supervise(self, emit: Emit, on_step: Callable[[int], None] | None = None) -> Outcome:
-        """Stream logs and apply the lifecycle until every task has ended."""
+    def supervise(
+        self,
+        emit: Emit,
+        on_step: Callable[[int], None] | None = None,
+        interrupt: threading.Event | None = None,
+    ) -> Outcome:
+        """Stream logs and apply the lifecycle until every task has ended (``interrupt``: as
+        Ctrl-C, from another thread)."""
         assert self.applied is not None, "apply() first"
-        self.outcome = supervise_state(self.store, self.backend, self.applied.state, emit, on_step)
+        self.outcome = supervise_state(
+            self.store, self.backend, self.applied.state, emit, on_step, interrupt=interrupt
+        )
         self.result = read_result(self.backend, self.plan.output_dir, self.chief_host)
         return self.outcome
 

@@ -82,6 +82,8 @@ class Supervisor:
         replan: makes a new plan around hosts that went down (``on_host_failure=replace``).
         handover: once set, supervision stops at the next tick with :class:`HandedOver`, leaving
             the tasks running (another tfplan takes over).
+        interrupt: once set, the next tick acts as Ctrl-C: every task is stopped and
+            KeyboardInterrupt raised (how a sweep stops the points running in other threads).
         poll_secs: how often the tasks are observed.
     """
 
@@ -93,6 +95,7 @@ class Supervisor:
         on_step: Callable[[int], None] | None = None,
         replan: Replan | None = None,
         handover: threading.Event | None = None,
+        interrupt: threading.Event | None = None,
         poll_secs: float = 0.5,
     ) -> None:
         self.store = store
@@ -101,11 +104,13 @@ class Supervisor:
         self.logs = LogFanIn(backend, emit, on_step)
         self.replan = replan
         self.handover = handover
+        self.interrupt = interrupt
         self.poll_secs = poll_secs
         self._life_started: dict[str, float] = {}
         self._pending: dict[str, float] = {}  # task name -> when to restart it
         self._done_at: float | None = None  # when the chief succeeded
         self._unreachable_since: dict[str, float] = {}  # host -> first failed observation
+        self._fatal: str | None = None  # the allocation ended under the job
         self._started = time.monotonic()
 
     @property
@@ -149,6 +154,8 @@ class Supervisor:
             if self.handover is not None and self.handover.is_set():
                 self.logs.drain()
                 raise HandedOver()
+            if self.interrupt is not None and self.interrupt.is_set():
+                raise KeyboardInterrupt()
             self.logs.drain()
             state = self._observe(state)
             state = self._kill_hung(state)
@@ -166,17 +173,21 @@ class Supervisor:
         state = self._hosts_down(state, infos)
         if (state.lineage, state.serial) != before:
             return state  # the tasks changed under the status just read: read again next tick
-        changed = False
-        for task in running:
-            ended = ended_status(infos.get(task.name))
-            if ended is None:
-                continue
-            status, code = ended
+        ended = [(t, e) for t in running if (e := ended_status(infos.get(t.name))) is not None]
+        if not ended:
+            return state
+        if state.allocation is not None and self._done_at is None and self._fatal is None:
+            unexpected = any(not (t.is_chief and s is TaskStatus.SUCCEEDED) for t, (s, _) in ended)
+            if unexpected:
+                self._fatal = self.backend.allocation_problem(state.allocation)
+        for task, (status, code) in ended:
             dead = replace(task, status=status, exit_code=code)
             state = state.with_task(dead)
-            changed = True
+            if self._fatal is not None:
+                self._say(f"{task.name} {status.value} ({_exit(dead)})")
+                continue
             state = self._on_ended(state, dead)
-        return self.store.write(state) if changed else state
+        return self.store.write(state)
 
     def _hosts_down(self, state: State, infos: dict[str, TaskInfo]) -> State:
         """Hosts whose observations fail for ``host_timeout_secs`` have lost their tasks:
@@ -377,7 +388,9 @@ class Supervisor:
         failed_chief = next((t for t in final if t.is_chief), None)
         failed_ps = next((t for t in final if t.role == "ps"), None)
         reason = None
-        if failed_chief is not None:
+        if self._fatal is not None:
+            reason = self._fatal
+        elif failed_chief is not None:
             reason = f"{failed_chief.name} failed ({_exit(failed_chief)})"
             if policy.on_chief_failure is ChiefFailure.KEEP:
                 return self._finish(state, False, reason)

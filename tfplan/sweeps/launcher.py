@@ -19,7 +19,6 @@ task function gets the job's config (with its ``hydra`` node) and returns the po
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 from collections import deque
@@ -39,6 +38,7 @@ from tfplan.errors import ConfigError
 __all__ = ["ClusterLauncher", "ClusterLauncherConf", "register_launcher", "MAX_PORT_WINDOWS"]
 
 MAX_PORT_WINDOWS = 64  # windows in rotation; more only costs ports
+STOP_WAIT_SECS = 600.0  # an interrupted point stops its tasks: grace periods, then kills
 
 
 @dataclass
@@ -92,7 +92,7 @@ class ClusterLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self._windows: _PortWindows | None = None
-        self._running: dict[int, int] = {}  # job number -> thread id
+        self._running: dict[int, int] = {}  # job number -> thread id (for messages)
         self._lock = threading.Lock()
 
     def setup(
@@ -186,20 +186,30 @@ class ClusterLauncher(Launcher):
             self._windows.give_back(window)
 
     def _interrupt(self, futures: list[Future[Any]]) -> None:
-        """Ctrl-C reaches only the main thread: cancel the points not started, and raise
-        KeyboardInterrupt inside the running ones, whose supervisors then stop their tasks and
-        record them as stopped, exactly as an interrupted ``tfplan apply`` does."""
+        """Ctrl-C reaches only the main thread: cancel the points not started, and ask the
+        running ones to stop (the task function's ``interrupt()``: their supervisors stop their
+        tasks at the next tick and record them as stopped, exactly as an interrupted
+        ``tfplan apply`` does); wait for them, and name any that did not end."""
         for future in futures:
             future.cancel()
-        with self._lock:
-            threads = list(self._running.values())
-        for ident in threads:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt)
-            )
+        interrupt = getattr(self.task_function, "interrupt", None)
+        if callable(interrupt):
+            interrupt()
+        stuck = []
         for future in futures:
-            if not future.cancelled():
-                try:
-                    future.result(timeout=120)
-                except BaseException:  # noqa: BLE001, S110 - interrupted points end this way
-                    pass
+            if future.cancelled():
+                continue
+            try:
+                future.result(timeout=STOP_WAIT_SECS)
+            except TimeoutError:
+                stuck.append(future)
+            except BaseException:  # noqa: BLE001, S110 - interrupted points end this way
+                pass
+        if stuck:
+            with self._lock:
+                running = sorted(self._running)
+            print(
+                f"tfplan: {len(stuck)} point(s) did not stop within {STOP_WAIT_SECS:.0f}s "
+                f"(job numbers {running}): run `tfplan destroy -e {self.sweep_id}-<n>` for each",
+                flush=True,
+            )

@@ -253,8 +253,16 @@ class PointTask:
         self.record = record  # None: a dry run, which records nothing
         self.planned: list[PointRecord] = []
         self._lock = threading.Lock()
+        self._interrupted = threading.Event()
+
+    def interrupt(self) -> None:
+        """Ctrl-C reached the main thread: every point stops its tasks at its next tick (its
+        supervisor raises KeyboardInterrupt there, exactly as an interrupted apply)."""
+        self._interrupted.set()
 
     def __call__(self, cfg: Any) -> float:
+        if self._interrupted.is_set():
+            raise KeyboardInterrupt()
         num = int(cfg.hydra.job.num)
         label = tuple(o for o in cfg.hydra.overrides.task if _key(o) not in self.spec.fixed_keys)
         point = PointRecord(
@@ -313,7 +321,7 @@ class PointTask:
                 point = replace(point, resumed_from=run.resumed_from)
                 applied = run.apply()
                 if applied.state.running:
-                    outcome = run.supervise(emit)
+                    outcome = run.supervise(emit, interrupt=self._interrupted)
                     point = replace(
                         point,
                         last_step=outcome.last_step,
