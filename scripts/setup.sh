@@ -34,4 +34,7 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[dev]'
+# training-operator v1's SDK, for its TFJob model types only (tests/k8s_helpers.py); without its
+# dependencies: it pins kubernetes<36, the client tfplan uses is newer.
+.venv/bin/python -m pip install -q --no-deps 'kubeflow-training>=1.9,<2'
 .venv/bin/tfplan --version

@@ -98,10 +98,20 @@ class Kube:
 
     def model(self, kind: str, body: dict[str, Any]) -> Any:
         """``body`` as the client's model ``kind`` (V1Job, V1Service, ...)."""
-        return getattr(self.client, kind).from_dict(body)
+        cls = getattr(self.client, kind)
+        if hasattr(cls, "from_dict"):  # kubernetes >= 36: pydantic models
+            return cls.from_dict(body)
+        return self.api.deserialize(_Response(json.dumps(body)), kind)
 
     def close(self) -> None:
         self.api.close()
+
+
+class _Response:
+    """What ``ApiClient.deserialize`` reads: an object with the JSON in ``data``."""
+
+    def __init__(self, data: str) -> None:
+        self.data = data
 
 
 def _reason(error: Any) -> str:
