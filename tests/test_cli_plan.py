@@ -133,6 +133,12 @@ BAD_INPUT = [
         "available options: 3node, gpu2x4, k8s, local, local_chief",
     ),
     (["cluster.foo=1"], "cluster.foo: no such key", "+cluster.foo=VALUE"),
+    (
+        ["cluster=k8s", "cluster.firewall=true"],
+        "cluster.firewall: the kubernetes backend cannot install firewall rules",
+        "NetworkPolicy",
+    ),
+    (["cluster.backend=nosuch"], "cluster.backend: unknown backend 'nosuch'", "available: "),
     (["algo.window=3"], "algo.window: no such key", "check the spelling"),  # hogwild has none
     (
         ["cluster.port_base=abc"],

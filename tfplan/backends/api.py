@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -121,14 +121,15 @@ class CancelResult:
 class Capabilities:
     """What a backend can do beyond the contract; the engine adapts its behaviour."""
 
-    hosts_known_at_plan: bool = True  # False: addresses are "known after apply" (Slurm)
-    firewall: bool = False  # can install per-host firewall rules (cluster.firewall=true)
-    replace_lost_hosts: bool = False  # a lost host's tasks can be re-planned onto others
+    # can install per-host firewall rules (cluster.firewall=true is refused at plan otherwise)
+    firewall: bool = False
+    # a host that stops answering can be planned around (on_host_failure=replace): the
+    # supervisor re-plans its tasks onto the other hosts; otherwise the run fails
+    replace_lost_hosts: bool = False
     # output_dir is a folder the machine running tfplan shares (the record of each apply goes
     # to <output_dir>/tfplan/); False: it exists only inside the cluster (a Kubernetes volume),
     # and the record goes to the workspace (.tfplan/<experiment>/output/tfplan/) instead.
     shared_output: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Backend(ABC):

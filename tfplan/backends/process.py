@@ -67,7 +67,7 @@ class ProcessBackend(Backend):
     """Tasks as processes on listed hosts, over a local or an SSH transport per host."""
 
     name = "process"
-    capabilities = Capabilities(hosts_known_at_plan=True, firewall=True, replace_lost_hosts=True)
+    capabilities = Capabilities(firewall=True, replace_lost_hosts=True)
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)

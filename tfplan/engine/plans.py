@@ -12,6 +12,7 @@ from dataclasses import replace
 from importlib import metadata
 from typing import TYPE_CHECKING
 
+from tfplan.errors import ConfigError
 from tfplan.planning.context import PlanContext
 from tfplan.planning.plan import Plan
 from tfplan.planning.state import State
@@ -47,6 +48,13 @@ def make_plan(cfg: Config, state: State | None, ctx: PlanContext | None = None) 
     from tfplan.planning.planner import plan
 
     backend = backend_class(cfg.cluster.backend)
+    if cfg.cluster.firewall and not backend.capabilities.firewall:
+        raise ConfigError(
+            "cluster.firewall",
+            f"the {backend.name} backend cannot install firewall rules",
+            "set cluster.firewall=false and restrict the ports with what that platform offers "
+            "(e.g. a NetworkPolicy on Kubernetes)",
+        )
     ctx = ctx or plan_context()
     made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx))
     request = backend.dryrun(made)

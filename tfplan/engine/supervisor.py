@@ -222,7 +222,11 @@ class Supervisor:
         )
         for host in down:
             del self._unreachable_since[host]
-        if state.policy.on_host_failure is HostFailure.REPLACE and self._done_at is None:
+        if (
+            state.policy.on_host_failure is HostFailure.REPLACE
+            and self._done_at is None
+            and self.backend.capabilities.replace_lost_hosts
+        ):
             return self._replan(state)
         return state
 

@@ -39,8 +39,8 @@ __all__ = ["GRPC_WARNING", "PlanContext", "plan"]
 GRPC_WARNING = (
     "TensorFlow's gRPC servers listen on every interface (*:PORT) and have no authentication: "
     "anyone who can reach {ports} can read and change the model and run operations in the tasks. "
-    "Keep the hosts on a private network, or set cluster.firewall=true to admit only the "
-    "cluster's own addresses to these ports."
+    "Keep the hosts on a private network, or firewall these ports to the cluster's own "
+    "addresses (cluster.firewall=true does it on the process and slurm backends)."
 )
 _QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1"}
 

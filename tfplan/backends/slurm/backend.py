@@ -94,7 +94,7 @@ class SlurmBackend(Backend):
     """Tasks as steps of one Slurm job (see the module docstring)."""
 
     name = "slurm"
-    capabilities = Capabilities(hosts_known_at_plan=False, firewall=True, replace_lost_hosts=False)
+    capabilities = Capabilities(firewall=True)
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
