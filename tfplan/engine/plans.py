@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from importlib import metadata
 from typing import TYPE_CHECKING
@@ -36,11 +37,18 @@ def plan_context() -> PlanContext:
     return PlanContext(cwd=os.getcwd(), local_python=sys.executable, tf_version=tf_version())
 
 
-def make_plan(cfg: Config, state: State | None, ctx: PlanContext | None = None) -> Plan:
-    """The plan of ``cfg`` against ``state`` on the backend ``cfg.cluster.backend`` names.
+def make_plan(
+    cfg: Config,
+    state: State | None,
+    ctx: PlanContext | None = None,
+    targets: Sequence[str] = (),
+) -> Plan:
+    """The plan of ``cfg`` against ``state`` on the backend ``cfg.cluster.backend`` names,
+    narrowed to ``targets`` (``-target``: task names or roles) when given.
 
     Raises:
-        ConfigError: a bad value (the backend's own options included), naming the key.
+        ConfigError: a bad value (the backend's own options included), naming the key, or a
+            target that names no task.
         PlanError: the tasks do not fit.
     """
     from tfplan.backends import backend_class
@@ -48,7 +56,7 @@ def make_plan(cfg: Config, state: State | None, ctx: PlanContext | None = None) 
 
     backend = backend_class(cfg.cluster.backend)
     ctx = ctx or plan_context()
-    made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx))
+    made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx), targets)
     request = backend.dryrun(made)
     return replace(made, request=request) if request else made
 
