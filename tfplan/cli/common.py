@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from tfplan.cli.render import SUMMARY_THRESHOLD
 from tfplan.engine.store import StateStore
 from tfplan.engine.workspace import Workspace
 from tfplan.errors import StateError, TfplanError
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from tfplan.config.schema import Config
 
 __all__ = [
+    "add_experiment_arguments",
+    "add_size_arguments",
+    "add_target_argument",
     "approved",
     "backend_of",
     "compose",
@@ -92,6 +96,40 @@ def backend_of(store: StateStore, state: State) -> Backend:
     if state.backend is None:
         raise StateError(f"{store.path} names no backend: nothing was started from it")
     return open_backend(state.backend, store.scratch)
+
+
+def add_target_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """Terraform's ``-target``, for repairs by hand on a large cluster."""
+    parser.add_argument(
+        "-target",
+        "--target",
+        dest="targets",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"{what} this task (worker/3) or role (worker) only; repeatable. For exceptional "
+        "situations such as repairing a task by hand, not for routine use",
+    )
+
+
+def add_size_arguments(parser: argparse.ArgumentParser) -> None:
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument(
+        "--full",
+        dest="render",
+        action="store_const",
+        const="full",
+        default="auto",
+        help="print every task's block with its TF_CONFIG, however large the cluster",
+    )
+    size.add_argument(
+        "--summary",
+        dest="render",
+        action="store_const",
+        const="summary",
+        help=f"summarise the tasks to create by role and host (the default above "
+        f"{SUMMARY_THRESHOLD} tasks)",
+    )
 
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
