@@ -11,13 +11,12 @@ from tfplan.cli.common import (
     add_size_arguments,
     add_target_argument,
     compose,
-    console,
+    show_lines,
     workspace_from,
 )
-from tfplan.cli.render import print_lines, print_plan, task_lines
+from tfplan.cli.render import plan_lines, task_lines
 from tfplan.cli.sweep import add_sweep_arguments, run_sweep_command
 from tfplan.engine.plans import make_plan
-from tfplan.engine.refresh import refreshed_state
 from tfplan.errors import ConfigError
 from tfplan.planning.plan import Plan
 from tfplan.planning.targets import name_examples
@@ -84,18 +83,28 @@ def run_plan(args: argparse.Namespace) -> int:
         return 0
     cfg = compose(args.overrides, args.config_dir)
     workspace = workspace_from(args.workspace)
-    state = refreshed_state(workspace.store(cfg.experiment.id))
+    state = workspace.store(cfg.experiment.id).load()
+    if state is not None and state.running:  # observe them (supervision code loads only then)
+        from tfplan.engine.refresh import refreshed_state
+
+        state = refreshed_state(workspace.store(cfg.experiment.id))
     plan = make_plan(cfg, state, targets=args.targets)
     if args.json:
         print(plan.to_json())
     else:
-        print_plan(plan, console(), args.render)
+        show_lines(plan_lines(plan, args.render))
     if not args.no_save:
         path = workspace.save_plan(plan, Path(args.out) if args.out else None)
         if not args.json:
-            console().print(
-                f"\nSaved the plan to {path}. To perform exactly these actions, run: "
-                f"tfplan apply{'' if not args.out else ' ' + str(args.out)}"
+            again = f"tfplan apply{'' if not args.out else ' ' + str(args.out)}"
+            show_lines(
+                [
+                    ("", ""),
+                    (
+                        "",
+                        f"Saved the plan to {path}. To perform exactly these actions, run: {again}",
+                    ),
+                ]
             )
     if args.detailed_exitcode:
         return 2 if plan.has_changes else 0
@@ -111,7 +120,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
     else:
-        print_plan(plan, console(), args.render)
+        show_lines(plan_lines(plan, args.render))
     return 0
 
 
@@ -136,7 +145,7 @@ def _show_tasks(plan: Plan, names: list[str], as_json: bool, path: Path) -> int:
     lines = []
     for name in names:
         lines += [*task_lines(plan, name), ("", "")]
-    print_lines(lines[:-1], console())
+    show_lines(lines[:-1])
     return 0
 
 

@@ -12,15 +12,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from tfplan.cli.render import SUMMARY_THRESHOLD
+from tfplan.cli.render import SUMMARY_THRESHOLD, Line, print_lines
 from tfplan.engine.store import StateStore
 from tfplan.engine.workspace import Workspace
 from tfplan.errors import StateError, TfplanError
 from tfplan.planning.state import State
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from tfplan.backends.api import Backend
     from tfplan.config.schema import Config
 
@@ -34,18 +34,33 @@ __all__ = [
     "console",
     "err_console",
     "load_experiment",
+    "show_lines",
     "workspace_from",
 ]
 
 
 def console() -> Console:
     """stdout; when piped, wide enough that tables do not fold (scripts grep them)."""
+    from rich.console import Console
+
     width = None if sys.stdout.isatty() else 200
     return Console(highlight=False, soft_wrap=True, width=width)
 
 
 def err_console() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def show_lines(lines: list[Line]) -> None:
+    """Rendered lines to stdout: through rich on a terminal (colours), else as plain text,
+    without loading rich at all (a tenth of a small plan's time)."""
+    if sys.stdout.isatty():
+        print_lines(lines, console())
+    else:
+        sys.stdout.write("".join(f"{text}\n" for _, text in lines))
+        sys.stdout.flush()
 
 
 def workspace_from(path: str | None) -> Workspace:

@@ -12,16 +12,18 @@ TF_CONFIG (which lists the whole cluster); ``tfplan show --task NAME`` prints on
 from __future__ import annotations
 
 import json
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
 from tfplan.planning.plan import Action, Change, Plan, Task
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT
 
+if TYPE_CHECKING:  # rich loads only to print to a terminal
+    from rich.console import Console
+
 __all__ = [
     "SUMMARY_THRESHOLD",
+    "Line",
     "format_bytes",
     "plan_lines",
     "print_plan",
@@ -331,6 +333,8 @@ def print_lines(lines: list[Line], console: Console) -> None:
         console.file.write("".join(text + "\n" for _, text in lines))
         console.file.flush()
         return
+    from rich.text import Text
+
     out = Text()
     for style, text in lines:
         out.append(text, style=style or None)

@@ -10,7 +10,6 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from importlib import metadata
 from typing import TYPE_CHECKING
 
 from tfplan.planning.context import PlanContext
@@ -23,9 +22,27 @@ if TYPE_CHECKING:
 __all__ = ["make_plan", "plan_context", "replan_from_state", "tf_version"]
 
 
+TF_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tf-nightly")
+
+
 def tf_version() -> str:
-    """The installed TensorFlow's version, read from package metadata (no import: 2 s saved)."""
-    for dist in ("tensorflow-cpu", "tensorflow", "tf-nightly"):
+    """The installed TensorFlow's version, read from package metadata (no import: 2 s saved).
+
+    The version is in the name of the ``.dist-info`` folder; importlib.metadata, which reads
+    it otherwise, costs more to import than a small plan takes to make."""
+    for dist in TF_DISTRIBUTIONS:
+        prefix = dist.replace("-", "_") + "-"
+        for entry in sys.path:
+            try:
+                names = os.listdir(entry or ".")
+            except OSError:
+                continue
+            for name in names:
+                if name.startswith(prefix) and name.endswith(".dist-info"):
+                    return name[len(prefix) : -len(".dist-info")]
+    from importlib import metadata
+
+    for dist in TF_DISTRIBUTIONS:
         try:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:
