@@ -347,7 +347,7 @@ def test_the_plan_file_writes_the_shared_environment_once_and_the_cluster_spec_f
     assert data["cluster_spec"] == p.cluster_spec()
     assert data["targets"] == [] and data["left_out"] == {}
     assert Plan.from_json(p.to_json(indent=None)) == p
-    assert "\": " not in p.to_json(indent=None)  # the file is compact
+    assert '": ' not in p.to_json(indent=None)  # the file is compact
 
 
 def test_a_plan_file_stays_under_2_kb_per_task_with_long_paths_and_a_large_env() -> None:
@@ -385,6 +385,10 @@ def test_target_keeps_only_the_targeted_changes_and_counts_the_others() -> None:
     gone = plan(cfg, state, CTX, targets=["worker/2"])
     assert [(c.task, c.action) for c in gone.changes] == [("worker/2", Action.DESTROY)]
     assert Plan.from_json(one.to_json()) == one
+    assert not any(w.startswith("-target") for w in one.warnings)  # its ps runs
+    fresh = plan(cfg, None, CTX, targets=["worker/1"])  # no dependencies pulled in, but said
+    assert [c.task for c in fresh.changes] == ["worker/1"]
+    assert any(w.startswith("-target: ps/0 (parameter servers") for w in fresh.warnings)
 
 
 def test_a_target_that_names_no_task_is_refused_with_examples() -> None:

@@ -14,6 +14,7 @@ from tfplan.cli.common import (
     add_target_argument,
     approved,
     console,
+    refuse_targets_in_sweeps,
     workspace_from,
 )
 from tfplan.cli.output import LogPrinter, step_progress
@@ -63,6 +64,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def run_apply(args: argparse.Namespace) -> int:
+    refuse_targets_in_sweeps(args)
     if args.multirun:
         return run_sweep_command(args, args.args, dry_run=False)
     out = console()

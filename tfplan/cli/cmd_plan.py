@@ -11,6 +11,7 @@ from tfplan.cli.common import (
     add_size_arguments,
     add_target_argument,
     compose,
+    refuse_targets_in_sweeps,
     show_lines,
     workspace_from,
 )
@@ -72,6 +73,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    refuse_targets_in_sweeps(args)
     if args.multirun:  # a dry run of the whole sweep: one line per point, nothing saved
         return run_sweep_command(args, args.overrides, dry_run=True)
     if args.cfg:

@@ -34,6 +34,7 @@ __all__ = [
     "console",
     "err_console",
     "load_experiment",
+    "refuse_targets_in_sweeps",
     "show_lines",
     "workspace_from",
 ]
@@ -125,6 +126,16 @@ def add_target_argument(parser: argparse.ArgumentParser, what: str) -> None:
         help=f"{what} this task (worker/3) or role (worker) only; repeatable. For exceptional "
         "situations such as repairing a task by hand, not for routine use",
     )
+
+
+def refuse_targets_in_sweeps(args: argparse.Namespace) -> None:
+    """A sweep plans whole clusters, one per point: ``-target`` has nothing to narrow there.
+
+    Raises:
+        TfplanError: both were given.
+    """
+    if getattr(args, "multirun", False) and getattr(args, "targets", None):
+        raise TfplanError("-target does not combine with -m: a sweep runs whole clusters")
 
 
 def add_size_arguments(parser: argparse.ArgumentParser) -> None:

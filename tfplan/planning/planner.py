@@ -142,6 +142,7 @@ def plan(
             _warnings(cfg, ports)
             + _down_warnings(down)
             + _launch_warnings(cfg, tasks, ClusterSpecText(endpoints))
+            + (_target_warnings(changes, tasks, state) if targets else ())
         ),
         state_lineage=state.lineage if state is not None else None,
         state_serial=state.serial if state is not None else 0,
@@ -171,6 +172,29 @@ def _narrow(
         c.action.value for c in changes if c.task not in selected and c.action is not Action.NOOP
     )
     return kept, dict(left)
+
+
+def _target_warnings(
+    kept: tuple[Change, ...], tasks: tuple[Task, ...], state: State | None
+) -> tuple[str, ...]:
+    """Unlike Terraform, -target pulls in no dependencies (a worker targeted alone must not
+    start a ps on every host); say when the targeted tasks will start without their ps."""
+    starting = {c.task for c in kept if c.action in (Action.CREATE, Action.REPLACE)}
+    if not starting or all(n.startswith("ps/") for n in starting):
+        return ()
+    running = {t.name for t in state.running} if state is not None else set()
+    missing = [
+        t.name
+        for t in tasks
+        if t.role is Role.PS and t.name not in running and t.name not in starting
+    ]
+    if not missing:
+        return ()
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return (
+        f"-target: {shown} (parameter servers the targeted tasks need) neither run nor are "
+        "targeted: the targeted tasks will wait for them; add -target ps to start them too",
+    )
 
 
 def job_policy(cfg: Config) -> JobPolicy:
