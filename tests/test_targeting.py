@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from apply_helpers import (
     CONF,
+    alive,
+    base_overrides,
+    fake_overrides,
     free_port_base,
     kill_groups,
     recorded_groups,
@@ -142,3 +145,31 @@ def test_show_task_prints_one_task_in_full_and_refuses_an_unknown_one(ws: Path) 
     unknown = tfplan(ws, "show", "--task", "worker/4000", env=env)
     assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1
     assert "no task 'worker/4000' in the plan" in unknown.stderr and "worker/3499" in unknown.stderr
+
+
+def test_destroy_target_stops_one_task_and_the_others_stay_supervised(ws: Path) -> None:
+    port = free_port_base()
+    overrides = [
+        *base_overrides(ws, port),
+        *fake_overrides(ws, steps="600", step_secs="0.1", worker_secs="120"),
+    ]
+    tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
+    before = state_of(ws)
+    pids = {t["name"]: t["handle"]["pid"] for t in before["tasks"]}
+    supervisor = before["supervisor"]["pid"]
+    destroyed = tfplan(ws, "destroy", "-target", "worker/1", check=True)
+    out = destroyed.stdout
+    assert "Destroy complete! 1 targeted task(s) stopped, 2 left running" in out
+    assert "A background supervisor (pid" in out and "watches the other tasks again" in out
+    assert not alive(pids["worker/1"]) and alive(pids["ps/0"]) and alive(pids["worker/0"])
+    after = state_of(ws)
+    assert sorted(t["name"] for t in after["tasks"]) == ["ps/0", "worker/0"]
+    assert not alive(supervisor)  # taken over, so that it would not restart worker/1
+    wait_until(lambda: alive(int(state_of(ws)["supervisor"]["pid"])), 30, "the new supervisor")
+    # the plan now wants worker/1 back, and only it
+    replan = tfplan(ws, "plan", "--detailed-exitcode", *overrides)
+    assert replan.returncode == 2 and "Plan: 1 to add, 0 to change, 0 to destroy." in replan.stdout
+    unknown = tfplan(ws, "destroy", "-target", "worker/7")
+    assert unknown.returncode == 1 and "e.g. ps/0, worker/0 (2 tasks)" in unknown.stderr
+    tfplan(ws, "destroy", check=True)
+    assert not alive(pids["ps/0"]) and not alive(pids["worker/0"])

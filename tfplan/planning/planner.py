@@ -530,6 +530,8 @@ def _check_startable(name: str, command: tuple[str, ...], env: Mapping[str, str]
     string over MAX_ARG_STRLEN (128 KiB). TF_CONFIG is not among them: it is delivered through
     a file when it is too large (tfplan.backends.delivery)."""
     for position, word in enumerate(command):
+        if len(word) * 4 < MAX_ARG_STRLEN:  # UTF-8 takes at most 4 bytes a character
+            continue
         size = len(word.encode()) + 1
         if size > MAX_ARG_STRLEN:
             raise ConfigError(
@@ -541,6 +543,8 @@ def _check_startable(name: str, command: tuple[str, ...], env: Mapping[str, str]
                 "and {worker_hosts}",
             )
     for key, value in env.items():
+        if (len(key) + len(value)) * 4 < MAX_ARG_STRLEN:
+            continue
         size = len(key.encode()) + len(value.encode()) + 2
         if size > MAX_ARG_STRLEN:
             raise ConfigError(
