@@ -506,6 +506,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="an older checkout to compare with")
     parser.add_argument("--baseline-runs", type=int, default=1)
+    parser.add_argument(
+        "--baseline-name", default="", help="what the baseline is, for the report (a commit)"
+    )
     parser.add_argument("--no-write", action="store_true", help="do not write docs/bench_plan.md")
     args = parser.parse_args()
     runs = max(3, args.runs)
@@ -514,7 +517,8 @@ def main() -> None:
     results: dict[str, Any] = {
         "baseline_flag": (
             f" --baseline DIR --baseline-runs {args.baseline_runs}" if args.baseline else ""
-        )
+        ),
+        "baseline_name": args.baseline_name or "the checkout named by `--baseline`",
     }
     print("tfplan plan at 300 and 1,000 hosts ...", flush=True)
     results["scale"] = bench_cli_scale(runs, args.baseline, args.baseline_runs)
