@@ -184,6 +184,7 @@ def bench_show_and_state(runs: int) -> dict[str, float]:
             env=_env(None),
             check=True,
         ).stdout
+        moved = cluster_config(conf, 1000)
     state = State(
         lineage="bench",
         serial=1,
@@ -201,11 +202,18 @@ def bench_show_and_state(runs: int) -> dict[str, float]:
         config=saved.source_config,
     )
     state_bytes = len(json.dumps(state.to_dict(), indent=1, sort_keys=True))  # as StateStore
+    # The worst case for the printed plan: every running task replaced, each listed on its own
+    # with its reasons (a port offset moves every address, so every TF_CONFIG changes).
+    moved.cluster.port_offset = 1
+    replaced = plan(moved, state, CTX, ProcessBackend.target(moved.cluster, CTX))
+    printed = sum(len(text) + 1 for _, text in plan_lines(replaced))
     return {
         "show_s": statistics.median(show),
         "show_bytes": len(shown),
         "state_bytes_per_task": state_bytes / len(saved.tasks),
         "tasks": len(saved.tasks),
+        "replace_all_bytes_per_task": printed / len(replaced.tasks),
+        "replaced": sum(1 for c in replaced.changes if c.action.value == "replace"),
     }
 
 
@@ -459,7 +467,10 @@ Peak memory is the child process's maxrss; bytes per task in brackets.
 {chr(10).join(rows)}
 
 The printed plan of a large cluster is a summary of the tasks to create, by role and by host
-(docs/planning.md); every change other than a create is still listed on its own.
+(docs/planning.md); every change other than a create is still listed on its own. The worst case
+for the printed plan, every one of the 9,001 running tasks replaced ({other["replaced"]:.0f}
+`-/+` entries, each with its reasons: `cluster.port_offset` changed), prints
+{other["replace_all_bytes_per_task"]:.0f} B per task.
 `tfplan show --task worker/17` prints one task in full, TF_CONFIG included, at 1,000 hosts in
 {other["show_s"]:.2f} s ({_size(other["show_bytes"])}). The state of those 9,001 tasks once
 started (as `StateStore` writes it) holds {other["state_bytes_per_task"]:.0f} B per task: the
