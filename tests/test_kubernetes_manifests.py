@@ -76,7 +76,7 @@ def _kinds(objects: list[dict[str, Any]]) -> list[str]:
         ("cluster.workers=per_gpu", "cluster.workers: per_host and per_gpu count hosts"),
         (
             "cluster.firewall=true",
-            "cluster.firewall: the kubernetes backend installs no host firewall",
+            "cluster.firewall: the kubernetes backend cannot install firewall rules",
         ),
         (
             "cluster.hosts=[{address: 10.0.0.1}]",

@@ -60,7 +60,15 @@ def test_a_module_imports_only_its_own_layer_and_those_below(path: Path) -> None
         )
 
 
-SHARED_BACKEND_PARTS = ("api", "fanout", "firewall", "logstream", "staging", "transports")
+SHARED_BACKEND_PARTS = (
+    "api",
+    "delivery",
+    "fanout",
+    "firewall",
+    "logstream",
+    "staging",
+    "transports",
+)
 
 
 def test_backends_do_not_import_each_other() -> None:

@@ -12,8 +12,9 @@ import pytest
 
 from tfplan.config.algorithms import ALGORITHMS
 from tfplan.config.compose import compose_config, to_config
-from tfplan.config.schema import Config
+from tfplan.config.schema import Config, HostConfig
 from tfplan.engine.plans import make_plan as plan
+from tfplan.errors import ConfigError
 from tfplan.planning.context import PlanContext
 from tfplan.planning.plan import Action, Plan, Role, Task, VariableSpec
 from tfplan.planning.sharding import greedy_bytes, model_variables, round_robin
@@ -327,3 +328,113 @@ def test_unreachable_host_gets_no_task_and_its_tasks_are_replaced_elsewhere() ->
     assert any(f"host {down} is unreachable" in w for w in second.warnings)
     # the others are replaced too: the cluster spec changed
     assert all(c.action.value == "replace" for c in second.changes)
+
+
+# --- plan format 3: shared data once --------------------------------------------------------
+
+
+def test_the_plan_file_writes_the_shared_environment_once_and_the_cluster_spec_for_readers() -> (
+    None
+):
+    p = plan(config("cluster=gpu2x4", "algo=downpour"), None, CTX)
+    data = json.loads(p.to_json(indent=None))
+    assert data["format_version"] == 3
+    assert data["env"]["TFPLAN_OUTPUT_DIR"] == p.output_dir and "TFPLAN_TASK" not in data["env"]
+    assert data["env"]["PYTHONPATH"] == "/tmp/tfplan/default/_code"
+    for task, written in zip(p.tasks, data["tasks"], strict=True):
+        assert set(written["env"]) <= {"CUDA_VISIBLE_DEVICES", "TFPLAN_TASK", "TFPLAN_RUN_CONFIG"}
+        assert {**data["env"], **written["env"]} == task.env
+    assert data["cluster_spec"] == p.cluster_spec()
+    assert data["targets"] == [] and data["left_out"] == {}
+    assert Plan.from_json(p.to_json(indent=None)) == p
+    assert '": ' not in p.to_json(indent=None)  # the file is compact
+
+
+def test_a_plan_file_stays_under_2_kb_per_task_with_long_paths_and_a_large_env() -> None:
+    cfg = config("cluster=gpu2x4", "algo=downpour")
+    cfg.cluster.workdir = "/very/long/shared/scratch/path/for/" + "x" * 60
+    cfg.recipe.env = {f"SETTING_{i}": "v" * 100 for i in range(20)}  # 2 KB the same everywhere
+    cfg.cluster.hosts = [
+        HostConfig(address=f"10.0.{i // 256}.{i % 256}", name=f"gpu{i}", cpu_slots=10, gpus=8)
+        for i in range(100)
+    ]
+    p = plan(cfg, None, CTX)
+    assert len(p.to_json(indent=None)) / len(p.tasks) < 2048 / 2  # half the budget at most
+
+
+# --- -target ---------------------------------------------------------------------------------
+
+
+def test_target_keeps_only_the_targeted_changes_and_counts_the_others() -> None:
+    first = plan(config("cluster=local", "cluster.workers=3"), None, CTX)
+    state = state_from(first)
+    dead = dataclasses.replace(state.task("worker/1"), status=TaskStatus.FAILED, exit_code=1)
+    state = state.with_task(dead)
+    cfg = config("cluster=local", "cluster.workers=2")  # worker/2 goes, ports shift: all replaced
+    whole = plan(cfg, state, CTX)
+    assert len(whole.changes) == 4 and whole.targets == ()
+    one = plan(cfg, state, CTX, targets=["worker/1"])
+    assert [(c.task, c.action) for c in one.changes] == [("worker/1", Action.REPLACE)]
+    assert one.left_out == {"replace": 2, "destroy": 1}
+    assert one.tasks == whole.tasks  # the whole cluster is placed: TF_CONFIG lists it all
+    assert [c.task for c in plan(cfg, state, CTX, targets=["worker"]).changes] == [
+        "worker/0",
+        "worker/1",
+        "worker/2",  # a role: its tasks in the configuration and in the state
+    ]
+    gone = plan(cfg, state, CTX, targets=["worker/2"])
+    assert [(c.task, c.action) for c in gone.changes] == [("worker/2", Action.DESTROY)]
+    assert Plan.from_json(one.to_json()) == one
+    assert not any(w.startswith("-target") for w in one.warnings)  # its ps runs
+    fresh = plan(cfg, None, CTX, targets=["worker/1"])  # no dependencies pulled in, but said
+    assert [c.task for c in fresh.changes] == ["worker/1"]
+    assert any(w.startswith("-target: ps/0 (parameter servers") for w in fresh.warnings)
+
+
+def test_a_target_that_names_no_task_is_refused_with_examples() -> None:
+    with pytest.raises(ConfigError) as error:
+        plan(config("cluster=gpu2x4"), None, CTX, targets=["worker/8"])
+    assert str(error.value) == (
+        "-target: no task 'worker/8' in the configuration or the state; use a task name or a "
+        "role, e.g. ps/0, ps/1, worker/0, worker/7, evaluator/0, or a role (ps, worker) "
+        "(11 tasks)"
+    )
+
+
+# --- what could never start -------------------------------------------------------------------
+
+
+def _hosts(count: int, gpus: int = 8) -> list[HostConfig]:
+    return [
+        HostConfig(address=f"10.0.{i // 256}.{i % 256}", name=f"h{i}", cpu_slots=10, gpus=gpus)
+        for i in range(count)
+    ]
+
+
+def test_a_placeholder_that_expands_past_linux_limit_is_refused_at_plan_time() -> None:
+    cfg = config("cluster=gpu2x4", "recipe=command")
+    cfg.recipe.command = "python t.py --worker_hosts={worker_hosts}"
+    cfg.cluster.hosts = _hosts(1200)  # 9,600 workers: a 150 KiB argument
+    with pytest.raises(ConfigError) as error:
+        plan(cfg, None, CTX)
+    message = str(error.value)
+    assert message.startswith("recipe.command: argument 2 of ps/0's command is ")
+    assert "over Linux's limit of 131072 bytes for one argument: the task could never start" in (
+        message
+    )
+    assert "read the hosts from TF_CONFIG" in message
+
+
+def test_large_commands_and_a_non_python_program_without_tf_config_are_warned_about() -> None:
+    cfg = config("cluster=gpu2x4", "recipe=command")
+    cfg.recipe.command = "python t.py --ps_hosts={ps_hosts}"
+    cfg.cluster.hosts = _hosts(400)
+    big = plan(cfg, None, CTX)
+    assert any("make every task's command 6 KiB" in w for w in big.warnings)
+    cfg.recipe.command = "/bin/sh train.sh"
+    cfg.cluster.hosts = _hosts(1000)  # TF_CONFIG of 150 KiB
+    shell = plan(cfg, None, CTX)
+    warning = next(w for w in shell.warnings if "not a Python interpreter" in w)
+    assert "the tasks get TF_CONFIG_FILE" in warning
+    cfg.recipe.command = "python3 train.py"
+    assert not any("Python" in w for w in plan(cfg, None, CTX).warnings)

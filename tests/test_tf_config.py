@@ -64,4 +64,4 @@ def test_tensorflow_reads_every_tasks_tf_config(
                 f"{p.address_of(task)}:{task.port}"
             )
         # the same string reaches the process through its environment
-        assert launches.request(task).env["TF_CONFIG"] == p.tf_config(task)
+        assert launches.request(task).tf_config == p.tf_config(task)

@@ -12,7 +12,6 @@ and are chosen with ``cluster.backend=mycloud``. Modules are imported only when 
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +33,8 @@ BUILTIN: dict[str, str] = {
 
 def _registered() -> dict[str, str]:
     """name -> "module:attr": the built-in ones, then any installed entry point."""
+    from importlib import metadata  # scans every installed package: only when needed
+
     found = dict(BUILTIN)
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
         found.setdefault(entry.name, entry.value)
@@ -53,7 +54,7 @@ def backend_class(name: str) -> type[Backend]:
     """
     from tfplan.backends.api import Backend
 
-    registered = _registered()
+    registered = dict(BUILTIN) if name in BUILTIN else _registered()
     if name not in registered:
         raise ConfigError(
             "cluster.backend", f"unknown backend {name!r}", f"available: {', '.join(available())}"

@@ -73,19 +73,26 @@ class TaskPhase(str, Enum):
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """One task to start, as the engine asks for it."""
+    """One task to start, as the engine asks for it.
+
+    TF_CONFIG comes apart from ``env``: it lists the whole cluster and may be larger than one
+    environment variable can be (128 KiB on Linux). A backend starts
+    ``tfplan.backends.delivery.deliver(request)``'s command, environment and files, which put
+    it in the environment when it fits, else in a file next to the task.
+    """
 
     name: str  # "worker/1"
     role: str
     index: int
     host: str  # the plan's host name (the backend maps it through the allocation)
     command: tuple[str, ...]
-    env: dict[str, str]  # everything to export, TF_CONFIG included
+    env: dict[str, str]  # everything to export except TF_CONFIG
     workdir: str  # the task's own folder (created)
     log_path: str  # stdout and stderr, truncated at start
     devices: tuple[str, ...] = ()
     keep_log_as: str | None = None  # a restart: move the previous log here first
     attempt: int = 0  # 0 for the first start, n for the n-th restart
+    tf_config: str = ""  # the task's TF_CONFIG (JSON), delivered by tfplan.backends.delivery
 
 
 @dataclass(frozen=True)

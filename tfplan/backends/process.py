@@ -28,6 +28,7 @@ from tfplan.backends.api import (
     TaskInfo,
     TaskPhase,
 )
+from tfplan.backends.delivery import deliver, shell_bytes
 from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.firewall import (
     HostFirewall,
@@ -221,11 +222,18 @@ class ProcessBackend(Backend):
         transport = self.pool[request.host]
         if request.keep_log_as:
             transport.move(request.log_path, request.keep_log_as)
+        # SSH sends the whole environment inside one `sh -c` script: TF_CONFIG shares its limit
+        ssh = transport.target.kind == "ssh"
+        delivery = deliver(
+            request, overhead=shell_bytes(request.command, request.env) if ssh else 0
+        )
+        for path, text in delivery.files.items():
+            transport.write_file(path, text.encode())
         started = transport.start(
             LaunchSpec(
                 name=request.name,
-                command=request.command,
-                env=dict(request.env),
+                command=delivery.command,
+                env=delivery.env,
                 workdir=request.workdir,
                 log_path=request.log_path,
             )

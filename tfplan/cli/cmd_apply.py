@@ -9,9 +9,16 @@ from typing import Any
 
 from rich.console import Console
 
-from tfplan.cli.common import approved, console, workspace_from
+from tfplan.cli.common import (
+    add_size_arguments,
+    add_target_argument,
+    approved,
+    console,
+    refuse_targets_in_sweeps,
+    workspace_from,
+)
 from tfplan.cli.output import LogPrinter, step_progress
-from tfplan.cli.render import print_plan
+from tfplan.cli.render import print_lines, print_plan, targeting_warning
 from tfplan.cli.sweep import add_sweep_arguments, run_sweep_command
 from tfplan.engine.background import start_background_supervisor
 from tfplan.engine.plans import make_plan
@@ -50,18 +57,21 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     apply.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
     apply.add_argument("--workspace", help="workspace folder (default: .tfplan)")
+    add_target_argument(apply, "plan and start or stop")
+    add_size_arguments(apply)
     add_sweep_arguments(apply)
     apply.set_defaults(func=run_apply)
 
 
 def run_apply(args: argparse.Namespace) -> int:
+    refuse_targets_in_sweeps(args)
     if args.multirun:
         return run_sweep_command(args, args.args, dry_run=False)
     out = console()
     workspace = workspace_from(args.workspace)
     plan, planned_now, config_yaml = _plan_to_apply(args, workspace, out)
     if planned_now:
-        print_plan(plan, out)
+        print_plan(plan, out, args.render)
         if plan.has_changes and not approved(
             out, "Do you want to perform these actions?", args.auto_approve
         ):
@@ -77,6 +87,8 @@ def run_apply(args: argparse.Namespace) -> int:
             f"{counts[Action.UPDATE]} changed, {len(result.stopped)} stopped "
             f"({time.monotonic() - started:.1f}s)."
         )
+        if plan.targets:
+            _applied_partially(plan, out)
         if not result.state.running:
             return 0
         if args.detach:
@@ -108,6 +120,12 @@ def _plan_to_apply(
         )
     if len(files) > 1:
         raise TfplanError(f"apply takes one plan file, got {len(files)}: {' '.join(files)}")
+    if args.targets and (files or (not overrides and workspace.default_plan_path.exists())):
+        raise TfplanError(
+            "-target makes a new plan, and a saved plan is applied exactly as it was made: "
+            "give the overrides too (tfplan apply OVERRIDES -target NAME), or plan it first "
+            "(tfplan plan OVERRIDES -target NAME, then tfplan apply)"
+        )
     if files:
         return workspace.load_plan(Path(files[0])), False, None
     if not overrides and workspace.default_plan_path.exists():
@@ -119,8 +137,19 @@ def _plan_to_apply(
 
     composed = compose_config(overrides, args.config_dir)
     cfg = to_config(composed)
-    plan = make_plan(cfg, refreshed_state(workspace.store(cfg.experiment.id)))
+    state = refreshed_state(workspace.store(cfg.experiment.id))
+    plan = make_plan(cfg, state, targets=args.targets)
     return plan, True, OmegaConf.to_yaml(composed)
+
+
+def _applied_partially(plan: Plan, out: Console) -> None:
+    """Terraform's "Applied changes may be incomplete" after a targeted apply."""
+    lines = targeting_warning(plan)
+    lines[1] = ("bold yellow", "Warning: Applied changes may be incomplete")
+    lines.append(
+        ("", "Run `tfplan plan` (without -target) to see what else the configuration asks for.")
+    )
+    print_lines(lines, out)
 
 
 def _supervise(run: ExperimentRun, out: Console, max_steps: int | None) -> Outcome:

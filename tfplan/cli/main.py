@@ -13,20 +13,25 @@ from tfplan.errors import TfplanError
 __all__ = ["main", "build_parser"]
 
 
-VERBS = (
-    "cmd_plan",  # plan, show
-    "cmd_apply",
-    "cmd_status",
-    "cmd_logs",
-    "cmd_watch",
-    "cmd_destroy",
-    "cmd_export",
-    "cmd_report",
-    "cmd_tensorboard",
-)
+# verb -> the module that defines it. Only the named verb's module is imported: `tfplan plan`
+# needs neither the supervisor nor the sweep machinery, and importing every verb cost as much
+# as a third of a small plan.
+VERBS = {
+    "plan": "cmd_plan",
+    "show": "cmd_plan",
+    "apply": "cmd_apply",
+    "status": "cmd_status",
+    "logs": "cmd_logs",
+    "watch": "cmd_watch",
+    "destroy": "cmd_destroy",
+    "export": "cmd_export",
+    "report": "cmd_report",
+    "tensorboard": "cmd_tensorboard",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser: of the verb ``argv`` names only, else of every verb (help, a typo)."""
     import importlib
 
     parser = argparse.ArgumentParser(
@@ -36,15 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tfplan {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for verb in VERBS:
-        importlib.import_module(f"tfplan.cli.{verb}").add_parsers(subparsers)
+    verb = next((a for a in (argv or ()) if not a.startswith("-")), None)
+    modules = [VERBS[verb]] if verb in VERBS else list(dict.fromkeys(VERBS.values()))
+    for module in modules:
+        importlib.import_module(f"tfplan.cli.{module}").add_parsers(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    given = list(argv) if argv is not None else sys.argv[1:]
+    args = build_parser(given).parse_args(given)
     try:
         code: int = args.func(args)
         return code

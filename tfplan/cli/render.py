@@ -2,16 +2,37 @@
 
 :func:`plan_lines` is pure (a list of ``(style, text)`` lines); :func:`print_plan` sends them
 through rich, which drops the colours when stdout is not a terminal.
+
+Size: a small cluster is printed block by block, each with its TF_CONFIG. A cluster of more
+than :data:`SUMMARY_THRESHOLD` tasks is printed compactly: the tasks to create summarised by
+role and host (:mod:`tfplan.cli.render_summary`), every other change on its own, without the
+TF_CONFIG (which lists the whole cluster); ``tfplan show --task NAME`` prints one task in full.
 """
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.text import Text
+import json
+from typing import TYPE_CHECKING
 
+from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
 from tfplan.planning.plan import Action, Change, Plan, Task
+from tfplan.planning.tf_config import ENV_VALUE_LIMIT
 
-__all__ = ["plan_lines", "print_plan", "summary_line", "format_bytes"]
+if TYPE_CHECKING:  # rich loads only to print to a terminal
+    from rich.console import Console
+
+__all__ = [
+    "SUMMARY_THRESHOLD",
+    "Line",
+    "format_bytes",
+    "plan_lines",
+    "print_plan",
+    "summary_line",
+    "task_lines",
+]
+
+# More tasks than this in the plan: compact blocks; more tasks to create: a summary of them.
+SUMMARY_THRESHOLD = 32
 
 _SYMBOL = {
     Action.CREATE: "+",
@@ -58,8 +79,13 @@ def summary_line(plan: Plan) -> str:
     return f"Plan: {add} to add, {change} to change, {destroy} to destroy."
 
 
-def plan_lines(plan: Plan) -> list[Line]:
-    """Every line of the rendering, in order."""
+def plan_lines(plan: Plan, mode: str = "auto") -> list[Line]:
+    """Every line of the rendering, in order.
+
+    Args:
+        mode: ``auto`` (full blocks up to :data:`SUMMARY_THRESHOLD` tasks, else compact),
+            ``full`` (every block with its TF_CONFIG, however large) or ``summary``.
+    """
     lines: list[Line] = []
     hosts = _count(len({t.host for t in plan.tasks}), "host")
     header = (
@@ -73,7 +99,8 @@ def plan_lines(plan: Plan) -> list[Line]:
         lines += [("", f"  {line}") for line in plan.request]
         lines.append(("", ""))
     if not plan.has_changes:
-        lines.append(("bold green", "No changes. Your cluster matches the configuration."))
+        what = "The targeted tasks match" if plan.targets else "Your cluster matches"
+        lines.append(("bold green", f"No changes. {what} the configuration."))
         lines += _footer(plan)
         return lines
     present = [a for a in _SYMBOL if any(c.action is a for c in plan.changes)]
@@ -82,11 +109,7 @@ def plan_lines(plan: Plan) -> list[Line]:
         lines.append((_STYLE[action], f"  {_SYMBOL[action]:>3} {_LEGEND[action]}"))
     lines.append(("", ""))
     lines.append(("", "tfplan will perform the following actions:"))
-    for change in plan.changes:
-        if change.action is Action.NOOP:
-            continue
-        lines.append(("", ""))
-        lines += _change_block(plan, change)
+    lines += _changes(plan, mode)
     lines.append(("", ""))
     lines += _footer(plan)
     lines.append(("", ""))
@@ -96,6 +119,50 @@ def plan_lines(plan: Plan) -> list[Line]:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _changes(plan: Plan, mode: str) -> list[Line]:
+    compact = mode == "summary" or (mode == "auto" and len(plan.tasks) > SUMMARY_THRESHOLD)
+    creates = [c for c in plan.changes if c.action is Action.CREATE]
+    summarise = compact and len(creates) > (0 if mode == "summary" else SUMMARY_THRESHOLD)
+    lines: list[Line] = []
+    if summarise:
+        lines.append(("", ""))
+        lines += summary_lines(plan, [plan.task(c.task) for c in creates])
+    for change in plan.changes:
+        if change.action is Action.NOOP or (summarise and change.action is Action.CREATE):
+            continue
+        if compact:
+            lines += _compact_block(plan, change)
+        else:
+            lines.append(("", ""))
+            lines += _change_block(plan, change)
+    return lines
+
+
+def _compact_block(plan: Plan, change: Change) -> list[Line]:
+    """One change in a few lines: why, and where the task runs (``show --task`` has the rest)."""
+    style, symbol = _STYLE[change.action], _SYMBOL[change.action]
+    lines: list[Line] = [("", ""), ("bold", f"  # {change.task} {_VERB[change.action]}")]
+    lines += [("dim", f"  #   {reason}") for reason in change.reasons]
+    if change.action is Action.DESTROY:
+        fields = [
+            f"{k} = {_value(change.previous[k])}"
+            for k in ("host", "port", "status")
+            if k in change.previous
+        ]
+    else:
+        task = plan.task(change.task)
+        address = plan.address_of(task)
+        fields = [
+            f'host = "{task.host}"' + (f" ({address})" if address else f" {AFTER_APPLY}"),
+            f"port = {task.port if task.port is not None else '(none)'}",
+            "devices = [" + ", ".join(f'"{d}"' for d in task.devices) + "]",
+        ]
+        if task.is_chief:
+            fields.append("chief = true")
+    lines.append((style, f'  {symbol} task "{change.task}" {{ {", ".join(fields)} }}'))
+    return lines
 
 
 def _change_block(plan: Plan, change: Change) -> list[Line]:
@@ -138,18 +205,49 @@ def _task_fields(plan: Plan, task: Task) -> list[tuple[str, str]]:
         ),
         ("workdir", _value(task.workdir)),
         ("TF_CONFIG", plan.tf_config(task) if known else AFTER_APPLY),
-        ("restart", _restart(plan, task)),
+        ("restart", restart_text(plan, task.role.value)),
         ("handle", AFTER_APPLY),
     ]
 
 
-def _restart(plan: Plan, task: Task) -> str:
-    policy = plan.policy.for_role(task.role.value)
-    if policy.restart.value == "Never":
-        return '"Never"'
-    text = f'"{policy.restart.value}" (up to {policy.backoff_limit} restarts'
-    timeout = policy.progress_timeout_secs
-    return text + (f", hung after {timeout}s without a log line)" if timeout else ")")
+def task_lines(plan: Plan, name: str) -> list[Line]:
+    """One task in full (``tfplan show --task NAME``): what the plan does to it, every field,
+    its environment and its TF_CONFIG, however large the cluster.
+
+    Raises:
+        KeyError: the plan has no task of that name (neither desired nor destroyed).
+    """
+    change = next((c for c in plan.changes if c.task == name), None)
+    if not plan.has_task(name):
+        if change is None:
+            raise KeyError(name)
+        return _change_block(plan, change)
+    task = plan.task(name)
+    action = change.action if change is not None else Action.NOOP
+    if action is Action.NOOP:
+        note = "not targeted by this plan" if plan.targets and change is None else "no changes"
+        head: list[Line] = [("bold", f"  # {name}: {note}")]
+        style, symbol, inner = "", " ", " "
+    else:
+        head = [("bold", f"  # {name} {_VERB[action]}")]
+        head += [("dim", f"  #   {reason}") for reason in change.reasons] if change else []
+        style, symbol = _STYLE[action], _SYMBOL[action]
+        inner = "~" if action is Action.UPDATE else "+"
+    lines = [*head, (style, f'  {symbol} task "{name}" {{')]
+    for key, value in _task_fields(plan, task):
+        if key == "TF_CONFIG" and plan.addresses_known:
+            value = json.dumps(json.loads(value), indent=2).replace("\n", "\n" + " " * 19)
+            if plan.tf_config_size(task) > ENV_VALUE_LIMIT:
+                lines.append(
+                    (style, f"      {inner} {'delivery':<10} = {tf_config_note(plan, [task])}")
+                )
+        lines.append((style, f"      {inner} {key:<10} = {value}"))
+    lines.append((style, f"      {inner} {'log':<10} = {_value(task.log_path)}"))
+    lines.append((style, f"      {inner} env        = {{"))
+    for key, value in sorted(task.env.items()):
+        lines.append((style, f"          {key} = {_value(value)}"))
+    lines += [(style, "        }"), (style, "    }")]
+    return lines
 
 
 def _value(value: object) -> str:
@@ -173,16 +271,76 @@ def _footer(plan: Plan) -> list[Line]:
                 if placement.strategy == "round_robin"
                 else ""
             )
-            spread = ", ".join(
-                f"ps/{i} {format_bytes(b)}" for i, b in enumerate(placement.bytes_per_ps)
+            lines.append(
+                ("", f"  {placement.strategy:<13} {_spread(placement.bytes_per_ps)}{note}")
             )
-            lines.append(("", f"  {placement.strategy:<13} {spread}{note}"))
     for warning in plan.warnings:
         lines.append(("", ""))
         lines.append(("bold yellow", f"Warning: {warning}"))
+    if plan.targets:
+        lines += targeting_warning(plan)
     return lines
 
 
-def print_plan(plan: Plan, console: Console) -> None:
-    for style, text in plan_lines(plan):
-        console.print(Text(text, style=style or ""), soft_wrap=True)
+def targeting_warning(plan: Plan) -> list[Line]:
+    """Terraform's "Resource targeting is in effect", with what this plan leaves out."""
+    left = plan.left_out
+    counts = ", ".join(f"{n} to {_LEFT_OUT[a]}" for a, n in sorted(left.items()) if n)
+    others = (
+        f" {sum(left.values())} change(s) to other tasks are left out ({counts}): run "
+        "`tfplan plan` without -target to see them."
+        if left
+        else ""
+    )
+    return [
+        ("", ""),
+        ("bold yellow", "Warning: Resource targeting is in effect"),
+        (
+            "",
+            f"This plan was made with -target {' -target '.join(plan.targets)}: it may not "
+            f"represent all of the changes the configuration asks for.{others} The -target "
+            "option is for exceptional situations such as repairing a task by hand, not for "
+            "routine use.",
+        ),
+    ]
+
+
+_LEFT_OUT = {
+    Action.CREATE.value: "add",
+    Action.UPDATE.value: "change",
+    Action.REPLACE.value: "replace",
+    Action.DESTROY.value: "destroy",
+}
+
+
+def _spread(bytes_per_ps: tuple[int, ...], shown: int = 8) -> str:
+    """Each ps's bytes; with many ps, the first few that hold any and how many hold none."""
+    pairs = list(enumerate(bytes_per_ps))
+    if len(pairs) <= shown:
+        return ", ".join(f"ps/{i} {format_bytes(b)}" for i, b in pairs)
+    holding = [(i, b) for i, b in pairs if b]
+    text = ", ".join(f"ps/{i} {format_bytes(b)}" for i, b in holding[:shown])
+    if len(holding) > shown:
+        text += f" and {len(holding) - shown} more"
+    empty = len(pairs) - len(holding)
+    return text + (f"; {empty} of {len(pairs)} ps hold none" if empty else "")
+
+
+def print_lines(lines: list[Line], console: Console) -> None:
+    """Styled lines in one print (rich costs ~50 µs a call: 10,000 lines took seconds); plain
+    text written as is when the console is not a terminal."""
+    if console.color_system is None:
+        console.file.write("".join(text + "\n" for _, text in lines))
+        console.file.flush()
+        return
+    from rich.text import Text
+
+    out = Text()
+    for style, text in lines:
+        out.append(text, style=style or None)
+        out.append("\n")
+    console.print(out, soft_wrap=True, end="")
+
+
+def print_plan(plan: Plan, console: Console, mode: str = "auto") -> None:
+    print_lines(plan_lines(plan, mode), console)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from tfplan.cli.common import approved, console, workspace_from
 from tfplan.errors import TfplanError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["add_sweep_arguments", "run_sweep_command", "print_preview"]
 

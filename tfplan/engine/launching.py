@@ -1,7 +1,8 @@
 """What the engine asks a backend to start: the launch request of a planned or recorded task.
 
 TF_CONFIG is derived here, at start, from the cluster as bound (a scheduler may pick the
-addresses only at apply time), and never stored per task. A user's command with placeholders
+addresses only at apply time), and never stored per task; the request carries it apart from the
+environment, and the backend delivers it (tfplan.backends.delivery). A user's command with placeholders
 is filled in again when the hosts were bound only now.
 """
 
@@ -54,10 +55,11 @@ class PlanLaunches:
             index=task.index,
             host=task.host,
             command=self.command(task),
-            env={**task.env, "TF_CONFIG": self.text.tf_config(task.role.value, task.index)},
+            env=dict(task.env),
             workdir=task.workdir,
             log_path=task.log_path,
             devices=task.devices,
+            tf_config=self.text.tf_config(task.role.value, task.index),
         )
 
 
@@ -71,10 +73,11 @@ def restart_request(record: TaskRecord, state: State) -> LaunchRequest:
         index=record.index,
         host=record.planned_host,
         command=record.command,
-        env={**record.env, "TF_CONFIG": text.tf_config(record.role, record.index)},
+        env=dict(record.env),
         workdir=record.workdir,
         log_path=record.log_path,
         devices=record.devices,
         keep_log_as=f"{record.log_path}.{record.restarts}",
         attempt=record.restarts + 1,
+        tf_config=text.tf_config(record.role, record.index),
     )

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
-from importlib import metadata
 from typing import TYPE_CHECKING
 
 from tfplan.errors import ConfigError
@@ -23,9 +23,27 @@ if TYPE_CHECKING:
 __all__ = ["make_plan", "plan_context", "replan_from_state", "tf_version"]
 
 
+TF_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tf-nightly")
+
+
 def tf_version() -> str:
-    """The installed TensorFlow's version, read from package metadata (no import: 2 s saved)."""
-    for dist in ("tensorflow-cpu", "tensorflow", "tf-nightly"):
+    """The installed TensorFlow's version, read from package metadata (no import: 2 s saved).
+
+    The version is in the name of the ``.dist-info`` folder; importlib.metadata, which reads
+    it otherwise, costs more to import than a small plan takes to make."""
+    for dist in TF_DISTRIBUTIONS:
+        prefix = dist.replace("-", "_") + "-"
+        for entry in sys.path:
+            try:
+                names = os.listdir(entry or ".")
+            except OSError:
+                continue
+            for name in names:
+                if name.startswith(prefix) and name.endswith(".dist-info"):
+                    return name[len(prefix) : -len(".dist-info")]
+    from importlib import metadata
+
+    for dist in TF_DISTRIBUTIONS:
         try:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -37,11 +55,18 @@ def plan_context() -> PlanContext:
     return PlanContext(cwd=os.getcwd(), local_python=sys.executable, tf_version=tf_version())
 
 
-def make_plan(cfg: Config, state: State | None, ctx: PlanContext | None = None) -> Plan:
-    """The plan of ``cfg`` against ``state`` on the backend ``cfg.cluster.backend`` names.
+def make_plan(
+    cfg: Config,
+    state: State | None,
+    ctx: PlanContext | None = None,
+    targets: Sequence[str] = (),
+) -> Plan:
+    """The plan of ``cfg`` against ``state`` on the backend ``cfg.cluster.backend`` names,
+    narrowed to ``targets`` (``-target``: task names or roles) when given.
 
     Raises:
-        ConfigError: a bad value (the backend's own options included), naming the key.
+        ConfigError: a bad value (the backend's own options included), naming the key, or a
+            target that names no task.
         PlanError: the tasks do not fit.
     """
     from tfplan.backends import backend_class
@@ -56,7 +81,7 @@ def make_plan(cfg: Config, state: State | None, ctx: PlanContext | None = None) 
             "(e.g. a NetworkPolicy on Kubernetes)",
         )
     ctx = ctx or plan_context()
-    made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx))
+    made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx), targets)
     request = backend.dryrun(made)
     return replace(made, request=request) if request else made
 

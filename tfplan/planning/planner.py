@@ -11,11 +11,13 @@ import dataclasses
 import hashlib
 import json
 import posixpath
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
 from tfplan.config.schema import ChiefMode, Config
+from tfplan.errors import ConfigError
 from tfplan.planning.commands import split_command, task_command
 from tfplan.planning.context import PlanContext
 from tfplan.planning.placement import PortRange, Slot, allocate_ports, place
@@ -30,7 +32,13 @@ from tfplan.planning.policy import (
 from tfplan.planning.roles import RoleCounts, role_counts
 from tfplan.planning.sharding import preview_sharding
 from tfplan.planning.state import State, TaskRecord, TaskStatus
-from tfplan.planning.tf_config import ClusterSpecText
+from tfplan.planning.targets import resolve_targets
+from tfplan.planning.tf_config import (
+    ENV_VALUE_LIMIT,
+    MAX_ARG_STRLEN,
+    ClusterSpecText,
+    is_python,
+)
 from tfplan.planning.topology import Place, Target, Topology
 from tfplan.planning.validate import validate
 
@@ -45,7 +53,13 @@ GRPC_WARNING = (
 _QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1"}
 
 
-def plan(cfg: Config, state: State | None, ctx: PlanContext, target: Target) -> Plan:
+def plan(
+    cfg: Config,
+    state: State | None,
+    ctx: PlanContext,
+    target: Target,
+    targets: Sequence[str] = (),
+) -> Plan:
     """Place every task of ``cfg`` on the backend's topology and compute the changes.
 
     Args:
@@ -53,12 +67,16 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext, target: Target) -> 
         state: the refreshed current state (task statuses up to date), or None.
         ctx: facts from the caller's environment.
         target: the backend (name and resolved options) and the places it offers.
+        targets: ``-target``: task names or roles; only their changes are planned. Every task
+            is still placed (the cluster spec is the whole cluster's).
 
     Returns:
-        The plan; ``plan.changes`` has one entry per task in the union of desired and current.
+        The plan; ``plan.changes`` has one entry per task in the union of desired and current
+        (of the targeted ones only, with ``targets``).
 
     Raises:
-        ConfigError: a value is out of range or does not fit the topology.
+        ConfigError: a value is out of range or does not fit the topology, a task could never
+            start (an argument or variable over Linux's limit), or a target names no task.
         PlanError: the tasks do not fit on the hosts (slots, ports).
     """
     topology = target.topology
@@ -103,13 +121,15 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext, target: Target) -> 
         )
         for slot in slots
     )
+    changes = _diff(tasks, state, policy, config_digest, cluster_digest)
+    changes, left_out = _narrow(changes, targets, tasks, state)
     return Plan(
         experiment_id=cfg.experiment.id,
         cluster_name=cfg.cluster.name,
         backend=target.backend,
         hosts=hosts,
         tasks=tasks,
-        changes=_diff(tasks, state, policy, config_digest, cluster_digest),
+        changes=changes,
         run_config=run_config,
         config_digest=config_digest,
         output_dir=output_dir,
@@ -118,7 +138,12 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext, target: Target) -> 
         tf_version=ctx.tf_version,
         policy=policy,
         sharding=preview_sharding(cfg.model, cfg.data, counts.ps),
-        warnings=_warnings(cfg, ports) + _down_warnings(down),
+        warnings=(
+            _warnings(cfg, ports)
+            + _down_warnings(down)
+            + _launch_warnings(cfg, tasks, ClusterSpecText(endpoints))
+            + (_target_warnings(changes, tasks, state) if targets else ())
+        ),
         state_lineage=state.lineage if state is not None else None,
         state_serial=state.serial if state is not None else 0,
         source_config=_source_config(cfg, ctx, output_dir, workdir),
@@ -126,6 +151,49 @@ def plan(cfg: Config, state: State | None, ctx: PlanContext, target: Target) -> 
             split_command(cfg.recipe.command or "") if cfg.recipe.kind == "command" else ()
         ),
         cluster_digest=cluster_digest,
+        targets=tuple(targets),
+        left_out=left_out,
+    )
+
+
+def _narrow(
+    changes: tuple[Change, ...],
+    targets: Sequence[str],
+    tasks: tuple[Task, ...],
+    state: State | None,
+) -> tuple[tuple[Change, ...], dict[str, int]]:
+    """-target: keep the targeted tasks' changes; count the others' by action (left out)."""
+    if not targets:
+        return changes, {}
+    current = [t.name for t in state.tasks] if state is not None else []
+    selected = resolve_targets(targets, [*(t.name for t in tasks), *current])
+    kept = tuple(c for c in changes if c.task in selected)
+    left = Counter(
+        c.action.value for c in changes if c.task not in selected and c.action is not Action.NOOP
+    )
+    return kept, dict(left)
+
+
+def _target_warnings(
+    kept: tuple[Change, ...], tasks: tuple[Task, ...], state: State | None
+) -> tuple[str, ...]:
+    """Unlike Terraform, -target pulls in no dependencies (a worker targeted alone must not
+    start a ps on every host); say when the targeted tasks will start without their ps."""
+    starting = {c.task for c in kept if c.action in (Action.CREATE, Action.REPLACE)}
+    if not starting or all(n.startswith("ps/") for n in starting):
+        return ()
+    running = {t.name for t in state.running} if state is not None else set()
+    missing = [
+        t.name
+        for t in tasks
+        if t.role is Role.PS and t.name not in running and t.name not in starting
+    ]
+    if not missing:
+        return ()
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return (
+        f"-target: {shown} (parameter servers the targeted tasks need) neither run nor are "
+        "targeted: the targeted tasks will wait for them; add -target ps to start them too",
     )
 
 
@@ -314,6 +382,7 @@ def _task(
         "TFPLAN_OUTPUT_DIR": output_dir,
         "TFPLAN_RUN_CONFIG": run_yaml,
     }
+    _check_startable(name, command, env)
     restart_relevant = {
         "host": where.name,
         "address": where.address,
@@ -452,5 +521,66 @@ def _warnings(cfg: Config, ports: Mapping[tuple[Role, int], int]) -> tuple[str, 
         warnings.append(
             "trainer.checkpoint_steps and trainer.checkpoint_secs are both null: no checkpoints, so "
             "a parameter server that dies takes all training progress with it"
+        )
+    return tuple(warnings)
+
+
+def _check_startable(name: str, command: tuple[str, ...], env: Mapping[str, str]) -> None:
+    """Refuse what could never start: Linux's execve takes no single argument or environment
+    string over MAX_ARG_STRLEN (128 KiB). TF_CONFIG is not among them: it is delivered through
+    a file when it is too large (tfplan.backends.delivery)."""
+    for position, word in enumerate(command):
+        if len(word) * 4 < MAX_ARG_STRLEN:  # UTF-8 takes at most 4 bytes a character
+            continue
+        size = len(word.encode()) + 1
+        if size > MAX_ARG_STRLEN:
+            raise ConfigError(
+                "recipe.command",
+                f"argument {position} of {name}'s command is {size} bytes once its "
+                f"placeholders are filled in ({word[:40]}...), over Linux's limit of "
+                f"{MAX_ARG_STRLEN} bytes for one argument: the task could never start",
+                "on a cluster this large, read the hosts from TF_CONFIG instead of {ps_hosts} "
+                "and {worker_hosts}",
+            )
+    for key, value in env.items():
+        if (len(key) + len(value)) * 4 < MAX_ARG_STRLEN:
+            continue
+        size = len(key.encode()) + len(value.encode()) + 2
+        if size > MAX_ARG_STRLEN:
+            raise ConfigError(
+                f"recipe.env.{key}",
+                f"{size} bytes, over Linux's limit of {MAX_ARG_STRLEN} bytes for one "
+                "environment variable: the task could never start",
+                "pass it in a file instead",
+            )
+
+
+# A command word this large is copied into every task: the plan grows with tasks squared.
+LARGE_WORD = 4096
+
+
+def _launch_warnings(
+    cfg: Config, tasks: tuple[Task, ...], text: ClusterSpecText
+) -> tuple[str, ...]:
+    """What the size of the cluster means for starting a user's command."""
+    if cfg.recipe.kind != "command" or not tasks:
+        return ()
+    warnings = []
+    first = tasks[0]
+    largest = max(len(word) for word in first.command)
+    if largest > LARGE_WORD:
+        warnings.append(
+            f"recipe.command: its host-list placeholders make every task's command "
+            f"{largest // 1024} KiB, so the plan and the state grow with the square of the "
+            "cluster; read the hosts from TF_CONFIG instead"
+        )
+    size = max(text.size(t.role.value, t.index) for t in (tasks[0], tasks[-1]))
+    if size > ENV_VALUE_LIMIT and not is_python(first.command[0]):
+        warnings.append(
+            f"recipe.command: {first.command[0]!r} is not a Python interpreter, and TF_CONFIG "
+            f"({size // 1024} KiB) is over Linux's 128 KiB limit for one environment "
+            "variable: the tasks get TF_CONFIG_FILE, the path of a file holding it, instead. "
+            "Read TF_CONFIG from that file, or start the program as `python script.py` "
+            "(tfplan then sets TF_CONFIG inside it)"
         )
     return tuple(warnings)

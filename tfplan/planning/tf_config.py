@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
-__all__ = ["ENV_VALUE_LIMIT", "ClusterSpecText", "tf_config_json"]
+__all__ = ["ENV_VALUE_LIMIT", "MAX_ARG_STRLEN", "ClusterSpecText", "is_python", "tf_config_json"]
 
-# Linux refuses an execve whose single "NAME=value" string exceeds MAX_ARG_STRLEN (32 pages,
-# 128 KiB): a TF_CONFIG longer than this cannot be passed in the environment of a new program.
-ENV_VALUE_LIMIT = 128 * 1024 - len("TF_CONFIG=") - 1
+# Linux refuses an execve when one argument or one "NAME=value" environment string, with its
+# terminating NUL, exceeds MAX_ARG_STRLEN (32 pages, 128 KiB), whatever ARG_MAX is.
+MAX_ARG_STRLEN = 128 * 1024
+# The longest TF_CONFIG that can be passed in the environment of a new program.
+ENV_VALUE_LIMIT = MAX_ARG_STRLEN - len("TF_CONFIG=") - 1
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+
+
+def is_python(program: str) -> bool:
+    """Whether a command's first word names a Python interpreter (``python3``,
+    ``/usr/bin/python3.11``, ``.venv/bin/python``): its TF_CONFIG can then be set inside it."""
+    return bool(_PYTHON.match(program.rsplit("/", 1)[-1]))
 
 
 def tf_config_json(cluster_spec: dict[str, list[str]], task_type: str, task_index: int) -> str:

@@ -40,6 +40,7 @@ from tfplan.backends.api import (
     TaskInfo,
     TaskPhase,
 )
+from tfplan.backends.delivery import deliver
 from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.kubernetes.client import Kube, KubeError
 from tfplan.backends.kubernetes.export import recipe_files
@@ -255,8 +256,14 @@ class KubernetesBackend(Backend):
         kube, opts = self.kube, self.opts
         if request.keep_log_as:
             self._keep_previous_log(request)
+        delivery = deliver(request)
+        if delivery.files:
+            raise BackendError(
+                f"{request.name}: its TF_CONFIG is over Linux's 128 KiB limit for one variable; "
+                "the kubernetes backend cannot hand it over as a file yet: split the cluster"
+            )
         task = PodTask(
-            request.role, request.index, request.command, dict(request.env), request.workdir
+            request.role, request.index, delivery.command, dict(delivery.env), request.workdir
         )
         data = allocation.data
         job = task_job(

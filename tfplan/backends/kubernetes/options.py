@@ -213,12 +213,6 @@ def _check_cluster(cluster: ClusterConfig) -> None:
             "the kubernetes backend places one pod per task; it takes no hosts",
             "set cluster.hosts=[] (the scheduler picks the nodes; see cluster.options.node_selector)",
         )
-    if cluster.firewall:
-        raise ConfigError(
-            "cluster.firewall",
-            "the kubernetes backend installs no host firewall",
-            "set it to false and restrict the pods with a NetworkPolicy",
-        )
     if cluster.ps == "per_host" or cluster.workers == "per_gpu":
         key = "cluster.ps" if cluster.ps == "per_host" else "cluster.workers"
         raise ConfigError(

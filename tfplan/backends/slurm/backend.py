@@ -42,6 +42,7 @@ from tfplan.backends.api import (
     TaskInfo,
     TaskPhase,
 )
+from tfplan.backends.delivery import deliver
 from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.firewall import (
     cluster_firewalls,
@@ -365,6 +366,7 @@ class SlurmBackend(Backend):
                 f"{allocation.id}: apply again"
             )
         node, address = allocation.bound[request.host]
+        delivery = deliver(request)  # srun passes its environment on to the step
         step = f"{request.name.replace('/', '-')}.{request.attempt}"
         srun = [
             "srun",
@@ -377,14 +379,14 @@ class SlurmBackend(Backend):
             "--kill-on-bad-exit=0",
             f"--chdir={request.workdir}",
             *self.options.srun_args,
-            *request.command,
+            *delivery.command,
         ]
         if request.keep_log_as:
             self.local.move(request.log_path, request.keep_log_as)
+        for path, text in delivery.files.items():  # the workdir is shared with the nodes
+            self.local.write_file(path, text.encode())
         started = self.local.start(
-            LaunchSpec(
-                request.name, tuple(srun), dict(request.env), request.workdir, request.log_path
-            )
+            LaunchSpec(request.name, tuple(srun), delivery.env, request.workdir, request.log_path)
         )
         handle = {
             "job": str(allocation.id),
