@@ -30,6 +30,9 @@ from tfplan.planning.targets import resolve_targets
 
 __all__ = ["add_parsers", "run_destroy"]
 
+# A supervisor that has just ended the run still holds the lock while it writes the record.
+LOCK_WAIT_SECS = 15.0
+
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     destroy = subparsers.add_parser("destroy", help="stop every task of an experiment")
@@ -61,7 +64,7 @@ def run_destroy(args: argparse.Namespace) -> int:
     say = lambda line: out.print(f"tfplan | {line}", highlight=False)  # noqa: E731
     if state.supervisor is not None and state.supervisor.detached:
         stop_supervisor(state.supervisor, say)  # else an attached apply holds the lock: refused
-    with store.lock("destroy"), backend_of(store, state) as backend:
+    with store.lock("destroy", wait_secs=LOCK_WAIT_SECS), backend_of(store, state) as backend:
         state = store.load() or state
         state = stop_tasks(state, list(state.tasks), store, backend, say, forget=True)
         _check_gone(backend, running)
@@ -149,7 +152,7 @@ def _destroy_targets(args: argparse.Namespace, store: StateStore, state: State) 
     )
     if watched:
         stop_supervisor(state.supervisor, say)
-    with store.lock("destroy"), backend_of(store, state) as backend:
+    with store.lock("destroy", wait_secs=LOCK_WAIT_SECS), backend_of(store, state) as backend:
         state = store.load() or state
         chosen = [t for t in state.tasks if t.name in names]
         state = stop_tasks(state, chosen, store, backend, say, forget=True)
