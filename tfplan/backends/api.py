@@ -20,6 +20,10 @@ Life of a task, as the engine drives it::
     backend.cancel(records, grace)      stop tasks: polite signal, then kill after ``grace``
     backend.release(alloc)              give the resources back (nothing stays queued)
 
+Warm standbys (``capabilities.standby``): ``launch`` with ``LaunchRequest.standby`` starts a
+second copy of a task that prepares and waits; ``signal(record, "USR1")`` tells it to go,
+``move_logs`` makes its log the task's.
+
 Public methods of :class:`Backend` are the contract; a backend implements the abstract ones and
 may override the defaults. Every failure a user can act on is a :class:`~tfplan.errors.TfplanError`
 with a one-line message. Backends register under the entry-point group ``tfplan.backends``
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfplan.backends.logstream import LogStream
+from tfplan.errors import BackendError
 from tfplan.planning.plan import BackendRef, Plan, Task
 from tfplan.planning.state import Allocation, TaskRecord
 
@@ -93,6 +98,10 @@ class LaunchRequest:
     keep_log_as: str | None = None  # a restart: move the previous log here first
     attempt: int = 0  # 0 for the first start, n for the n-th restart
     tf_config: str = ""  # the task's TF_CONFIG (JSON), delivered by tfplan.backends.delivery
+    # A warm standby of the task ``name`` stands for: the same command, host, port and workdir,
+    # started next to the live task. It must not share the task's exit record (its own exit
+    # file, its own scheduler step); ``log_path`` is its own log.
+    standby: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,10 @@ class Capabilities:
     # to <output_dir>/tfplan/); False: it exists only inside the cluster (a Kubernetes volume),
     # and the record goes to the workspace (.tfplan/<experiment>/output/tfplan/) instead.
     shared_output: bool = True
+    # warm standbys: ``launch(standby=True)`` keeps a standby apart from its task, ``signal``
+    # reaches a task's program (its wrappers survive USR1) and ``move_logs`` renames logs where
+    # they live; without it a restarted task is always a new process
+    standby: bool = False
 
 
 class Backend(ABC):
@@ -235,6 +248,25 @@ class Backend(ABC):
         """Stop tasks (all at once, so grace periods overlap): a polite signal, then a kill after
         ``grace_secs``; every process of each task is gone when it returns. A failure for one
         task is data (its exception), not raised."""
+
+    def signal(self, task: TaskRecord, name: str) -> None:
+        """Send signal ``name`` (``"USR1"``: a standby's go signal) to the task's program.
+
+        Raises:
+            BackendError: the task has no live process, or it cannot be reached. Backends
+                without ``capabilities.standby`` raise it always.
+        """
+        raise BackendError(f"the {self.name} backend cannot signal tasks")
+
+    def move_logs(self, task: TaskRecord, moves: Sequence[tuple[str, str]]) -> None:
+        """Rename log files where ``task``'s logs live, in order (a missing source is skipped):
+        how a standby's log becomes its task's, the previous one kept beside it.
+
+        Raises:
+            BackendError: a rename failed. Backends without ``capabilities.standby`` raise it
+                always.
+        """
+        raise BackendError(f"the {self.name} backend cannot move logs")
 
     @abstractmethod
     def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:

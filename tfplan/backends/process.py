@@ -5,7 +5,13 @@ transport (``subprocess``), the others SSH (Fabric); both run the same POSIX scr
 start detached in their own process group, record their exit code in their workdir, and are
 stopped by process group, never by name.
 
-Handle: ``{"pid": ..., "pgid": ...}`` of the task's wrapper, the leader of its process group.
+Handle: ``{"pid": ..., "pgid": ...}`` of the task's wrapper, the leader of its process group;
+a warm standby's (and a task that was one) adds ``"exit_file"``, its own exit record in the
+task's workdir.
+
+Every process of a task is in its group: a stop signals the group, so it reaches the program
+whichever of the wrapper and the program died first. A wrapper that died while its program runs
+on is reported as ``failed`` with ``detail`` saying how many processes are left.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from tfplan.backends.transports.preflight import (
     PreflightResult,
     raise_for_preflight,
 )
+from tfplan.backends.transports.scripts import handle_exit_file, standby_exit_file
 from tfplan.backends.transports.specs import HostTarget, LaunchSpec, ProcessInfo, is_loopback
 from tfplan.errors import BackendError, ConfigError
 from tfplan.planning.plan import BackendRef, Plan, Task
@@ -68,7 +75,7 @@ class ProcessBackend(Backend):
     """Tasks as processes on listed hosts, over a local or an SSH transport per host."""
 
     name = "process"
-    capabilities = Capabilities(firewall=True, replace_lost_hosts=True)
+    capabilities = Capabilities(firewall=True, replace_lost_hosts=True, standby=True)
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
@@ -229,6 +236,7 @@ class ProcessBackend(Backend):
         )
         for path, text in delivery.files.items():
             transport.write_file(path, text.encode())
+        exit_file = standby_exit_file(request.workdir, request.attempt) if request.standby else None
         started = transport.start(
             LaunchSpec(
                 name=request.name,
@@ -236,10 +244,14 @@ class ProcessBackend(Backend):
                 env=delivery.env,
                 workdir=request.workdir,
                 log_path=request.log_path,
+                exit_file=exit_file,
             )
         )
+        handle: dict[str, object] = {"pid": started.pid, "pgid": started.pgid}
+        if exit_file is not None:
+            handle["exit_file"] = exit_file
         return Launched(
-            handle={"pid": started.pid, "pgid": started.pgid},
+            handle=handle,
             host=request.host,
             address=transport.target.address,
             started_at=started.started_at,
@@ -254,7 +266,8 @@ class ProcessBackend(Backend):
 
         def ask(mine: list[TaskRecord]) -> dict[int, ProcessInfo]:
             return self.pool[mine[0].host].status(
-                [_pid(t) for t in mine], [t.workdir for t in mine]
+                [_pid(t) for t in mine],
+                exit_files=[handle_exit_file(t.handle, t.workdir) for t in mine],
             )
 
         out: dict[str, TaskInfo] = {}
@@ -274,6 +287,13 @@ class ProcessBackend(Backend):
             return CancelResult(result.outcome, result.elapsed_secs)
 
         return dict(run_on_hosts({t.name: t for t in tasks}, stop))
+
+    def signal(self, task: TaskRecord, name: str) -> None:
+        """``kill -NAME -PGID`` on the task's host: the program gets it; the wrapper traps it."""
+        self.pool[task.host].signal(int(task.handle["pgid"]), name)
+
+    def move_logs(self, task: TaskRecord, moves: Sequence[tuple[str, str]]) -> None:
+        self.pool[task.host].move_all(moves)
 
     def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
         return self.pool[task.host].stream_log(task.log_path, _pid(task), on_line)
@@ -316,6 +336,14 @@ def _pid(task: TaskRecord) -> int:
 def _info(info: ProcessInfo | None, host: str) -> TaskInfo:
     if info is None:
         return TaskInfo(TaskPhase.FAILED, host=host, detail="missing")
+    if not info.alive and info.exit_code is None and info.left:
+        # The wrapper died first: no exit code will ever be recorded; the rest of the group
+        # (the program) is stopped by group before the task starts again.
+        return TaskInfo(
+            TaskPhase.FAILED,
+            host=host,
+            detail=f"wrapper gone, {info.left} process(es) of its group still running",
+        )
     if info.alive:
         return TaskInfo(
             TaskPhase.RUNNING,

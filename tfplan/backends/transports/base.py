@@ -222,6 +222,41 @@ class Transport(ABC):
         """
         self.run_script(_scripts.move_script(source, target), f"move {source} to {target}")
 
+    def move_all(self, moves: Sequence[tuple[str, str]]) -> None:
+        """Several renames on the host, in order, in one round trip (each as :meth:`move`).
+
+        Raises:
+            BackendError: a rename failed (the later ones were not made).
+        """
+        what = "; ".join(f"move {s} to {t}" for s, t in moves)
+        self.run_script(_scripts.moves_script(moves), what)
+
+    def signal(self, pgid: int, name: str) -> int:
+        """Send signal ``name`` (``USR1``, ``TERM``, ...) to every process of group ``pgid``;
+        returns how many live processes the group had.
+
+        Raises:
+            BackendError: ``pgid`` is not a real group, the signal is unknown, or the group has
+                no live process.
+        """
+        if pgid <= 1:
+            raise BackendError(f"host {self.target.name}: refusing to signal group {pgid}")
+        try:
+            script = _scripts.signal_script(pgid, name)
+        except ValueError as error:
+            raise BackendError(f"host {self.target.name}: {error}") from None
+        result = self._run(script, None, STATUS_TIMEOUT_SECS)
+        if result.returncode == 3:
+            raise BackendError(
+                f"host {self.target.name}: process group {pgid} has no live process to signal"
+            )
+        if result.returncode != 0:
+            raise BackendError(
+                f"host {self.target.name}: signal {name} to group {pgid} failed: "
+                f"{result.err_line()}"
+            )
+        return int(result.stdout.decode().strip() or 0)
+
     def stop(self, pid: int, pgid: int, grace_secs: float = 10.0) -> StopResult:
         """SIGTERM the task's process group, SIGKILL it after ``grace_secs``, verify it is gone.
 
@@ -247,16 +282,21 @@ class Transport(ABC):
         return StopResult(pid, pgid, outcome, _since(began))
 
     def status(
-        self, pids: Sequence[int], workdirs: Sequence[str | None] | None = None
+        self,
+        pids: Sequence[int],
+        workdirs: Sequence[str | None] | None = None,
+        exit_files: Sequence[str | None] | None = None,
     ) -> dict[int, ProcessInfo]:
         """Observe many tasks in one round trip.
 
         Args:
             pids: task PIDs (each the leader of its own group, as ``start`` made them).
             workdirs: the tasks' workdirs, parallel to ``pids``, to read their exit codes.
+            exit_files: instead of ``workdirs``: each task's exit file (``LaunchSpec.exit_file``).
 
         Returns:
             pid -> info. A missing or zombie leader is dead; a task with an exit code is ended.
+            A dead leader whose group still has live processes says so in ``left``.
 
         Raises:
             BackendError: the host is unreachable or ``ps`` failed.
@@ -264,10 +304,15 @@ class Transport(ABC):
         pids = list(pids)
         if not pids:
             return {}
-        dirs = list(workdirs) if workdirs is not None else [None] * len(pids)
+        if exit_files is not None:
+            files = list(exit_files)
+        elif workdirs is not None:
+            files = [_scripts.exit_file(w) if w else None for w in workdirs]
+        else:
+            files = [None] * len(pids)
         # Short: the supervisor polls this, and a host that went silent must not stall it.
         result = self.run_script(
-            _scripts.status_script(pids, dirs), "read process status", timeout=STATUS_TIMEOUT_SECS
+            _scripts.status_script(pids, files), "read process status", timeout=STATUS_TIMEOUT_SECS
         )
         return _parse_status(pids, result.stdout.decode())
 
@@ -332,14 +377,15 @@ def _parse_status(pids: list[int], text: str) -> dict[int, ProcessInfo]:
     for pid in pids:
         exit_code = exits.get(pid)
         row = rows.get(pid)
+        live = [p for p in groups.get(pid, []) if not p[0].startswith("Z")]
         # A recycled PID would not lead its own group: treat it as our task gone missing.
         if row is None or row[0] != pid:
-            infos[pid] = ProcessInfo(pid, False, "missing", None, None, exit_code)
+            left = len(live)
+            infos[pid] = ProcessInfo(pid, False, "missing", None, None, exit_code, left)
             continue
         if row[1].startswith("Z"):
-            infos[pid] = ProcessInfo(pid, False, "zombie", None, None, exit_code)
+            infos[pid] = ProcessInfo(pid, False, "zombie", None, None, exit_code, len(live))
             continue
-        live = [p for p in groups.get(pid, []) if not p[0].startswith("Z")]
         infos[pid] = ProcessInfo(
             pid=pid,
             alive=exit_code is None,
@@ -347,5 +393,6 @@ def _parse_status(pids: list[int], text: str) -> dict[int, ProcessInfo]:
             cpu_percent=sum(p[1] for p in live),
             rss_bytes=sum(p[2] for p in live),
             exit_code=exit_code,
+            left=len(live),
         )
     return infos
