@@ -242,6 +242,11 @@ class LifecycleConfig:
     deadline_secs: float | None = None  # the whole job; then everything is stopped
     host_timeout_secs: float = 20.0  # a host unreachable this long has lost its tasks
     on_host_failure: str = "replace"  # replace (re-plan on the other hosts) | fail
+    # a warm standby per parameter server: a second copy of the ps that has imported TensorFlow
+    # and waits; when the ps dies it takes over in a second instead of a new process paying the
+    # import. null: on for the built-in recipes, off for recipe=command (the program must
+    # support it: docs/contract.md)
+    ps_standby: bool | None = None
 
 
 @dataclass

@@ -225,6 +225,9 @@ def job_policy(cfg: Config) -> JobPolicy:
         on_host_failure=HostFailure(life.on_host_failure),
         roles={r.value: role(r.value) for r in Role},
         restart_together=cfg.recipe.kind == "builtin" and _collective(cfg.algo.name),
+        ps_standby=(
+            cfg.recipe.kind == "builtin" if life.ps_standby is None else bool(life.ps_standby)
+        ),
     )
 
 

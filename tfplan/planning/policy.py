@@ -92,6 +92,9 @@ class JobPolicy:
     # A collective (all-reduce) job: every worker holds a part of each step, so when one worker
     # must restart, the whole group restarts together from the last checkpoint.
     restart_together: bool = False
+    # Keep a warm standby per parameter server (TensorFlow already imported, waiting for its
+    # go signal), so that a restarted ps does not pay the import; where the backend can.
+    ps_standby: bool = False
 
     def for_role(self, role: str) -> TaskPolicy:
         return self.roles.get(role, TaskPolicy())
@@ -111,6 +114,7 @@ class JobPolicy:
             "on_host_failure": self.on_host_failure.value,
             "roles": {role: p.to_dict() for role, p in sorted(self.roles.items())},
             "restart_together": self.restart_together,
+            "ps_standby": self.ps_standby,
         }
 
     @classmethod
@@ -126,6 +130,7 @@ class JobPolicy:
             on_host_failure=HostFailure(data["on_host_failure"]),
             roles={r: TaskPolicy.from_dict(p) for r, p in dict(data.get("roles", {})).items()},
             restart_together=bool(data.get("restart_together", False)),
+            ps_standby=bool(data.get("ps_standby", False)),
         )
 
     def changes_from(self, old: JobPolicy, role: str) -> list[str]:
