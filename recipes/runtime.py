@@ -33,7 +33,11 @@ __all__ = [
 ]
 
 v1 = tf.compat.v1
-POLL_SECS = 0.5
+# How often a replica retries a ps that is unreachable or not initialised yet. Why 0.2 s: a
+# restarted ps is back within a second (a warm standby takes over), and each retry is one
+# cheap session on the local server; the chief's recovery and the workers' rejoin wait for
+# the next retry.
+POLL_SECS = 0.2
 
 
 def op_threads(task: TaskInfo) -> int:
