@@ -202,6 +202,50 @@ class TestConformance:
         assert not info.alive and info.exit_code == 128 + signal.SIGTERM
         assert transport.stop(launched.pid, launched.pgid, 1).outcome == "none"
 
+    def test_a_zombie_leader_whose_threads_run_is_not_gone(
+        self, transport: Transport, tmp_path: Path
+    ) -> None:
+        """A multi-threaded program's main thread is a zombie (``Zl``) as soon as it exits,
+        while its other threads still hold its files: a TensorFlow ps that was killed shows
+        ``Z`` while its last thread still closes the port. Here the state lasts: the main
+        thread exits by itself, a thread holding a listening socket runs on, SIGTERM is
+        ignored, and the wrapper is killed first. Until it is killed, the group is not gone."""
+        port = free_port()
+        spec = py_task(
+            tmp_path,
+            "zl",
+            f"""
+            import ctypes, signal, socket, threading, time
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            server = socket.socket()
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", {port}))
+            server.listen()
+            threading.Thread(target=time.sleep, args=(300,)).start()
+            print("main thread exits", flush=True)
+            ctypes.CDLL(None).pthread_exit(None)
+            """,
+        )
+        launched = transport.start(spec)
+        wait_until(lambda: b"main thread exits" in transport.read_log(spec.log_path)[0])
+        program = int(
+            subprocess.run(
+                ["pgrep", "-g", str(launched.pgid), "-P", str(launched.pid)],
+                capture_output=True,
+                text=True,
+            ).stdout.split()[0]
+        )
+        wait_until(lambda: ps_state(program).startswith("Zl"))
+        os.kill(launched.pid, signal.SIGKILL)  # the tracked process dies first
+        wait_until(lambda: is_dead(launched.pid))
+        info = transport.status([launched.pid], [spec.workdir])[launched.pid]
+        assert not info.alive and info.left == 1
+        result = transport.stop(launched.pid, launched.pgid, grace_secs=0.3)
+        assert result.outcome == "killed"
+        with socket.socket() as again:  # the port is free once stop returns
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", port))
+
     def test_stop_escalates_to_sigkill(self, transport: Transport, tmp_path: Path) -> None:
         spec = py_task(
             tmp_path,

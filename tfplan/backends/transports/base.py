@@ -360,6 +360,12 @@ def _tar_gz(local_dir: Path) -> bytes:
     return buffer.getvalue()
 
 
+def _live(stat: str) -> bool:
+    """A process that still holds what it holds: not a zombie, or a zombie leader whose other
+    threads still run (``Zl``; its files close with its last thread)."""
+    return not stat.startswith("Z") or "l" in stat
+
+
 def _parse_status(pids: list[int], text: str) -> dict[int, ProcessInfo]:
     rows: dict[int, tuple[int, str, float, int]] = {}
     groups: dict[int, list[tuple[str, float, int]]] = {}
@@ -377,7 +383,7 @@ def _parse_status(pids: list[int], text: str) -> dict[int, ProcessInfo]:
     for pid in pids:
         exit_code = exits.get(pid)
         row = rows.get(pid)
-        live = [p for p in groups.get(pid, []) if not p[0].startswith("Z")]
+        live = [p for p in groups.get(pid, []) if _live(p[0])]
         # A recycled PID would not lead its own group: treat it as our task gone missing.
         if row is None or row[0] != pid:
             left = len(live)

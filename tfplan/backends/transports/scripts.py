@@ -119,11 +119,14 @@ def remote_start_script(
 
 
 def _group_alive_fn(pgid: int) -> str:
-    # Counts the group's processes that are not zombies; a zombie is dead for our purposes
-    # (PID 1 may reap it late).
+    # Counts the group's live processes. A zombie is dead for our purposes (PID 1 may reap it
+    # late), unless other threads of it still run (``Zl``): a multi-threaded program's main
+    # thread is a zombie as soon as it has exited, while its last thread still unmaps the
+    # memory and only then closes the files, its listening socket among them (a TensorFlow ps
+    # holds its port for tens of milliseconds after its leader shows ``Z``).
     return (
         "left() { ps -e -o pgid=,stat= | "
-        f"awk -v g={pgid} '$1==g && $2 !~ /^Z/ {{c++}} END {{print c+0}}'; }}; "
+        f"awk -v g={pgid} '$1==g && ($2 !~ /^Z/ || $2 ~ /l/) {{c++}} END {{print c+0}}'; }}; "
     )
 
 
