@@ -5,6 +5,10 @@ It is not part of the cluster (TensorFlow's convention): it only reads checkpoin
 line to ``output_dir/eval/metrics.jsonl``. It exits 0 once it has evaluated the checkpoint of the
 final step (``global_step >= max_steps``), or once the chief's ``result.json`` is there and the
 latest checkpoint has been evaluated.
+
+Both checkpoint formats are read: the TF1 recipes' name-based ones (``model/dense0/w``) and the
+TF2 strategies' object-based ones (``model/dense0/w/.ATTRIBUTES/VARIABLE_VALUE``); the format is
+told apart per checkpoint by its ``global_step`` key.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import tensorflow as tf
 from recipes import data as data_mod
 from recipes.config import RunConfig
 from recipes.models import Model, loss_and_accuracy
+from recipes.strategies import CKPT_KEY_SUFFIX
 
 __all__ = ["run_evaluator"]
 
@@ -51,6 +56,13 @@ def run_evaluator(
         params = model.create_params()
         loss, accuracy = loss_and_accuracy(model.logits(params, x), y)
         saver = v1.train.Saver(var_list=[global_step, *params.values()])
+        # The same variables under the TF2 strategies' object-checkpoint keys.
+        tf2_saver = v1.train.Saver(
+            var_list={
+                "global_step" + CKPT_KEY_SUFFIX: global_step,
+                **{f"model/{k}{CKPT_KEY_SUFFIX}": v for k, v in params.items()},
+            }
+        )
     writer = v1.summary.FileWriter(eval_dir, graph=None)
     log(f"evaluator watching {cfg.output_dir} every {cfg.trainer.eval_secs}s")
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -61,7 +73,8 @@ def run_evaluator(
             ckpt = tf.train.latest_checkpoint(cfg.output_dir)
             if ckpt and ckpt != last:
                 try:
-                    saver.restore(sess, ckpt)
+                    tf2 = tf.train.load_checkpoint(ckpt).has_tensor("global_step" + CKPT_KEY_SUFFIX)
+                    (tf2_saver if tf2 else saver).restore(sess, ckpt)
                 except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError):
                     time.sleep(0.2)  # rotated away or half-written: take the next one
                     continue
