@@ -17,7 +17,8 @@ all-reduce fails (gRPC reset: about 2 s; a frozen peer: the coordination service
 about 10 s; anything else: ``collective_timeout_secs``), and they exit with code 5 after one
 line naming the step and the checkpoint to resume from. The launcher restarts the whole group
 (every worker and the chief, after all of them have exited); it resumes from the last checkpoint.
-A group that does not form (a peer never starts) ends with code 5 after ``startup_timeout_secs``.
+A group that does not form (a peer never starts) ends with code 5 after ``startup_timeout_secs``
+(a registration barrier of TF's coordination service).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from recipes.strategies.common import (
     Log,
     Optimizer,
     Progress,
-    Watchdog,
     first_line,
     stream_seed,
     write_result,
@@ -71,13 +71,45 @@ def _check_cluster(task: TaskInfo) -> None:
         )
 
 
-def _strategy(task: TaskInfo, timeout: float) -> Any:
+def _bound_group_start(jobs: dict[str, list[str]], startup: float) -> None:
+    """Make the group's formation fail after ``startup`` seconds instead of waiting forever.
+
+    Why: MultiWorkerMirroredStrategy's constructor blocks in C++, holding the GIL (no Python
+    watchdog thread runs), until every task has registered with the coordination service; for
+    the leader (chief or worker 0) TF sets no deadline. This configures the service exactly as
+    MWMS would (it keeps a configuration it finds), plus a registration barrier with a timeout:
+    every task, the leader included, then gets DeadlineExceededError. Private TF API: if it
+    moves, the group start is unbounded again (the launcher's hang detection remains).
+    """
+    try:
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+        from tensorflow.python.distribute import multi_worker_util
+        from tensorflow.python.eager import context
+    except ImportError:  # pragma: no cover - another TF layout
+        return
+    spec = tf.train.ClusterSpec(jobs)
+    ctx = context.context()
+    ctx.configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name=job, num_tasks=len(jobs[job]))
+            for job in ("chief", "worker")
+            if job in jobs
+        ],
+        cluster_register_timeout_in_ms=int(startup * 1000),
+    )
+    ctx.coordination_service.cluster_register_with_barrier = True
+
+
+def _strategy(task: TaskInfo, timeout: float, startup: float) -> Any:
     threads = op_threads(task)
     if threads:
         # As the TF1 recipes: the host's cores split over the tasks on it (runtime.op_threads).
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
     jobs = {job: task.cluster[job] for job in ("chief", "worker") if task.cluster.get(job)}
+    _bound_group_start(jobs, startup)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(jobs), task_type=task.type, task_id=task.index, rpc_layer="grpc"
     )
@@ -108,13 +140,15 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
     startup = float(cfg.algo.get("startup_timeout_secs", 120.0))
     ds = data_mod.load(cfg.data)  # before the group forms: a missing file fails in a second
     x_tr, y_tr = data_mod.shard(ds.x_train, ds.y_train, task.replica_index, task.n_replicas)
-    watchdog = Watchdog(EXIT_GROUP_LOST)
-    watchdog.arm(
-        startup,
-        f"allreduce: the collective group of {task.n_replicas} did not form and take a step "
-        f"within startup_timeout_secs={startup:g} (is every chief/worker task running?)",
-    )
-    strategy, options = _strategy(task, timeout)
+    try:
+        strategy, options = _strategy(task, timeout, startup)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
+        raise TrainingFailed(
+            f"allreduce: the collective group of {task.n_replicas} did not form within "
+            f"startup_timeout_secs={startup:g} ({type(e).__name__}: {first_line(e)}); is every "
+            "chief/worker task running?",
+            EXIT_GROUP_LOST,
+        ) from None
     model = Model(cfg.model, cfg.data.image_size, cfg.data.channels, cfg.data.num_classes)
     opt = Optimizer(cfg.algo.optimizer, cfg.algo.lr)
     tf.random.set_seed(cfg.trainer.seed)
@@ -185,8 +219,6 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
             bx, by = next(feed)
             loss, acc = (float(v) for v in train_step(tf.constant(bx), tf.constant(by)).numpy())
             gs, runs = int(step.numpy()), runs + 1
-            if runs == 1:
-                watchdog.disarm()  # the group formed and took a step: collectives time out now
             if not np.isfinite(loss):
                 raise TrainingFailed(
                     f"loss became NaN near step={gs}: lower algo.lr (now {cfg.algo.lr}) "
@@ -209,7 +241,6 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
             f"they resume from {where}",
             EXIT_GROUP_LOST,
         ) from None
-    watchdog.disarm()
     if task.is_chief:
         if state.last_step != gs:
             state.write(gs)

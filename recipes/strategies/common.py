@@ -10,8 +10,6 @@ lines and the chief's ``result.json`` with the keys of ``recipes/replica.py``.
 from __future__ import annotations
 
 import os
-import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -33,7 +31,6 @@ __all__ = [
     "Checkpoints",
     "Optimizer",
     "Progress",
-    "Watchdog",
     "first_line",
     "stream_seed",
     "write_result",
@@ -52,47 +49,14 @@ def stream_seed(cfg: RunConfig, replica: int, start_step: int) -> int:
 
 
 def first_line(e: BaseException) -> str:
-    """The first non-empty line of an error message (TF's run to dozens of lines)."""
+    """The first telling line of an error message (TF's run to dozens of lines and start with
+    generic ones such as "Graph execution error:"), at most 200 characters."""
+    generic = ("Graph execution error", "Detected at node", "<stack traces", "File ")
     for line in str(e).splitlines():
-        if line.strip():
-            return line.strip()
+        line = line.strip()
+        if line and not line.startswith(generic) and "root error(s) found" not in line:
+            return line[:200]
     return type(e).__name__
-
-
-class Watchdog:
-    """Ends the process with ``code`` when the main thread does not disarm it in time.
-
-    Why: the TF2 MultiWorkerMirroredStrategy leader (chief or worker 0) waits forever for a
-    peer that never starts (neither the collective timeout nor the coordination service's
-    registration timeout bounds that), and a Python thread cannot interrupt the C++ call.
-    """
-
-    def __init__(self, code: int = EXIT_GROUP_LOST) -> None:
-        self._code = code
-        self._lock = threading.Lock()
-        self._deadline: Optional[float] = None
-        self._message = ""
-        threading.Thread(target=self._watch, daemon=True, name="watchdog").start()
-
-    def arm(self, seconds: float, message: str) -> None:
-        with self._lock:
-            self._deadline = time.monotonic() + seconds
-            self._message = message
-
-    def disarm(self) -> None:
-        with self._lock:
-            self._deadline = None
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(0.25)
-            with self._lock:
-                expired = self._deadline is not None and time.monotonic() > self._deadline
-                message = self._message
-            if expired:
-                print(f"error: {message}", file=sys.stderr, flush=True)
-                sys.stdout.flush()
-                os._exit(self._code)
 
 
 class Optimizer:
