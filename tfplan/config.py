@@ -17,6 +17,7 @@ from omegaconf import MISSING
 
 __all__ = [
     "AlgoConfig",
+    "AllreduceConfig",
     "ChiefMode",
     "ClusterConfig",
     "Config",
@@ -27,6 +28,7 @@ __all__ = [
     "HostConfig",
     "LifecycleConfig",
     "ModelConfig",
+    "PssConfig",
     "RecipeConfig",
     "RestartConfig",
     "SyncConfig",
@@ -171,6 +173,26 @@ class MultiGpuConfig(AlgoConfig):
 
 
 @dataclass
+class AllreduceConfig(AlgoConfig):
+    """TF2 MultiWorkerMirroredStrategy: chief/worker tasks only (cluster.ps=0), synchronous."""
+
+    name: str = "allreduce"
+    lr: float = 0.1
+    sync: bool = True
+    collective_timeout_secs: float = 30.0  # an all-reduce waiting this long fails the group
+    startup_timeout_secs: float = 120.0  # every chief/worker task must start within this
+
+
+@dataclass
+class PssConfig(AlgoConfig):
+    """TF2 ParameterServerStrategy: the chief coordinates (cluster.chief=separate), ps >= 1,
+    workers >= 1; asynchronous."""
+
+    name: str = "pss"
+    startup_timeout_secs: float = 120.0  # every ps/worker server must be up within this
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING  # logreg | mlp | cnn
     hidden: list[int] = field(default_factory=list)  # mlp hidden sizes
@@ -273,6 +295,8 @@ _GROUP_SCHEMAS: dict[str, dict[str, Any]] = {
         "schema_sagn": SagnConfig,
         "schema_sync_lr": SyncLrConfig,
         "schema_multi_gpu": MultiGpuConfig,
+        "schema_allreduce": AllreduceConfig,
+        "schema_pss": PssConfig,
     },
     "model": {"schema_model": ModelConfig},
     "data": {"schema_data": DataConfig},
