@@ -21,7 +21,9 @@ from tfplan.validate import ALGORITHMS
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 CLUSTERS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
-ALGOS = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
+# The TF2 strategies (recipes/strategies) ship their conf before the planner has their topology
+# rules: see test_validate_algorithms.py::test_the_planner_plans_the_tf2_strategies.
+ALGOS = sorted(p.stem for p in (CONF / "algo").glob("*.yaml") if p.stem not in ("allreduce", "pss"))
 CTX = PlanContext(cwd="/home/user/project", local_python="/usr/bin/python3", tf_version="2.21.0")
 
 
