@@ -189,6 +189,7 @@ class PssConfig(AlgoConfig):
     workers >= 1; asynchronous."""
 
     name: str = "pss"
+    steps_per_closure: int = 8  # minibatches per scheduled function; each is one async update
     startup_timeout_secs: float = 120.0  # every ps/worker server must be up within this
 
 

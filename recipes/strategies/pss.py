@@ -5,13 +5,17 @@ on the parameter servers, schedules one step function per minibatch on whichever
 checkpoints, logs and writes ``result.json``); ``ps`` and ``worker`` tasks only run a TensorFlow
 server. Workers apply their updates to the ps variables asynchronously (as ``hogwild``). One
 global step = one minibatch. Minibatches come from one stream over the whole training split (a
-fresh seeded permutation per epoch) that the coordinator deals to the workers with each step;
-that is sharding by example, whichever worker is free takes the next batch.
+fresh seeded permutation per epoch) that the coordinator ships with each scheduled function;
+that is sharding by example: whichever worker is free takes the next batches. One scheduled
+function trains ``steps_per_closure`` (K, default 8) minibatches in a row, each one update of the
+ps variables read afresh (so the same rule as K=1); K amortises the coordinator's per-dispatch
+cost, which halved throughput at K=1 (docs/bench_strategies.md).
 
 Stopping: the coordinator schedules exactly the steps left to ``max_steps``, in chunks that end
 on every log, summary and checkpoint boundary; it waits for each chunk (``join``), so
-checkpoints land on exact multiples of ``checkpoint_steps``. A step retried after a worker died
-mid-step may have been applied already: the count can then pass ``max_steps`` by that many.
+checkpoints land on exact multiples of ``checkpoint_steps``. A function retried after a worker
+died in it may have applied some of its K steps already: the count can then pass ``max_steps``
+by up to K per such retry.
 
 Servers end by themselves: each owns a ``FIFOQueue(shared_name="pss_done")`` and polls its size
 in its own graph session; the coordinator, after ``result.json``, enqueues one token into every
@@ -57,6 +61,7 @@ __all__ = ["run_pss", "run_pss_server", "send_done_tokens"]
 
 v1 = tf.compat.v1
 DONE_QUEUE = "pss_done"
+STEPS_PER_CLOSURE = 8  # minibatches per scheduled function (conf/algo/pss.yaml's default)
 POLL_SECS = 0.2
 
 
@@ -221,17 +226,31 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
     train_vars = [params[k] for k in names]
     n_workers = len(task.cluster["worker"])
 
-    @tf.function
-    def train_step(x: Any, y: Any) -> Any:
-        def replica_fn(x: Any, y: Any) -> Any:
-            with tf.GradientTape() as tape:
-                loss, acc = loss_and_accuracy(model.logits(params, x), y)
-            grads = tape.gradient(loss, train_vars)
-            opt.apply(params, dict(zip(names, grads, strict=True)), slots, step)
-            step.assign_add(1)
-            return tf.stack([loss, acc])
+    per_closure = int(cfg.algo.get("steps_per_closure", STEPS_PER_CLOSURE))
+    if per_closure < 1:
+        raise ConfigError(f"algo.steps_per_closure={per_closure}: use at least 1")
 
-        return strategy.run(replica_fn, args=(x, y))
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, None, ds.dim], tf.float32),
+            tf.TensorSpec([None, None], tf.int64),
+        ]
+    )
+    def train_steps(xs: Any, ys: Any) -> Any:
+        """len(xs) minibatches in a row on one worker, each one async update of the ps."""
+
+        def replica_fn(xs: Any, ys: Any) -> Any:
+            total = tf.zeros([2], tf.float32)
+            for i in tf.range(tf.shape(xs)[0]):
+                with tf.GradientTape() as tape:
+                    loss, acc = loss_and_accuracy(model.logits(params, xs[i]), ys[i])
+                grads = tape.gradient(loss, train_vars)
+                opt.apply(params, dict(zip(names, grads, strict=True)), slots, step)
+                step.assign_add(1)
+                total += tf.stack([loss, acc])
+            return total / tf.cast(tf.shape(xs)[0], tf.float32)
+
+        return strategy.run(replica_fn, args=(xs, ys))
 
     gs = 0
     t = cfg.trainer
@@ -255,13 +274,15 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
             # The first chunk is one step, for the first-step line; then up to the next boundary.
             target = gs + 1 if runs == 0 else _boundaries(cfg, gs)
             pending = []
-            for _ in range(target - gs):
-                bx, by = next(feed)
-                pending.append(
-                    coordinator.schedule(train_step, args=(tf.constant(bx), tf.constant(by)))
-                )
+            left = target - gs
+            while left > 0:
+                batch = [next(feed) for _ in range(min(per_closure, left))]
+                left -= len(batch)
+                xs = tf.constant(np.stack([b[0] for b in batch]))
+                ys = tf.constant(np.stack([b[1] for b in batch]))
+                pending.append(coordinator.schedule(train_steps, args=(xs, ys)))
             coordinator.join()
-            runs += len(pending)
+            runs += target - gs
             metrics = np.array([rv.fetch() for rv in pending[-20:]], dtype=np.float64)
             gs = int(step.numpy())
             if not np.all(np.isfinite(metrics[:, 0])):
