@@ -303,3 +303,23 @@ def test_wrong_topology_is_a_one_line_error(
         assert c.wait_exit("worker/0", timeout=60) == 2, c.dump()
         errors = [line for _, line in task.lines if line.startswith("error:")]
         assert len(errors) == 1 and message in errors[0], task.text
+
+
+@pytest.mark.parametrize("topology", ["allreduce-2workers", "pss"])
+def test_sigterm_stops_every_task(topology: str, tmp_path: Path) -> None:
+    """TF's coordination agent swallows SIGTERM; the recipes restore it: a launcher's SIGTERM
+    ends a training task (-15) and a pss server (exit 0)."""
+    algo = ALLREDUCE if topology.startswith("allreduce") else PSS
+    cfg = run_config(tmp_path / "out", algo, max_steps=100000, trainer={"log_steps": 100})
+    with RecipeCluster(tmp_path, cfg, **TOPOLOGY[topology]) as c:
+        c.start_all()
+        chief = c.tasks[_chief(c)]
+        c.wait_for("step 200", lambda: max([0, *chief.steps()]) >= 200, timeout=150)
+        for t in c.tasks.values():  # all at once, as a launcher's teardown
+            os.killpg(t.proc.pid, signal.SIGTERM)
+        codes = {name: c.wait_exit(name, timeout=30) for name in list(c.tasks)}
+        servers = {n: code for n, code in codes.items() if topology == "pss" and n != "chief/0"}
+        training = {n: code for n, code in codes.items() if n not in servers}
+        assert all(code == 0 for code in servers.values()), c.dump()
+        # Killed by SIGTERM (-15), or (a member that saw its peer go first) lost the group (5).
+        assert set(training.values()) <= {-15, 5} and -15 in training.values(), c.dump()

@@ -100,8 +100,8 @@ def run_pss_server(task: TaskInfo, log: Log = print) -> int:
     """Serve until the coordinator's done token arrives (or SIGTERM); returns 0."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     threads = op_threads(task)
-    # Why at least 3 inter-op threads: with 1, the step functions deadlocked (the TF 2.21 facts
-    # file, pitfall 9; reproduced here with separate processes on 2 cores).
+    # Why at least 3 inter-op threads: with 1, the step functions deadlocked (TENSORFLOW.md,
+    # pitfall 9; reproduced here with separate processes on 2 cores).
     config = v1.ConfigProto(
         inter_op_parallelism_threads=max(3, threads) if threads else 0,
         intra_op_parallelism_threads=threads,
