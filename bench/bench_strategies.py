@@ -9,7 +9,7 @@ Pairs: ``allreduce`` (MultiWorkerMirroredStrategy, 2 workers, no ps) vs ``sync``
 default of 8 minibatches per scheduled function, and with 1) vs ``hogwild`` (1 ps + 2 workers):
 all asynchronous, one global step = 1 minibatch. Every run trains
 the shipped defaults (``conf/algo/<name>.yaml``, MLP 64-128-10 on digits, batch 64) for the same
-number of global steps with no evaluator; the four are run in turn, the order rotating each round,
+number of global steps with no evaluator; all are run in turn, the order rotating each round,
 so that all of them share the same minutes of a shared machine. Figures per run: the chief's
 ``result.json`` (``examples_per_sec``: every replica's examples per second between the chief's
 first and last step, start-up excluded; ``accuracy`` on the held-out split), the chief's
@@ -122,8 +122,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> s
         f"`bench/bench_strategies.py --repeats {args.repeats} --steps {args.steps}` on "
         f"{platform.machine()}, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d')}: MLP 64-128-10 on digits, batch 64, each algorithm's "
-        "shipped `conf/algo` defaults, no evaluator, all tasks on one host (loopback). The four "
-        "configurations ran in turn, rotating the order each round; the figures are medians of "
+        "shipped `conf/algo` defaults, no evaluator, all tasks on one host (loopback). The "
+        f"{len(runs)} configurations ran in turn, rotating the order each round; the figures are medians of "
         f"{args.repeats} runs. The machine has 2 cores shared with other test runs: compare "
         "inside this table only.",
         "",
@@ -147,9 +147,9 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> s
                 f"{_med(runs[name], 'accuracy'):.4f} | {_med(runs[name], 'first_step_secs'):.1f} | "
                 f"{_med(runs[name], 'wall_secs'):.1f} |"
             )
-    lines += ["", "Every run (examples/s; accuracy):", ""]
+    lines += ["", "Every run, round by round (examples/s, accuracy):", ""]
     for name, rs in runs.items():
-        each = ", ".join(f"{r['examples_per_sec']:,.0f}; {r['accuracy']:.4f}" for r in rs)
+        each = "; ".join(f"{r['examples_per_sec']:,.0f} ({r['accuracy']:.4f})" for r in rs)
         lines.append(f"- `{name}`: {each}")
     lines += [
         "",
