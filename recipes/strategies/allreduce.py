@@ -8,6 +8,11 @@ servers. One global step = one minibatch per replica. The chief (the chief task,
 writes checkpoints, summaries and ``result.json``; everyone stops at exactly ``max_steps`` (the
 step counter moves in lockstep).
 
+End: after the last step every replica waits at a barrier of TF's coordination service until all
+have finished their collectives (a collective pulls data from its sender, so a replica that left
+at once broke a slower peer's last step); then the chief writes the final checkpoint and
+``result.json``.
+
 Start and resume: the chief restores the newest checkpoint of ``output_dir`` (if any) and its
 values are broadcast to every replica (one all-reduce in which the others contribute zeros), so a
 non-chief host does not need to see ``output_dir``.
@@ -128,6 +133,28 @@ def _strategy(task: TaskInfo, timeout: float, startup: float) -> Any:
     return strategy, options
 
 
+def _end_barrier(timeout: float, log: Log) -> None:
+    """Wait until every replica has finished its last collective, then let each one go.
+
+    Why: TF's collectives pull data from the sender (RecvBuf), so a replica that completed the
+    last all-reduce and exited at once broke its slower peer's last step ("Socket closed", twice
+    in one test session). Another collective would only move the race; the coordination
+    service's barrier does not (its leader is the chief, which leaves last anyway). A failure
+    here comes after the last step: a warning, not an error.
+    """
+    try:
+        from tensorflow.python.eager import context
+
+        context.context().wait_at_barrier("recipes_allreduce_end", int(timeout * 1000))
+    except (ImportError, AttributeError):  # pragma: no cover - another TF layout
+        return
+    except tf.errors.OpError as e:
+        log(
+            "warning: the replicas did not all reach the end barrier "
+            f"({type(e).__name__}: {first_line(e)}); every step was done"
+        )
+
+
 def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log = print) -> int:
     """Train this replica of the collective group to ``max_steps``; returns the exit code.
 
@@ -241,6 +268,7 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
             f"they resume from {where}",
             EXIT_GROUP_LOST,
         ) from None
+    _end_barrier(timeout, log)
     if task.is_chief:
         if state.last_step != gs:
             state.write(gs)

@@ -152,7 +152,7 @@ class Checkpoints:
 
     def write(self, step: int) -> str:
         os.makedirs(self.output_dir, exist_ok=True)
-        path = self._ckpt.write(os.path.join(self.output_dir, f"{CKPT_NAME}-{step}"))
+        path = str(self._ckpt.write(os.path.join(self.output_dir, f"{CKPT_NAME}-{step}")))
         kept = [p for p in self._kept() if os.path.basename(p) != os.path.basename(path)]
         kept.append(path)
         for old in kept[:-KEEP_CHECKPOINTS]:
