@@ -28,6 +28,7 @@ A group that does not form (a peer never starts) ends with code 5 after ``startu
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import Any
 
@@ -167,6 +168,11 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
     startup = float(cfg.algo.get("startup_timeout_secs", 120.0))
     ds = data_mod.load(cfg.data)  # before the group forms: a missing file fails in a second
     x_tr, y_tr = data_mod.shard(ds.x_train, ds.y_train, task.replica_index, task.n_replicas)
+    if task.is_chief:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        result_path = os.path.join(cfg.output_dir, "result.json")
+        if os.path.exists(result_path):
+            os.remove(result_path)  # stale, from an earlier run: the evaluator watches for it
     try:
         strategy, options = _strategy(task, timeout, startup)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
