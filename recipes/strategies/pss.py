@@ -19,7 +19,8 @@ by up to K per such retry.
 
 Servers end by themselves: each owns a ``FIFOQueue(shared_name="pss_done")`` and polls its size
 in its own graph session; the coordinator, after ``result.json``, enqueues one token into every
-worker's and every ps's queue through a plain graph session on that task (an eager op would not
+worker's and every ps's queue through a plain graph session on that task, never closed (closing
+one whose server had already exited blocked forever) (an eager op would not
 do: the eager service keeps each client's resources apart from the server's sessions), and the
 server exits 0 about 0.2 s later. A server also exits 0 on SIGTERM. If the coordinator dies for
 good, the servers keep waiting for a restarted one: the launcher must stop them.
@@ -35,6 +36,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -131,25 +133,56 @@ def run_pss_server(task: TaskInfo, log: Log = print) -> int:
     os._exit(0)  # the gRPC server has no clean shutdown and would keep the process alive
 
 
+# Token sessions are never closed: the server exits as soon as its token is in, and closing a
+# gRPC session whose server is gone blocked the coordinator forever (seen in 1 of about 10
+# runs). Kept referenced so that garbage collection does not close them either.
+_TOKEN_SESSIONS: list[Any] = []
+
+
+def _send_token(job: str, k: int, address: str, timeout: float) -> None:
+    device = f"/job:{job}/replica:0/task:{k}"
+    graph = tf.Graph()
+    with graph.as_default():
+        with v1.device(device):
+            enqueue = _done_queue().enqueue(tf.constant(1, tf.int32))
+    sess = v1.Session(
+        f"grpc://{address}", graph=graph, config=v1.ConfigProto(device_filters=[device])
+    )
+    _TOKEN_SESSIONS.append(sess)
+    sess.run(enqueue, options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)))
+
+
 def send_done_tokens(task: TaskInfo, log: Log = print, timeout: float = 10.0) -> list[str]:
-    """Enqueue a done token on every worker, then every ps; returns the tasks that missed it."""
+    """Enqueue a done token on every worker and ps, each from its own thread, and wait at most
+    ``timeout`` seconds; returns the tasks that missed it (the launcher has to stop those)."""
+    targets = [(j, k, a) for j in ("worker", "ps") for k, a in enumerate(task.cluster.get(j, []))]
+    errors: dict[str, str] = {}
+
+    def send(job: str, k: int, address: str) -> None:
+        try:
+            _send_token(job, k, address, timeout)
+        except tf.errors.OpError as e:
+            errors[f"{job}/{k}"] = type(e).__name__
+
+    threads = [
+        threading.Thread(
+            target=send, args=target, daemon=True, name=f"token-{target[0]}{target[1]}"
+        )
+        for target in targets
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout + 5.0
     missed = []
-    for job in ("worker", "ps"):
-        for k, address in enumerate(task.cluster.get(job, [])):
-            device = f"/job:{job}/replica:0/task:{k}"
-            try:
-                with tf.Graph().as_default():
-                    with v1.device(device):
-                        enqueue = _done_queue().enqueue(tf.constant(1, tf.int32))
-                    config = v1.ConfigProto(device_filters=[device])
-                    with v1.Session(f"grpc://{address}", config=config) as sess:
-                        sess.run(enqueue, options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)))
-            except tf.errors.OpError as e:
-                missed.append(f"{job}/{k}")
-                log(
-                    f"warning: could not tell {job}/{k} to stop ({type(e).__name__}); "
-                    "the launcher will have to stop it"
-                )
+    for (job, k, _), thread in zip(targets, threads, strict=True):
+        thread.join(max(0.0, deadline - time.monotonic()))
+        name = f"{job}/{k}"
+        if thread.is_alive() or name in errors:
+            missed.append(name)
+            why = errors.get(name, f"no answer within {timeout + 5:g}s")
+            log(
+                f"warning: could not tell {name} to stop ({why}); the launcher will have to stop it"
+            )
     return missed
 
 
