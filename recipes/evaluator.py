@@ -4,7 +4,8 @@ It is not part of the cluster (TensorFlow's convention): it only reads checkpoin
 ``output_dir``. For each new one it writes TensorBoard scalars under ``output_dir/eval`` and one
 line to ``output_dir/eval/metrics.jsonl``. It exits 0 once it has evaluated the checkpoint of the
 final step (``global_step >= max_steps``), or once the chief's ``result.json`` is there and the
-latest checkpoint has been evaluated.
+latest checkpoint has been evaluated (a ``result.json`` that was there before the evaluator
+started counts only once it has been rewritten: it is an earlier run's).
 
 Both checkpoint formats are read: the TF1 recipes' name-based ones (``model/dense0/w``) and the
 TF2 strategies' object-based ones (``model/dense0/w/.ATTRIBUTES/VARIABLE_VALUE``); the format is
@@ -28,6 +29,15 @@ from recipes.strategies import CKPT_KEY_SUFFIX
 __all__ = ["run_evaluator"]
 
 v1 = tf.compat.v1
+
+
+def _identity(path: str) -> Optional[tuple[int, int, int]]:
+    """Which file ``path`` is right now (inode, size, mtime), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _result_step(path: str) -> Optional[int]:
@@ -66,6 +76,10 @@ def run_evaluator(
     writer = v1.summary.FileWriter(eval_dir, graph=None)
     log(f"evaluator watching {cfg.output_dir} every {cfg.trainer.eval_secs}s")
     deadline = None if timeout is None else time.monotonic() + timeout
+    # A result.json already there at start is an earlier run's until it is rewritten: the chief
+    # deletes it when it starts, but an evaluator that started faster saw it first and stopped
+    # at the old step (seen with a resumed run). Rewritten (atomically: a new inode), it counts.
+    stale = _identity(result_path)
     last: Optional[str] = None
     last_step = -1
     with v1.Session(graph=graph) as sess:
@@ -87,7 +101,8 @@ def run_evaluator(
                 if last_step >= cfg.trainer.max_steps:
                     break
                 continue
-            final = _result_step(result_path)
+            current = _identity(result_path)
+            final = _result_step(result_path) if current is not None and current != stale else None
             if final is not None and last_step >= final:
                 break
             time.sleep(cfg.trainer.eval_secs)

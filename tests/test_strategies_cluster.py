@@ -330,3 +330,30 @@ def test_sigterm_stops_every_task(topology: str, tmp_path: Path) -> None:
         assert all(code == 0 for code in servers.values()), c.dump()
         # Killed by SIGTERM (-15), or (a member that saw its peer go first) lost the group (5).
         assert set(training.values()) <= {-15, 5} and -15 in training.values(), c.dump()
+
+
+def test_evaluator_ignores_an_earlier_runs_result_until_it_is_rewritten(tmp_path: Path) -> None:
+    """A resumed run's evaluator may start before the chief deletes the old result.json."""
+    import tensorflow as tf
+
+    from recipes.config import ModelConf
+    from recipes.models import Model
+    from recipes.strategies.common import Checkpoints, Optimizer
+
+    cfg = run_config(tmp_path / "out", ALLREDUCE, max_steps=120)
+    out = Path(cfg["output_dir"])
+    model = Model(ModelConf(name="mlp", hidden=(32,)), 8, 1, 10)
+    params = model.create_variables()
+    step = tf.Variable(60, dtype=tf.int64)
+    Checkpoints(str(out), step, params, Optimizer("sgd", 0.1).create_slots(params)).write(60)
+    result = out / "result.json"
+    result.write_text(json.dumps({"status": "succeeded", "global_step": 60}))
+    with RecipeCluster(tmp_path, cfg, n_ps=0, n_workers=2, evaluator=True) as c:
+        ev = c.start("evaluator", 0)
+        c.wait_for("step 60 evaluated", lambda: "eval step=60" in ev.text, timeout=90)
+        assert ev.proc.poll() is None, ev.text  # did not stop on the earlier run's result
+        tmp = out / "result.json.tmp"
+        tmp.write_text(json.dumps({"status": "succeeded", "global_step": 60}))
+        os.replace(tmp, result)  # as the chief writes it: a new file
+        assert c.wait_exit("evaluator/0", timeout=30) == 0, ev.text
+        assert "evaluator done at step=60" in ev.text
