@@ -130,7 +130,7 @@ BAD_INPUT = [
     (
         ["cluster=nope"],
         "cluster: no option 'nope'",
-        "available options: 3node, gpu2x4, k8s, local, local_chief",
+        "available options: 3node, gpu2x4, k8s, local, local_allreduce, local_chief",
     ),
     (["cluster.foo=1"], "cluster.foo: no such key", "+cluster.foo=VALUE"),
     (
