@@ -4,7 +4,12 @@ It is not part of the cluster (TensorFlow's convention): it only reads checkpoin
 ``output_dir``. For each new one it writes TensorBoard scalars under ``output_dir/eval`` and one
 line to ``output_dir/eval/metrics.jsonl``. It exits 0 once it has evaluated the checkpoint of the
 final step (``global_step >= max_steps``), or once the chief's ``result.json`` is there and the
-latest checkpoint has been evaluated.
+latest checkpoint has been evaluated (a ``result.json`` that was there before the evaluator
+started counts only once it has been rewritten: it is an earlier run's).
+
+Both checkpoint formats are read: the TF1 recipes' name-based ones (``model/dense0/w``) and the
+TF2 strategies' object-based ones (``model/dense0/w/.ATTRIBUTES/VARIABLE_VALUE``); the format is
+told apart per checkpoint by its ``global_step`` key.
 """
 
 from __future__ import annotations
@@ -19,10 +24,20 @@ import tensorflow as tf
 from recipes import data as data_mod
 from recipes.config import RunConfig
 from recipes.models import Model, loss_and_accuracy
+from recipes.strategies import CKPT_KEY_SUFFIX
 
 __all__ = ["run_evaluator"]
 
 v1 = tf.compat.v1
+
+
+def _identity(path: str) -> Optional[tuple[int, int, int]]:
+    """Which file ``path`` is right now (inode, size, mtime), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _result_step(path: str) -> Optional[int]:
@@ -51,9 +66,20 @@ def run_evaluator(
         params = model.create_params()
         loss, accuracy = loss_and_accuracy(model.logits(params, x), y)
         saver = v1.train.Saver(var_list=[global_step, *params.values()])
+        # The same variables under the TF2 strategies' object-checkpoint keys.
+        tf2_saver = v1.train.Saver(
+            var_list={
+                "global_step" + CKPT_KEY_SUFFIX: global_step,
+                **{f"model/{k}{CKPT_KEY_SUFFIX}": v for k, v in params.items()},
+            }
+        )
     writer = v1.summary.FileWriter(eval_dir, graph=None)
     log(f"evaluator watching {cfg.output_dir} every {cfg.trainer.eval_secs}s")
     deadline = None if timeout is None else time.monotonic() + timeout
+    # A result.json already there at start is an earlier run's until it is rewritten: the chief
+    # deletes it when it starts, but an evaluator that started faster saw it first and stopped
+    # at the old step (seen with a resumed run). Rewritten (atomically: a new inode), it counts.
+    stale = _identity(result_path)
     last: Optional[str] = None
     last_step = -1
     with v1.Session(graph=graph) as sess:
@@ -61,7 +87,8 @@ def run_evaluator(
             ckpt = tf.train.latest_checkpoint(cfg.output_dir)
             if ckpt and ckpt != last:
                 try:
-                    saver.restore(sess, ckpt)
+                    tf2 = tf.train.load_checkpoint(ckpt).has_tensor("global_step" + CKPT_KEY_SUFFIX)
+                    (tf2_saver if tf2 else saver).restore(sess, ckpt)
                 except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError):
                     time.sleep(0.2)  # rotated away or half-written: take the next one
                     continue
@@ -74,7 +101,8 @@ def run_evaluator(
                 if last_step >= cfg.trainer.max_steps:
                     break
                 continue
-            final = _result_step(result_path)
+            current = _identity(result_path)
+            final = _result_step(result_path) if current is not None and current != stale else None
             if final is not None and last_step >= final:
                 break
             time.sleep(cfg.trainer.eval_secs)

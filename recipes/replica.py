@@ -30,7 +30,13 @@ from recipes.runtime import (
     touches_ps,
 )
 
-__all__ = ["ReplicaGraph", "TrainingFailed", "build_replica_graph", "run_replica"]
+__all__ = [
+    "ReplicaGraph",
+    "TrainingFailed",
+    "build_replica_graph",
+    "run_replica",
+    "write_json_atomic",
+]
 
 v1 = tf.compat.v1
 Log = Callable[[str], None]
@@ -124,7 +130,7 @@ def _hooks(cfg: RunConfig, g: ReplicaGraph, scaffold: Any, is_chief: bool) -> li
     return hooks
 
 
-def _write_json_atomic(path: str, obj: dict[str, Any]) -> None:
+def write_json_atomic(path: str, obj: dict[str, Any]) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
@@ -295,7 +301,7 @@ def _finish_chief(
         "replicas": task.n_replicas,
         "ps": task.n_ps,
     }
-    _write_json_atomic(result_path, result)
+    write_json_atomic(result_path, result)
     log(
         f"step={int(gs)} final: loss={result['loss']} accuracy={result['accuracy']} "
         f"examples_per_sec={result['examples_per_sec']}"

@@ -41,10 +41,19 @@ from state_helpers import records, state_from  # noqa: E402
 
 
 def test_conf_holds_the_expected_options() -> None:
-    assert CLUSTERS == ["3node", "gpu2x4", "k8s", "local", "local_chief", "slurm"]
+    assert CLUSTERS == [
+        "3node",
+        "gpu2x4",
+        "k8s",
+        "local",
+        "local_allreduce",
+        "local_chief",
+        "slurm",
+    ]
     assert ALGOS == [
         "adag",
         "agn",
+        "allreduce",
         "downpour",
         "downpour_easy",
         "dynsgd",
@@ -52,6 +61,7 @@ def test_conf_holds_the_expected_options() -> None:
         "easgd",
         "hogwild",
         "multi_gpu",
+        "pss",
         "sagn",
         "sync",
         "sync_lr",
@@ -63,6 +73,16 @@ def test_conf_holds_the_expected_options() -> None:
 @pytest.mark.parametrize("cluster", CLUSTERS)
 def test_every_cluster_and_algo_composes_and_plans(cluster: str, algo: str) -> None:
     cfg = config(f"cluster={cluster}", f"algo={algo}")
+    needs = ALGORITHMS[algo]
+    no_ps = cfg.cluster.ps == 0
+    misfits = {"cluster.ps"} if needs.needs_ps == no_ps else set()
+    if needs.chief and cfg.cluster.chief.value != "separate":
+        misfits.add("cluster.chief")
+    if misfits:  # the algorithm does not fit this topology: one line naming the key
+        with pytest.raises(ConfigError) as error:
+            plan(cfg, None, CTX)
+        assert error.value.key in misfits and "\n" not in str(error.value)
+        return
     p = plan(cfg, None, CTX)
     assert p.cluster_name == cluster and p.run_config["algo"]["name"] == algo
     assert p.has_changes and all(c.action is Action.CREATE for c in p.changes)

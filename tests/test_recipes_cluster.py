@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from recipe_cluster import RecipeCluster, run_config
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.full]
 
 ALGOS = {
     "hogwild": {"name": "hogwild"},

@@ -13,6 +13,7 @@ from tfplan.config.schema import (
     AdagConfig,
     AgnConfig,
     AlgoConfig,
+    AllreduceConfig,
     DownpourConfig,
     DownpourEasyConfig,
     DynSgdConfig,
@@ -20,6 +21,7 @@ from tfplan.config.schema import (
     EasgdConfig,
     HogwildConfig,
     MultiGpuConfig,
+    PssConfig,
     SagnConfig,
     SyncConfig,
     SyncLrConfig,
@@ -39,6 +41,12 @@ class Algorithm:
         needs_ps: it keeps its variables on parameter servers (``cluster.ps >= 1``).
         collective: its workers all-reduce every step (a lost worker stops the group, so the
             group restarts together).
+        chief: its chief must be a task of its own (``cluster.chief=separate``).
+        retry_exit_codes: exit codes below 128 that mean "restart me" rather than "I gave up"
+            (the TF2 strategies exit 5 when their group lost a member).
+        ps_standby: a warm standby per ps by default (``lifecycle.ps_standby=null``): the TF1
+            recipes, whose workers wait for a restarted ps; not pss, whose coordinator exits
+            5 on a lost ps and restarts (its own import dominates the recovery).
         summary: one line for docs and error messages.
     """
 
@@ -48,6 +56,9 @@ class Algorithm:
     needs_ps: bool
     summary: str
     collective: bool = False
+    chief: bool = False
+    retry_exit_codes: tuple[int, ...] = ()
+    ps_standby: bool = True
 
 
 def _ps(name: str, schema: type[AlgoConfig], summary: str, sync: bool = False) -> Algorithm:
@@ -69,6 +80,25 @@ ALGORITHMS: Mapping[str, Algorithm] = {
         _ps("easgd", EasgdConfig, "elastic averaging with a centre variable"),
         _ps("eamsgd", EamsgdConfig, "elastic averaging with Nesterov momentum"),
         _ps("multi_gpu", MultiGpuConfig, "in-graph towers per worker, averaged"),
+        Algorithm(
+            "allreduce",
+            AllreduceConfig,
+            sync=True,
+            needs_ps=False,
+            summary="TF2 MultiWorkerMirroredStrategy: synchronous all-reduce, no ps",
+            collective=True,
+            retry_exit_codes=(5,),
+        ),
+        Algorithm(
+            "pss",
+            PssConfig,
+            sync=False,
+            needs_ps=True,
+            summary="TF2 ParameterServerStrategy: the chief coordinates, asynchronous",
+            chief=True,
+            retry_exit_codes=(5,),
+            ps_standby=False,
+        ),
     )
 }
 

@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 __all__ = [
     "AlgoConfig",
+    "AllreduceConfig",
     "ChiefMode",
     "ClusterConfig",
     "Config",
@@ -26,6 +27,7 @@ __all__ = [
     "HostConfig",
     "LifecycleConfig",
     "ModelConfig",
+    "PssConfig",
     "RecipeConfig",
     "RestartConfig",
     "SyncConfig",
@@ -55,7 +57,7 @@ class HostConfig:
     labels: list[str] = field(default_factory=list)
     port_base: int | None = None  # overrides cluster.port_base for this host
     python: str | None = None  # interpreter on this host; defaults to cluster.python
-    executor: str = "auto"  # auto (local for a loopback address without ssh_port) | local | ssh
+    executor: str = "auto"  # transport: auto (local: loopback, no ssh_port) | local | ssh
 
 
 @dataclass
@@ -170,6 +172,27 @@ class MultiGpuConfig(AlgoConfig):
     name: str = "multi_gpu"
     towers: int = 2  # in-graph towers per worker task, one per device
     device: str = "cpu"  # cpu (logical CPU devices) | gpu
+
+
+@dataclass
+class AllreduceConfig(AlgoConfig):
+    """TF2 MultiWorkerMirroredStrategy: chief/worker tasks only (cluster.ps=0), synchronous."""
+
+    name: str = "allreduce"
+    lr: float = 0.1
+    sync: bool = True
+    collective_timeout_secs: float = 30.0  # an all-reduce waiting this long fails the group
+    startup_timeout_secs: float = 120.0  # every chief/worker task must start within this
+
+
+@dataclass
+class PssConfig(AlgoConfig):
+    """TF2 ParameterServerStrategy: the chief coordinates (cluster.chief=separate), ps >= 1,
+    workers >= 1; asynchronous."""
+
+    name: str = "pss"
+    steps_per_closure: int = 8  # minibatches per scheduled function; each is one async update
+    startup_timeout_secs: float = 120.0  # every ps/worker server must be up within this
 
 
 @dataclass

@@ -293,7 +293,11 @@ class Supervisor:
             return state
         policy = state.policy.for_role(task.role)
         decision = decide_restart(
-            policy.restart, task.exit_code, task.restarts, policy.backoff_limit
+            policy.restart,
+            task.exit_code,
+            task.restarts,
+            policy.backoff_limit,
+            state.policy.retry_exit_codes,
         )
         if not decision.restart:
             note = (

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
+from tfplan.config.algorithms import ALGORITHMS
 from tfplan.config.schema import ChiefMode, Config
 from tfplan.errors import ConfigError
 from tfplan.planning.commands import split_command, task_command
@@ -201,6 +202,7 @@ def job_policy(cfg: Config) -> JobPolicy:
     """The typed lifecycle policy of the config (validated)."""
     life = cfg.lifecycle
     restart = life.restart
+    algorithm = ALGORITHMS.get(cfg.algo.name) if cfg.recipe.kind == "builtin" else None
 
     def role(name: str) -> TaskPolicy:
         hangs = name in (Role.CHIEF.value, Role.WORKER.value)
@@ -224,18 +226,14 @@ def job_policy(cfg: Config) -> JobPolicy:
         host_timeout_secs=float(life.host_timeout_secs),
         on_host_failure=HostFailure(life.on_host_failure),
         roles={r.value: role(r.value) for r in Role},
-        restart_together=cfg.recipe.kind == "builtin" and _collective(cfg.algo.name),
+        restart_together=algorithm is not None and algorithm.collective,
+        retry_exit_codes=algorithm.retry_exit_codes if algorithm is not None else (),
         ps_standby=(
-            cfg.recipe.kind == "builtin" if life.ps_standby is None else bool(life.ps_standby)
+            algorithm is not None and algorithm.ps_standby
+            if life.ps_standby is None
+            else bool(life.ps_standby)
         ),
     )
-
-
-def _collective(algo: str) -> bool:
-    from tfplan.config.algorithms import ALGORITHMS
-
-    known = ALGORITHMS.get(algo)
-    return known is not None and known.collective
 
 
 def _per_task_placement(

@@ -92,6 +92,9 @@ class JobPolicy:
     # A collective (all-reduce) job: every worker holds a part of each step, so when one worker
     # must restart, the whole group restarts together from the last checkpoint.
     restart_together: bool = False
+    # Exit codes below 128 that mean "restart me" under ExitCode (the program's own signal
+    # that its group lost a member, e.g. 5 from the built-in TF2 strategies).
+    retry_exit_codes: tuple[int, ...] = ()
     # Keep a warm standby per parameter server (TensorFlow already imported, waiting for its
     # go signal), so that a restarted ps does not pay the import; where the backend can.
     ps_standby: bool = False
@@ -114,6 +117,7 @@ class JobPolicy:
             "on_host_failure": self.on_host_failure.value,
             "roles": {role: p.to_dict() for role, p in sorted(self.roles.items())},
             "restart_together": self.restart_together,
+            "retry_exit_codes": list(self.retry_exit_codes),
             "ps_standby": self.ps_standby,
         }
 
@@ -130,6 +134,7 @@ class JobPolicy:
             on_host_failure=HostFailure(data["on_host_failure"]),
             roles={r: TaskPolicy.from_dict(p) for r, p in dict(data.get("roles", {})).items()},
             restart_together=bool(data.get("restart_together", False)),
+            retry_exit_codes=tuple(int(c) for c in data.get("retry_exit_codes", ())),
             ps_standby=bool(data.get("ps_standby", False)),
         )
 
@@ -161,7 +166,11 @@ class RestartDecision:
 
 
 def decide_restart(
-    policy: RestartPolicy | str, exit_code: int | None, restarts: int, backoff_limit: int
+    policy: RestartPolicy | str,
+    exit_code: int | None,
+    restarts: int,
+    backoff_limit: int,
+    retry_exit_codes: tuple[int, ...] = (),
 ) -> RestartDecision:
     """Whether a task that just ended with ``exit_code`` is started again.
 
@@ -170,6 +179,8 @@ def decide_restart(
         exit_code: the task's exit status; None when unknown (counts as killed).
         restarts: how often the task was restarted already.
         backoff_limit: the most restarts allowed per task.
+        retry_exit_codes: codes below 128 that ExitCode retries all the same (the program
+            asks to be restarted, e.g. its all-reduce group lost a member).
     """
     policy = RestartPolicy(policy)
     code = KILLED if exit_code is None else exit_code
@@ -180,7 +191,7 @@ def decide_restart(
     if policy is RestartPolicy.EXIT_CODE:
         if code == 0:
             return RestartDecision(False, "it succeeded")
-        if 1 <= code <= 127:
+        if 1 <= code <= 127 and code not in retry_exit_codes:
             return RestartDecision(False, f"exit code {code} is permanent under policy ExitCode")
     if restarts >= backoff_limit:
         return RestartDecision(False, f"it was restarted {restarts} time(s), the backoff limit")

@@ -13,11 +13,13 @@ from collections.abc import Callable
 from tfplan.config.algorithms import ALGORITHMS
 from tfplan.config.schema import (
     AdagConfig,
+    AllreduceConfig,
     ChiefMode,
     Config,
     EamsgdConfig,
     EasgdConfig,
     MultiGpuConfig,
+    PssConfig,
     SagnConfig,
     SyncConfig,
     SyncLrConfig,
@@ -57,7 +59,21 @@ def _check_roles(cfg: Config, counts: RoleCounts) -> None:
     num_ps = counts.ps
     _require(num_ps >= 0, "cluster.ps", f"{num_ps} < 0", "use 0 or more (or per_host)")
     if cfg.recipe.kind == "builtin" and cfg.algo.name in ALGORITHMS:
-        if ALGORITHMS[cfg.algo.name].needs_ps:
+        algorithm = ALGORITHMS[cfg.algo.name]
+        if algorithm.chief:
+            _require(
+                cluster.chief is ChiefMode.separate,
+                "cluster.chief",
+                f"worker0, but algo={cfg.algo.name} needs a chief task of its own (the coordinator)",
+                "set cluster.chief=separate (cluster=local_chief has one)",
+            )
+            _require(
+                counts.workers >= 1,
+                "cluster.workers",
+                f"{counts.workers} workers: algo={cfg.algo.name}'s coordinator needs some to train",
+                "use at least 1 worker",
+            )
+        if algorithm.needs_ps:
             _require(
                 num_ps >= 1,
                 "cluster.ps",
@@ -176,6 +192,24 @@ def _check_sync_semantics(name: str, sync: bool) -> None:
 def _check_algorithm_options(cfg: Config, counts: RoleCounts) -> None:
     """Each algorithm's own keys: ranges and what the topology must give it."""
     algo = cfg.algo
+    for key in ("collective_timeout_secs", "startup_timeout_secs"):
+        value = getattr(algo, key, None)
+        if value is not None:
+            _require(value > 0, f"algo.{key}", f"{value} is not positive", "use e.g. 30")
+    if isinstance(algo, AllreduceConfig):
+        _require(
+            algo.collective_timeout_secs >= 10,
+            "algo.collective_timeout_secs",
+            f"{algo.collective_timeout_secs} is below TensorFlow's 10 s heartbeat",
+            "use 10 or more: below it TF 2.21 aborted the survivors in tests (docs/runtime.md)",
+        )
+    if isinstance(algo, PssConfig):
+        _require(
+            algo.steps_per_closure >= 1,
+            "algo.steps_per_closure",
+            f"{algo.steps_per_closure} < 1",
+            "use e.g. 8 minibatches per scheduled function",
+        )
     if algo.name in ("downpour_easy", "sync_lr"):
         _require(
             algo.optimizer == "sgd",
