@@ -197,7 +197,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     max_steps = cfg.trainer.max_steps
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
     recent: deque[float] = deque(maxlen=20)
-    i, gs, first_gs, t_start = 0, 0, None, time.monotonic()
+    i, gs, prev_gs, first_gs, t_start = 0, 0, 0, None, time.monotonic()
     last_log_gs, last_log_t = 0, t_start
     try:
         with v1.train.MonitoredSession(
@@ -239,10 +239,14 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                         f"step={gs} loss={loss:.4f} first step {time.time() - process_start:.2f}s"
                         " after launch"
                     )
+                elif gs < prev_gs:  # a restarted ps: the chief restored a checkpoint
+                    log(f"step={gs} loss={loss:.4f} back from global step {prev_gs}")
+                    last_log_gs, last_log_t = gs, now
                 elif gs // cfg.trainer.log_steps > last_log_gs // cfg.trainer.log_steps:
                     rate = (gs - last_log_gs) * ex_per_gs / max(now - last_log_t, 1e-9)
                     log(f"step={gs} loss={np.mean(recent):.4f} examples_per_sec={rate:.1f}")
                     last_log_gs, last_log_t = gs, now
+                prev_gs = gs
                 if local[k] and gs >= max_steps:
                     break  # what StopAtStepHook would do at the next hooked run
     except tf.compat.v1.train.NanLossDuringTrainingError:
