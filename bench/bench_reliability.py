@@ -10,8 +10,10 @@ log (arrival time of every line):
   the first worker step line after the new ps serves, for the chief, a worker and the evaluator
   the victim's own next step line;
 - restart -> progress: from the supervisor's "restarted" line to the same line;
-- steps lost: the highest global step before the fault minus the lowest one after the restart,
-  and whether a step after the restart went below the last checkpoint taken before the fault;
+- steps lost: where a replica saw the global step go back (a ps restart: the chief restored the
+  last checkpoint), the steps it went back; else the highest global step printed before the
+  fault minus the lowest one after the restart; and whether a step after the restart went
+  below the last checkpoint taken before the fault;
 - for a ps, where the time goes: fault -> the supervisor sees it; -> restarted (backoff, the
   previous life stopped, the new one started or the standby signalled); -> the ps serves;
   -> the first training step (the chief's session recovery, the workers' reconnect).
@@ -45,6 +47,7 @@ FAULT_AT = 300
 PS_GOAL_SECS = 5.0
 LOADS: list[tuple[float, float, float]] = []  # load averages at the start and the end
 STEP = re.compile(r"^(\S+)\s+\| .*\bstep=(\d+)")
+BACK = re.compile(r"\bstep=(\d+) .*back from global step (\d+)")
 READY = r"^ps/0~standby\s+\| standby for ps/0: ready"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -222,7 +225,13 @@ def one_round(fault: Fault) -> Round:
             after = [step for _, step in run.steps(restart + 1)]
             run.proc.send_signal(signal.SIGINT)
             run.finish(timeout=120)
-            lost = max(0, before - min(after)) if after else before
+            # a replica that saw the global step go back says from where (recipes/replica.py)
+            backs = [
+                int(m.group(2)) - int(m.group(1))
+                for _, line in run.lines[fault_line + 1 :]
+                if (m := BACK.search(line))
+            ]
+            lost = max(backs) if backs else max(0, before - min(after)) if after else before
             beyond = bool(after) and min(after) < checkpoint
             return Round(at - fault_at, at - restart_at, lost, beyond, stages, idle)
         finally:
@@ -398,10 +407,12 @@ def write_report(
         "",
         "Times: median (min-max) over the rounds. Progress: for a ps, the first worker step line "
         "after the new ps serves; for the others, the victim's own next step line (the "
-        "evaluator: its next evaluation). Steps lost: the highest global step before the fault "
-        "minus the lowest one after the restart; a ps restart goes back to the last checkpoint "
-        "(up to 99 steps here), and a round counts as rolled back past it when a step after "
-        "the restart is below the last checkpoint taken before the fault.",
+        "evaluator: its next evaluation). Steps lost: a ps restart goes back to the last "
+        "checkpoint (up to 99 steps here): the replicas print from which global step they went "
+        "back ('back from global step N'); without such a line, the highest step printed "
+        "before the fault (every 25 steps) minus the lowest one after the restart. A round "
+        "counts as rolled back past the last checkpoint when a step after the restart is below "
+        "the last checkpoint taken before the fault.",
         "",
         *(["Failed rounds (not in the figures):", *failed, ""] if failed else []),
         "## Where a ps restart's seconds go (medians, s)",
