@@ -44,6 +44,7 @@ from test_apply_ssh import _conf_with_cluster, _host
 from testbed import LoopbackSshd
 
 pytestmark = pytest.mark.cluster
+FULL = pytest.mark.full
 
 PROGRAM = r"""
 import json, os, pathlib, signal, socket, sys, time
@@ -110,7 +111,7 @@ class Via:
     env: dict[str, str]
 
 
-@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+@pytest.fixture(params=["local", pytest.param("ssh", marks=[pytest.mark.ssh, pytest.mark.full])])
 def via(request: pytest.FixtureRequest, ws: Path) -> Via:
     if request.param == "local":
         return Via("localhost", [], {})
@@ -205,8 +206,15 @@ def _kill(ws: Path, task: str, program: int, first: str) -> dict[str, object]:
     return record
 
 
-@pytest.mark.parametrize("first", ["tracked", "program"])
-@pytest.mark.parametrize("victim", ["ps/0", "chief/0", "worker/0", "evaluator/0"])
+# the fast tier runs one case of each test (--tier=full: every role, both ways, over SSH too)
+MATRIX = [
+    pytest.param(victim, first, marks=() if (victim, first) == ("ps/0", "tracked") else FULL)
+    for victim in ("ps/0", "chief/0", "worker/0", "evaluator/0")
+    for first in ("tracked", "program")
+]
+
+
+@pytest.mark.parametrize(("victim", "first"), MATRIX)
 def test_a_restart_starts_after_every_process_of_the_previous_life_is_gone(
     ws: Path, via: Via, victim: str, first: str
 ) -> None:
@@ -230,7 +238,7 @@ def test_a_restart_starts_after_every_process_of_the_previous_life_is_gone(
     lives.assert_nothing_left()
 
 
-@pytest.mark.parametrize("first", ["tracked", "program"])
+@pytest.mark.parametrize("first", ["tracked", pytest.param("program", marks=FULL)])
 def test_a_ps_standby_takes_over_whichever_process_died_first(
     ws: Path, via: Via, first: str
 ) -> None:
@@ -269,7 +277,7 @@ def test_a_ps_standby_takes_over_whichever_process_died_first(
     lives.assert_nothing_left()
 
 
-@pytest.mark.parametrize("victim", ["ps/0", "chief/0"])
+@pytest.mark.parametrize("victim", ["ps/0", pytest.param("chief/0", marks=FULL)])
 def test_a_failed_run_stops_a_program_whose_wrapper_died_and_the_standby(
     ws: Path, victim: str
 ) -> None:
@@ -315,3 +323,32 @@ def test_destroy_stops_every_process_of_every_task_and_the_standbys(ws: Path) ->
     assert "Stopped ps/0~standby" in destroyed
     lives.assert_nothing_left()
     assert state_of(ws)["tasks"] == [] and state_of(ws)["standbys"] == []
+
+
+def test_an_apply_that_changes_the_cluster_stops_the_standby(ws: Path) -> None:
+    """A detached run with a warm standby; an apply that changes the cluster (every TF_CONFIG
+    changes, so every task is replaced) stops the standby first: it would serve a cluster that
+    is gone. A new one starts once the new cluster trains; destroy stops it."""
+    args = _args(ws, "lifecycle.ps_standby=true")
+    tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True)
+    lives = Lives(ws)
+    standby_log = ws / "work" / "ps-0" / "task.log.standby"
+    wait_until(
+        lambda: standby_log.exists() and "ready" in standby_log.read_text(), 60, "the standby"
+    )
+    lives.note()
+    old = _standby_groups(ws)
+    assert len(old) == 1
+    changed = tfplan(
+        ws, "apply", "--auto-approve", "--detach", *args, "cluster.workers=3", check=True
+    ).stdout
+    assert "Stopped ps/0~standby" in changed
+    assert _group(old[0]) == []
+    wait_until(
+        lambda: bool(_standby_groups(ws)) and _standby_groups(ws) != old, 60, "a new standby"
+    )
+    lives.note()
+    destroyed = tfplan(ws, "destroy", "--auto-approve", check=True).stdout
+    assert "Stopped ps/0~standby" in destroyed
+    lives.assert_nothing_left()
+    assert state_of(ws)["standbys"] == []

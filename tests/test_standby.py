@@ -22,7 +22,7 @@ from apply_helpers import base_overrides, free_port_base, kill_groups, recorded_
 from chaos_helpers import ApplyRun, checkpoint_steps
 from test_kill_matrix import Lives, _group, _standby_groups
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.full]
 
 READY = r"^ps/0~standby\s+\| standby for ps/0: ready"
 
