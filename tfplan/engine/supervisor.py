@@ -190,7 +190,7 @@ class Supervisor:
             state = self._observe(state)
             state = self._kill_hung(state)
             state = self._restart_due(state)
-            outcome = self._decide(state)
+            state, outcome = self._decide(state)
             if outcome is not None:
                 return outcome
             state = self._standbys(state)
@@ -517,12 +517,15 @@ class Supervisor:
             status=TaskStatus.RUNNING,
             exit_code=None,
         )
+        # recorded at once: whatever happens next (Ctrl-C, a teardown), it is in the state, so
+        # the end of the run or destroy stops it
+        state = self.store.write(state.with_standby(standby))
         self._say(
             f"{task.name}: warm standby started on {launched.host} "
             f"({self.backend.handle_text(standby)})"
         )
         self.logs.follow(standby)
-        return self.store.write(state.with_standby(standby))
+        return state
 
     def _check_standbys(self, state: State) -> State:
         """Drop standbys that ended by themselves (counted: after a few, none any more) or
@@ -555,8 +558,9 @@ class Supervisor:
         self._standby_after[task] = (time.monotonic() + retry, None)
         self._say(f"{task}: its warm standby {why}; another one in {retry:.0f}s")
 
-    def _decide(self, state: State) -> Outcome | None:
-        """The job-level lifecycle: None while the job goes on, else how it ended."""
+    def _decide(self, state: State) -> tuple[State, Outcome | None]:
+        """The job-level lifecycle: (the state, None) while the job goes on, else how it ended.
+        The state comes back: deciding may stop tasks and standbys."""
         now = time.monotonic()
         running = state.running
         chief = next((t for t in state.tasks if t.is_chief), None)
@@ -577,8 +581,10 @@ class Supervisor:
                 )
                 running = [t for t in running if t not in overdue]
             if not running:
-                return self._finish(state, True, f"{chief.name if chief else 'chief'} succeeded")
-            return None
+                return state, self._finish(
+                    state, True, f"{chief.name if chief else 'chief'} succeeded"
+                )
+            return state, None
         final = [
             t
             for t in state.tasks
@@ -593,7 +599,7 @@ class Supervisor:
         elif failed_chief is not None:
             reason = f"{failed_chief.name} failed ({_exit(failed_chief)})"
             if policy.on_chief_failure is ChiefFailure.KEEP:
-                return self._finish(state, False, reason, keep_running=True)
+                return state, self._finish(state, False, reason, keep_running=True)
         elif failed_ps is not None:
             reason = f"{failed_ps.name} failed ({_exit(failed_ps)}) and is not restarted"
         elif policy.deadline_secs is not None and now - self._started > policy.deadline_secs:
@@ -601,10 +607,12 @@ class Supervisor:
         if reason is not None:
             if running:
                 self._say(f"{reason}: tearing down the cluster")
-            return self._finish(state, False, reason)
+            return state, self._finish(state, False, reason)
         if not running and not self._pending:
-            return self._finish(state, False, "every task ended but the chief never succeeded")
-        return None
+            return state, self._finish(
+                state, False, "every task ended but the chief never succeeded"
+            )
+        return state, None
 
     def _finish(self, state: State, ok: bool, reason: str, keep_running: bool = False) -> Outcome:
         """The end, whichever way: every standby and every process of every task is stopped
