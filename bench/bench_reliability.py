@@ -6,10 +6,11 @@ Each round runs `tfplan apply` on cluster=local (1 ps + 2 workers, MLP on digits
 every 100 steps; the evaluator rounds add an evaluator), waits for global step 300 (and, where
 the ps has a warm standby, for the standby to be ready), injects one fault, and reads the apply
 log (arrival time of every line):
-- fault -> progress: from the fault to the victim being back: for a ps (which prints no steps)
-  the first worker step line after the new ps serves, for the chief, a worker and the evaluator
-  the victim's own next step line;
-- restart -> progress: from the supervisor's "restarted" line to the same line;
+- fault -> victim back: for a ps (which prints no steps) the first worker step line after the
+  new ps serves, for the chief, a worker and the evaluator the victim's own next step line;
+- restart -> victim back: from the supervisor's "restarted" line to the same line;
+- fault -> cluster trains: for a ps the same as victim back (every worker waits for it), for
+  the others the first step line of another trainer after the fault;
 - steps lost: where a replica saw the global step go back (a ps restart: the chief restored the
   last checkpoint), the steps it went back; else the highest global step printed before the
   fault minus the lowest one after the restart; and whether a step after the restart went
@@ -47,6 +48,7 @@ FAULT_AT = 300
 PS_GOAL_SECS = 5.0
 LOADS: list[tuple[float, float, float]] = []  # load averages at the start and the end
 STEP = re.compile(r"^(\S+)\s+\| .*\bstep=(\d+)")
+TRAINERS = ("chief/0", "worker/0", "worker/1")
 BACK = re.compile(r"\bstep=(\d+) .*back from global step (\d+)")
 READY = r"^ps/0~standby\s+\| standby for ps/0: ready"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -96,6 +98,7 @@ FAULTS = (
 class Round:
     fault_to_progress: float
     restart_to_progress: float
+    cluster_progress: float  # fault -> the first step line of another trainer
     lost: int
     beyond_checkpoint: bool  # a step after the restart below the last checkpoint's
     stages: dict[str, float] = field(default_factory=dict)
@@ -210,6 +213,22 @@ def one_round(fault: Fault) -> Round:
                 if (fault.victim == "ps/0" and name.startswith("worker")) or name == fault.victim:
                     progress = i
             at = run.lines[progress][0]
+            # the cluster: a ps stops every worker; another task's fault stops none of the
+            # others (the first step line of another trainer that came after the fault)
+            cluster = at
+            if fault.victim != "ps/0":
+                j = fault_line
+                while True:
+                    j = _line(run, r"\| .*\bstep=\d+", j + 1)
+                    match = STEP.match(run.lines[j][1])
+                    if (
+                        match is not None
+                        and match.group(1) in TRAINERS
+                        and match.group(1) != fault.victim
+                        and run.lines[j][0] > fault_at
+                    ):
+                        cluster = run.lines[j][0]
+                        break
             stages = {}
             if fault.victim == "ps/0":
                 stages = {
@@ -233,7 +252,9 @@ def one_round(fault: Fault) -> Round:
             ]
             lost = max(backs) if backs else max(0, before - min(after)) if after else before
             beyond = bool(after) and min(after) < checkpoint
-            return Round(at - fault_at, at - restart_at, lost, beyond, stages, idle)
+            return Round(
+                at - fault_at, at - restart_at, cluster - fault_at, lost, beyond, stages, idle
+            )
         finally:
             if run.proc.poll() is None:
                 run.proc.kill()
@@ -320,6 +341,7 @@ def write_report(
         rows.append(
             f"| {fault.label} | {len(done)} | {_spread([r.fault_to_progress for r in done])} | "
             f"{_spread([r.restart_to_progress for r in done])} | "
+            f"{_spread([r.cluster_progress for r in done])} | "
             f"{_median(lost):.0f} ({max(lost, default=0):.0f}) | "
             f"{sum(r.beyond_checkpoint for r in done)} |"
         )
@@ -400,14 +422,18 @@ def write_report(
         f"meanwhile): load average (1/5/15 min) at the start and the end: {load}; hence the "
         "ranges.",
         "",
-        "| fault | rounds | fault -> progress (s) | restart -> progress (s) | global steps lost"
-        " median (max) | rounds rolled back past the last checkpoint |",
-        "|---|---|---|---|---|---|",
+        "| fault | rounds | fault -> victim back (s) | restart -> victim back (s) | fault -> "
+        "cluster trains (s) | global steps lost median (max) | rounds rolled back past the last "
+        "checkpoint |",
+        "|---|---|---|---|---|---|---|",
         *rows,
         "",
-        "Times: median (min-max) over the rounds. Progress: for a ps, the first worker step line "
-        "after the new ps serves; for the others, the victim's own next step line (the "
-        "evaluator: its next evaluation). Steps lost: a ps restart goes back to the last "
+        "Times: median (min-max) over the rounds. Victim back: for a ps, the first worker step "
+        "line after the new ps serves (a ps stops every worker: it is also when the cluster "
+        "trains again); for the others, the victim's own next step line (the evaluator: its next "
+        "evaluation), which pays the new process's TensorFlow import. Cluster trains: the first "
+        "step line of another trainer after the fault (the others do not wait for a chief, a "
+        "worker or the evaluator). Steps lost: a ps restart goes back to the last "
         "checkpoint (up to 99 steps here): the replicas print from which global step they went "
         "back ('back from global step N'); without such a line, the highest step printed "
         "before the fault (every 25 steps) minus the lowest one after the restart. A round "
@@ -431,12 +457,15 @@ def write_report(
         "",
         *idle_lines,
         *speed_lines,
-        "Raw rounds (fault -> progress s, restart -> progress s, steps lost), in order:",
+        "Raw rounds (fault -> victim back s, restart -> victim back s, fault -> cluster trains "
+        "s, steps lost), in order:",
         "",
         *[
             f"- {label}: "
             + ", ".join(
-                f"({r.fault_to_progress:.2f}, {r.restart_to_progress:.2f}, {r.lost})" for r in done
+                f"({r.fault_to_progress:.2f}, {r.restart_to_progress:.2f}, "
+                f"{r.cluster_progress:.2f}, {r.lost})"
+                for r in done
             )
             for label, done in rounds.items()
         ],
