@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from chaos_helpers import final_checkpoint_step
 from recipe_cluster import RecipeCluster, run_config
 
 pytestmark = pytest.mark.cluster
@@ -58,6 +59,7 @@ def test_algorithm_trains_and_every_task_exits(algo: str, tmp_path: Path) -> Non
         out = c.output_dir
         assert (out / "checkpoint").is_file()
         assert glob.glob(str(out / f"model.ckpt-{result['global_step']}.index"))
+        assert final_checkpoint_step(out) == result["global_step"]
         assert {"loss", "accuracy", "learning_rate", "global_step/sec"} <= summary_tags(out)
         assert "ps/0 done: 2 of 2 replicas finished" in c.tasks["ps/0"].text
         if "evaluator/0" in c.tasks:
@@ -126,3 +128,60 @@ def test_ps_killed_and_restarted_resumes_from_checkpoint(tmp_path: Path) -> None
             if m
         ]
         assert after and after[0] >= last_ckpt, (last_ckpt, c.dump())
+
+
+def _eval_lines(c: RecipeCluster) -> list[dict[str, float]]:
+    text = (c.output_dir / "eval" / "metrics.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_chief_waits_for_a_straggler_and_result_describes_the_final_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """worker/1 is held (SIGSTOP) mid-run while the chief reaches max_steps: its next step can
+    land after the chief's last checkpoint hook (once result.json said 1501 while that checkpoint
+    held 1500). The chief must wait for worker/1's done token before it reads the final step, and
+    result.json must describe the final checkpoint: the same global step, the same weights."""
+    cfg = run_config(tmp_path / "out", ALGOS["hogwild"], max_steps=200)
+    env = {"TFPLAN_DONE_WAIT_SECS": "300"}  # the hold, not this bound, decides the order here
+    with RecipeCluster(tmp_path, cfg, evaluator=True, env=env) as c:
+        c.start_all()
+        c.wait_for("worker/1 to train", lambda: bool(c.tasks["worker/1"].steps()), timeout=120)
+        c.signal("worker/1", signal.SIGSTOP)
+        c.wait_for(
+            "the chief to wait for worker/1",
+            lambda: "waiting for 1 more replica(s) to finish" in c.tasks["worker/0"].text,
+            timeout=120,
+        )
+        assert not (c.output_dir / "result.json").exists(), "result.json before worker/1 stopped"
+        c.signal("worker/1", signal.SIGCONT)
+        codes = c.wait_all(timeout=150)
+        assert codes == {name: 0 for name in c.tasks}, c.dump()
+        result = c.result()
+        assert result["global_step"] >= 200
+        assert result["global_step"] >= max(c.tasks["worker/1"].steps())
+        assert final_checkpoint_step(c.output_dir) == result["global_step"]
+        assert result["checkpoint"] == f"model.ckpt-{result['global_step']}"
+        last = _eval_lines(c)[-1]  # the evaluator restored the same checkpoint on its own
+        assert last["global_step"] == result["global_step"]
+        assert abs(last["accuracy"] - result["accuracy"]) < 1e-6
+        assert abs(last["loss"] - result["eval_loss"]) < 1e-5
+
+
+def test_chief_gives_up_on_a_replica_that_never_finishes_and_still_agrees_with_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A replica that never sends its done token (frozen for good here) delays the chief by
+    the bound only; result.json still describes the final checkpoint, and the chief says why it
+    went on. The ps waits for that token forever: the launcher stops it (here, the test)."""
+    cfg = run_config(tmp_path / "out", ALGOS["hogwild"], max_steps=200)
+    with RecipeCluster(tmp_path, cfg, env={"TFPLAN_DONE_WAIT_SECS": "1"}) as c:
+        c.start_all()
+        c.wait_for("worker/1 to train", lambda: bool(c.tasks["worker/1"].steps()), timeout=120)
+        c.signal("worker/1", signal.SIGSTOP)
+        assert c.wait_exit("worker/0", timeout=150) == 0, c.dump()
+        assert "warning: not every replica finished within 1s" in c.tasks["worker/0"].text
+        result = c.result()
+        assert result["global_step"] >= 200
+        assert final_checkpoint_step(c.output_dir) == result["global_step"]
+        assert c.tasks["ps/0"].proc.poll() is None, "the ps cannot have got every token"
