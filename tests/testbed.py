@@ -1,5 +1,5 @@
 """Real test hosts on one machine: an sshd on loopback, and three network namespaces with one
-sshd each (see /work/shared/TESTBED.md for the measured recipe).
+sshd each (see the shared reference notes, TESTBED.md, for the measured recipe).
 
 Everything is made under a temporary folder the test owns, named uniquely per run (from the
 PID), and torn down by PID / by name of what this run created: never by process name.
