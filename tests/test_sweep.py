@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -14,7 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apply_helpers import free_port_base, kill_groups, recorded_groups, tfplan, wait_until
+from apply_helpers import (
+    FOREVER,
+    free_port_base,
+    kill_groups,
+    recorded_groups,
+    tfplan,
+    wait_until,
+)
 from sweep_helpers import command, result_task, sweep_overrides, sweep_record
 
 
@@ -127,6 +135,7 @@ def _group_alive(pgid: int) -> bool:
 def test_concurrency_two_runs_two_clusters_at_once_on_their_own_ports(ws: Path) -> None:
     port = free_port_base(30)
     script = result_task(ws)
+    barrier = str(ws / "barrier")
     proc = tfplan(
         ws,
         "apply",
@@ -136,13 +145,14 @@ def test_concurrency_two_runs_two_clusters_at_once_on_their_own_ports(ws: Path) 
         "2",
         *sweep_overrides(ws, port),
         "recipe=command",
-        f"recipe.command={command(script, steps='12', step_secs='0.25')}",
+        f"recipe.command={command(script, steps='12', step_secs='0.25', barrier=barrier)}",
         "algo.lr=0.03,0.06",
         check=True,
     )
     assert "Sweep complete! 2 succeeded, 0 failed." in proc.stdout
+    assert len(os.listdir(barrier)) == 2
     first, second = sorted(sweep_record(ws / "out")["points"], key=lambda p: p["num"])
-    # Both clusters ran at the same time...
+    # Both clusters ran at the same time (each chief waited at the barrier for the other)...
     assert second["started_at"] < first["ended_at"] and first["started_at"] < second["ended_at"]
     # ...each on its own window of ports, and each trained to the end.
     ports0, ports1 = _ports(ws, "s-0"), _ports(ws, "s-1")
@@ -277,9 +287,10 @@ def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> N
             "--auto-approve",
             "--concurrency",
             "2",
+            "--verbose",  # the tasks' own lines too: the test waits for both chiefs' steps
             *sweep_overrides(ws, port),
             "recipe=command",
-            f"recipe.command={command(script, steps='600', step_secs='0.2')}",
+            f"recipe.command={command(script, steps=FOREVER, step_secs='0.2')}",
             "algo.lr=0.01,0.02",
         ],
         cwd=ws,
@@ -290,13 +301,14 @@ def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> N
     )
     try:
         assert proc.stdout is not None
-        started: set[str] = set()
+        # Both points train (a step line is streamed only once a point's cluster is up and
+        # supervised), and their chiefs never end by themselves: Ctrl-C lands while both run.
+        training: set[str] = set()
         for line in proc.stdout:
-            if "worker/0: started" in line:
-                started.add(line.split()[0])
-            if started == {"#0", "#1"}:
+            if re.match(r"#\d worker/0\s+\| step=", line):
+                training.add(line.split()[0])
+            if training == {"#0", "#1"}:
                 break
-        time.sleep(1)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
