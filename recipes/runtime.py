@@ -281,6 +281,13 @@ class RoleSessionCreator(v1.train.SessionCreator):
         sm = self._session_manager()
         if self._is_chief and not self._ps_initialized():
             # Fresh ps (first start or ps restart): restore the last checkpoint, else init.
+            latest = (
+                tf.train.latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
+            )
+            self._log(
+                "parameter servers uninitialised: "
+                + (f"restoring {os.path.basename(latest)}" if latest else "initialising them")
+            )
             return sm.prepare_session(
                 self._target,
                 saver=self._scaffold.saver,

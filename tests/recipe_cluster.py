@@ -170,6 +170,10 @@ class RecipeCluster:
         self.tasks[name] = Task(name, proc, time.monotonic())
         return self.tasks[name]
 
+    def roles_names(self) -> list[str]:
+        """Every task this cluster starts with :meth:`start_all`, by name (``worker/1``)."""
+        return [f"{role}/{index}" for role, index in self.roles]
+
     def start_all(self) -> None:
         for role, index in self.roles:
             self.start(role, index)
