@@ -348,7 +348,6 @@ def _write_result(
     result = {
         "status": "succeeded",
         "global_step": gs,
-        "checkpoint": os.path.basename(ckpt),
         "loss": round(train_loss, 6),
         "last_batch_loss": round(float(np.mean(recent)) if recent else float("nan"), 6),
         "accuracy": round(acc, 6),
@@ -358,6 +357,7 @@ def _write_result(
         "algo": cfg.algo.name,
         "replicas": task.n_replicas,
         "ps": task.n_ps,
+        "checkpoint": os.path.basename(ckpt),  # the one whose step and weights these are
     }
     _write_json_atomic(result_path, result)
     log(
