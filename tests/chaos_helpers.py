@@ -23,6 +23,8 @@ class ApplyRun:
     """`tfplan apply` (or another supervising verb, e.g. ``verb=("watch",)``) in the
     background; its stdout lines collected with arrival times."""
 
+    started: list[ApplyRun] = []  # every run started, so that a failed test can stop its own
+
     def __init__(
         self,
         cwd: Path,
@@ -44,6 +46,17 @@ class ApplyRun:
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        ApplyRun.started.append(self)
+
+    @classmethod
+    def kill_all(cls, cwd: Path) -> None:
+        """Kill (by PID: our own children) the runs in ``cwd`` still going, e.g. after a failed
+        assertion: a left-over supervisor would go on restarting the tasks the test cleans up."""
+        for run in [r for r in cls.started if r.cwd == cwd]:
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait(10)
+            cls.started.remove(run)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None

@@ -53,6 +53,7 @@ FAULT_AT = 300
 @pytest.fixture
 def ws(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
+    ApplyRun.kill_all(tmp_path)  # first the supervisor, so that it restarts nothing
     kill_groups(recorded_groups(tmp_path))
 
 
