@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import signal
 import time
 import urllib.request
@@ -287,7 +286,6 @@ def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> N
             "--auto-approve",
             "--concurrency",
             "2",
-            "--verbose",  # the tasks' own lines too: the test waits for both chiefs' steps
             *sweep_overrides(ws, port),
             "recipe=command",
             f"recipe.command={command(script, steps=FOREVER, step_secs='0.2')}",
@@ -301,14 +299,19 @@ def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> N
     )
     try:
         assert proc.stdout is not None
-        # Both points train (a step line is streamed only once a point's cluster is up and
-        # supervised), and their chiefs never end by themselves: Ctrl-C lands while both run.
-        training: set[str] = set()
+        # Ctrl-C once both clusters are whole (worker/1 is started last) and both chiefs train
+        # (each writes eval/metrics.jsonl after its first step); they never end by themselves.
+        started: set[str] = set()
         for line in proc.stdout:
-            if re.match(r"#\d worker/0\s+\| step=", line):
-                training.add(line.split()[0])
-            if training == {"#0", "#1"}:
+            if "worker/1: started" in line:
+                started.add(line.split()[0])
+            if started == {"#0", "#1"}:
                 break
+        wait_until(
+            lambda: all((ws / "out" / n / "eval" / "metrics.jsonl").exists() for n in "01"),
+            60,
+            "both chiefs to train",
+        )
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
