@@ -5,8 +5,14 @@ It is not part of the cluster (TensorFlow's convention): it only reads checkpoin
 line to ``output_dir/eval/metrics.jsonl``. It exits 0 once the chief's ``result.json`` is there
 and the checkpoint of its ``global_step`` has been evaluated: the chief may save its final
 checkpoint after one that already passed ``max_steps`` (a straggler's step, see
-docs/runtime.md), so reaching ``max_steps`` alone is not the end. :class:`CheckpointScorer` is
-also what the chief uses to score its final checkpoint for ``result.json``.
+docs/runtime.md), so reaching ``max_steps`` alone is not the end. A ``result.json`` that was there
+before the evaluator started counts only once it has been rewritten: it is an earlier run's.
+:class:`CheckpointScorer` is also what the chiefs use to score their final checkpoint for
+``result.json``.
+
+Both checkpoint formats are read: the TF1 recipes' name-based ones (``model/dense0/w``) and the
+TF2 strategies' object-based ones (``model/dense0/w/.ATTRIBUTES/VARIABLE_VALUE``); the format is
+told apart per checkpoint by its ``global_step`` key.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import tensorflow as tf
 from recipes import data as data_mod
 from recipes.config import RunConfig
 from recipes.models import Model, loss_and_accuracy
+from recipes.strategies import CKPT_KEY_SUFFIX
 
 __all__ = ["CheckpointScorer", "run_evaluator"]
 
@@ -46,15 +53,23 @@ class CheckpointScorer:
             params = model.create_params()
             self._loss, self._accuracy = loss_and_accuracy(model.logits(params, self._x), self._y)
             self._saver = v1.train.Saver(var_list=[self._step, *params.values()])
+            # The same variables under the TF2 strategies' object-checkpoint keys.
+            self._tf2_saver = v1.train.Saver(
+                var_list={
+                    "global_step" + CKPT_KEY_SUFFIX: self._step,
+                    **{f"model/{k}{CKPT_KEY_SUFFIX}": v for k, v in params.items()},
+                }
+            )
         self._sess = v1.Session(graph=self.graph, config=config)
 
     def restore(self, ckpt: str) -> int:
-        """Load ``ckpt``; returns the global step stored in it.
+        """Load ``ckpt`` (either format); returns the global step stored in it.
 
         Raises:
             tf.errors.NotFoundError, tf.errors.DataLossError, ValueError: rotated away or torn.
         """
-        self._saver.restore(self._sess, ckpt)
+        tf2 = tf.train.load_checkpoint(ckpt).has_tensor("global_step" + CKPT_KEY_SUFFIX)
+        (self._tf2_saver if tf2 else self._saver).restore(self._sess, ckpt)
         return int(self._sess.run(self._step))
 
     def score(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -64,6 +79,15 @@ class CheckpointScorer:
 
     def close(self) -> None:
         self._sess.close()
+
+
+def _identity(path: str) -> Optional[tuple[int, int, int]]:
+    """Which file ``path`` is right now (inode, size, mtime), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _result_step(path: str) -> Optional[int]:
@@ -87,6 +111,10 @@ def run_evaluator(
     writer = v1.summary.FileWriter(eval_dir, graph=None)
     log(f"evaluator watching {cfg.output_dir} every {cfg.trainer.eval_secs}s")
     deadline = None if timeout is None else time.monotonic() + timeout
+    # A result.json already there at start is an earlier run's until it is rewritten: the chief
+    # deletes it when it starts, but an evaluator that started faster saw it first and stopped
+    # at the old step (seen with a resumed run). Rewritten (atomically: a new inode), it counts.
+    stale = _identity(result_path)
     last: Optional[str] = None
     last_step = -1
     try:
@@ -103,10 +131,9 @@ def run_evaluator(
                 log(f"eval step={step} accuracy={acc:.4f} loss={eval_loss:.4f}")
                 last, last_step = ckpt, step
                 continue
-            final = _result_step(result_path)
-            # A result.json below max_steps is a stale one from an earlier run (the chief
-            # writes its own only at the end, after removing the old one at its start).
-            if final is not None and final >= cfg.trainer.max_steps and last_step >= final:
+            current = _identity(result_path)
+            final = _result_step(result_path) if current is not None and current != stale else None
+            if final is not None and last_step >= final:
                 break
             if last_step >= cfg.trainer.max_steps:
                 time.sleep(min(cfg.trainer.eval_secs, FINAL_POLL_SECS))

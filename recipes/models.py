@@ -5,6 +5,11 @@ parameters several times (on the ps, as local copies on a worker, in the evaluat
 split in two: :meth:`Model.create_params` makes the variables (under the variable scope
 ``model``, honouring the caller's device and collections) and :meth:`Model.logits` builds a
 forward pass from any dict of parameters. Checkpoints name the variables ``model/<name>``.
+
+The TF2 strategies (``recipes/strategies``: MultiWorkerMirroredStrategy, ParameterServerStrategy)
+run eagerly and create the same parameters as plain ``tf.Variable`` objects with
+:meth:`Model.create_variables` (same names, shapes and initialisers); :meth:`Model.logits` is
+pure ``tf.nn`` and serves both worlds.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ class Model:
         self.channels = channels
         self.num_classes = num_classes
 
-    def _shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``(name, shape)`` of every parameter, in creation order (``dense0/w``, ...)."""
         dim = self.image_size * self.image_size * self.channels
         shapes: list[tuple[str, tuple[int, ...]]] = []
         if self.cfg.name == "cnn":
@@ -56,7 +62,7 @@ class Model:
         """Create the variables under scope ``model`` in the current device/variable scope."""
         params: Params = {}
         with v1.variable_scope("model"):
-            for name, shape in self._shapes():
+            for name, shape in self.param_shapes():
                 init = (
                     v1.zeros_initializer()
                     if name.endswith("/b")
@@ -71,6 +77,20 @@ class Model:
                     trainable=trainable,
                     use_resource=True,
                 )
+        return params
+
+    def create_variables(self) -> Params:
+        """TF2: the same parameters as eager ``tf.Variable`` objects (in the current
+        ``tf.distribute`` scope, if any), Glorot-uniform weights and zero biases as
+        :meth:`create_params`. Not usable in graph mode: build those with :meth:`create_params`."""
+        params: Params = {}
+        for name, shape in self.param_shapes():
+            init = (
+                v1.zeros_initializer() if name.endswith("/b") else v1.glorot_uniform_initializer()
+            )
+            params[name] = tf.Variable(
+                init(shape, dtype=tf.float32), name=f"model/{name}", trainable=True
+            )
         return params
 
     def logits(self, params: Params, x: tf.Tensor) -> tf.Tensor:

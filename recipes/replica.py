@@ -41,7 +41,13 @@ from recipes.runtime import (
     wait_for_done_tokens,
 )
 
-__all__ = ["ReplicaGraph", "TrainingFailed", "build_replica_graph", "run_replica"]
+__all__ = [
+    "ReplicaGraph",
+    "TrainingFailed",
+    "build_replica_graph",
+    "run_replica",
+    "write_json_atomic",
+]
 
 v1 = tf.compat.v1
 Log = Callable[[str], None]
@@ -144,7 +150,7 @@ def _hooks(cfg: RunConfig, g: ReplicaGraph, scaffold: Any, is_chief: bool) -> li
     return hooks
 
 
-def _write_json_atomic(path: str, obj: dict[str, Any]) -> None:
+def write_json_atomic(path: str, obj: dict[str, Any]) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
@@ -359,7 +365,7 @@ def _write_result(
         "ps": task.n_ps,
         "checkpoint": os.path.basename(ckpt),  # the one whose step and weights these are
     }
-    _write_json_atomic(result_path, result)
+    write_json_atomic(result_path, result)
     log(
         f"step={gs} final: loss={result['loss']} accuracy={result['accuracy']} "
         f"examples_per_sec={result['examples_per_sec']}"

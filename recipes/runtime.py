@@ -1,6 +1,6 @@
 """Cluster plumbing shared by every role: server, placement, sessions, the ps done-queue.
 
-Fixes for the TF 2.21 pitfalls measured in the shared reference notes (TENSORFLOW.md):
+Fixes for the TF 2.21 pitfalls measured in ../shared/TENSORFLOW.md (the shared material beside a checkout):
 - a ps exits by itself: it owns ``FIFOQueue(n, shared_name="done_ps<k>")`` and exits 0 once every
   training replica has enqueued a token (and on SIGTERM); the chief reads the same queues' sizes
   to wait, at the end, until the other replicas have stopped pushing;

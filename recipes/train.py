@@ -1,10 +1,13 @@
 """Entry point of every task: ``python -m recipes.train --config run.yaml``.
 
 Dispatches on TF_CONFIG's task type: ``ps`` serves variables until every replica is done,
-``worker``/``chief`` train, ``evaluator`` scores checkpoints. Known errors (config, data, NaN loss,
+``worker``/``chief`` train, ``evaluator`` scores checkpoints. The TF2 strategies (``algo=allreduce``,
+``algo=pss``, see ``recipes/strategies``) run eagerly and take every role but the evaluator's. Known errors (config, data, NaN loss,
 a dead peer) print one line on stderr and exit non-zero; ``TFPLAN_DEBUG=1`` shows the traceback.
 
-Exit codes: 0 done; 1 unexpected error; 2 bad config or data; 3 NaN loss; 4 peer timeout.
+Exit codes: 0 done; 1 unexpected error; 2 bad config or data; 3 NaN loss; 4 peer timeout;
+5 the group lost a member (allreduce: a peer; pss: a ps): restart the group, it resumes from the
+last checkpoint.
 """
 
 from __future__ import annotations
@@ -35,12 +38,22 @@ def _run(config_path: str) -> int:
     task = task_from_env()
     if task.type not in ("ps", "worker", "chief", "evaluator"):
         raise ConfigError(f"unknown task type '{task.type}'; valid: ps, worker, chief, evaluator")
-    if task.type != "evaluator" and not task.cluster.get("ps"):
-        raise ConfigError("TF_CONFIG's cluster has no 'ps' job; these recipes need one")
+    from recipes.strategies import is_strategy
+
+    strategy = is_strategy(cfg.algo.name) and task.type != "evaluator"
+    if task.type != "evaluator" and not strategy and not task.cluster.get("ps"):
+        raise ConfigError(
+            f"TF_CONFIG's cluster has no 'ps' job; algo={cfg.algo.name} needs one "
+            "(algo=allreduce trains without)"
+        )
     import tensorflow as tf
 
-    tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("ERROR")
+    if strategy:
+        from recipes.strategies import run_task
+
+        return run_task(cfg, task, PROCESS_START, _log)
+    tf.compat.v1.disable_eager_execution()
     _quiet_cancelled_threads(tf.errors.CancelledError)
     if task.type == "ps":
         from recipes.runtime import run_ps

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up a development machine: system packages the tests need (a real sshd, iproute2 for
-# network namespaces), then a virtualenv in .venv with tfplan installed editable.
+# network namespaces, nftables and iptables for the firewall tests, a real Slurm with munge),
+# then a virtualenv in .venv with tfplan installed editable. Idempotent: only what is missing is
+# installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,13 +10,23 @@ need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ps >/dev/null 2>&1 || need+=(procps)
+# root's PATH has the sbin folders; a plain user's may not: look there too
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
+# Slurm test bed (tests/slurm_testbed.py): daemons and clients; none of them starts by itself.
+[ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || need+=(slurmd)
+command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${need[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    # other engineers may be installing at the same time: wait for the dpkg lock, do not fail
+    apt-get -o DPkg::Lock::Timeout=300 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+      --no-install-recommends "${need[@]}" >/dev/null
   else
-    echo "setup: please install ${need[*]} (the SSH and multi-host tests need them)" >&2
+    echo "setup: please install ${need[*]} (the SSH, multi-host, firewall and Slurm tests need them)" >&2
   fi
 fi
 
@@ -22,4 +34,7 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[dev]'
+# training-operator v1's SDK, for its TFJob model types only (tests/k8s_helpers.py); without its
+# dependencies: it pins kubernetes<36, the client tfplan uses is newer.
+.venv/bin/python -m pip install -q --no-deps 'kubeflow-training>=1.9,<2'
 .venv/bin/tfplan --version

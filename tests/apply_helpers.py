@@ -156,5 +156,5 @@ def recorded_groups(cwd: Path) -> list[int]:
     groups: list[int] = []
     for path in (cwd / ".tfplan").glob("*/state.json"):
         for task in json.loads(path.read_text())["tasks"]:
-            groups.append(int(task["pgid"]))
+            groups.append(int(task["handle"]["pgid"]))
     return groups

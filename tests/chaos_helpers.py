@@ -121,7 +121,7 @@ def task_record(cwd: Path, name: str, experiment: str = "t") -> dict[str, Any]:
 def kill_task(cwd: Path, name: str, sig: int = signal.SIGKILL) -> dict[str, Any]:
     """Send ``sig`` to a task's whole process group, as a crash or the OOM killer would."""
     task = task_record(cwd, name)
-    os.killpg(task["pgid"], sig)
+    os.killpg(task["handle"]["pgid"], sig)
     return task
 
 
@@ -139,7 +139,7 @@ def held(cwd: Path, name: str) -> Iterator[dict[str, Any]]:
         yield task
     finally:
         try:
-            os.killpg(task["pgid"], signal.SIGCONT)
+            os.killpg(task["handle"]["pgid"], signal.SIGCONT)
         except ProcessLookupError:
             pass
 
@@ -173,5 +173,5 @@ def final_checkpoint_step(output_dir: Path) -> int:
 def assert_nothing_left(cwd: Path, experiment: str = "t") -> None:
     state = state_of(cwd, experiment)
     assert all(t["status"] != "running" for t in state["tasks"]), state["tasks"]
-    left = [t["name"] for t in state["tasks"] if alive(t["pid"])]
+    left = [t["name"] for t in state["tasks"] if alive(t["handle"]["pid"])]
     assert not left, f"still running: {left}"

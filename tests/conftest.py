@@ -4,6 +4,9 @@
 - ``sshd_target`` (session): a HostTarget (kind="ssh") for it, with key and known_hosts.
 - ``netns_testbed`` (session): a :class:`~testbed.NetnsTestbed`, three namespaces.
 - ``netns_hosts`` (session): its three HostTargets (h1, h2, h3).
+- ``slurm_cluster`` (session): a :class:`~slurm_testbed.SlurmTestbed`, a real Slurm cluster
+  (munged, slurmctld, slurmd n1..n3 in network namespaces), idle and ready; clients need
+  ``env=slurm_cluster.env()`` (SLURM_CONF).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
+from slurm_testbed import SlurmTestbed, slurm_missing
 from testbed import LoopbackSshd, NetnsTestbed  # tests/ is on sys.path (no __init__.py)
 
-from tfplan.executors import HostTarget
+from tfplan.backends.transports.specs import HostTarget
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +58,25 @@ def netns_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsTes
 @pytest.fixture(scope="session")
 def netns_hosts(netns_testbed: NetnsTestbed) -> list[HostTarget]:
     return netns_testbed.targets()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTestbed]:
+    """One real Slurm cluster shared by every Slurm test of the run."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm test bed needs root for network namespaces (CI runs as root)")
+    missing = slurm_missing()
+    if missing:
+        pytest.fail(f"Slurm is not installed ({', '.join(missing)}): run scripts/setup.sh")
+    bed = SlurmTestbed(tmp_path_factory.mktemp("slurm"))
+    try:
+        try:
+            bed.start()
+            bed.wait_ready()
+        except Exception as exc:  # noqa: BLE001 - we are root: this must fail, loudly
+            pytest.fail(f"could not build the Slurm test bed as root: {exc}")
+        yield bed
+    finally:
+        problems = bed.stop()
+        if problems:
+            print("Slurm test bed teardown problems:", "; ".join(problems))

@@ -26,7 +26,7 @@ from apply_helpers import (
     tfplan,
 )
 
-from tfplan.validate import ALGORITHMS
+from tfplan.config.algorithms import ALGORITHMS
 
 MINIBATCHES = 40
 
@@ -74,4 +74,4 @@ def test_algorithm_trains_as_a_real_cluster_through_apply(algo: str, ws: Path) -
     assert statuses["worker/0"] == "succeeded", statuses
     assert statuses["worker/1"] in ("succeeded", "stopped"), statuses
     assert statuses["ps/0"] in ("succeeded", "stopped"), statuses
-    assert not [t["pid"] for t in state["tasks"] if alive(int(t["pid"]))]
+    assert not [t["handle"]["pid"] for t in state["tasks"] if alive(int(t["handle"]["pid"]))]

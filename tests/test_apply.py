@@ -30,7 +30,7 @@ from apply_helpers import (
     wait_until,
 )
 
-from tfplan.state import StateStore
+from tfplan.engine.store import StateStore
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def ws(tmp_path: Path) -> Iterator[Path]:
 
 
 def _pids(state: dict[str, object]) -> list[int]:
-    return [int(t["pid"]) for t in state["tasks"]]  # type: ignore[index, union-attr]
+    return [int(t["handle"]["pid"]) for t in state["tasks"]]  # type: ignore[index, union-attr]
 
 
 @pytest.mark.cluster
@@ -161,20 +161,29 @@ def test_dead_task_is_planned_for_replacement_and_replaced(ws: Path) -> None:
     overrides = [
         *base_overrides(ws, port),
         *fake_overrides(ws, steps=FOREVER, worker_secs=FOREVER),
+        "lifecycle.restart.worker=Never",  # the background supervisor leaves it dead
     ]
     tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
     state = state_of(ws)
     worker1 = next(t for t in state["tasks"] if t["name"] == "worker/1")
-    os.killpg(worker1["pgid"], signal.SIGKILL)
-    wait_until(lambda: not alive(worker1["pid"]), 10, "worker/1 to die")
+    os.killpg(worker1["handle"]["pgid"], signal.SIGKILL)
+    wait_until(lambda: not alive(worker1["handle"]["pid"]), 10, "worker/1 to die")
+    wait_until(
+        lambda: (
+            next(t for t in state_of(ws)["tasks"] if t["name"] == "worker/1")["status"] == "failed"
+        ),
+        30,
+        "the background supervisor to record worker/1 as failed",
+    )
     replan = tfplan(ws, "plan", "--detailed-exitcode", *overrides)
     assert replan.returncode == 2
     assert "# worker/1 must be replaced" in replan.stdout
     assert "the process is not running" in replan.stdout
     assert "Plan: 1 to add, 0 to change, 1 to destroy." in replan.stdout
-    tfplan(ws, "apply", "--detach", check=True)
+    applied = tfplan(ws, "apply", "--detach", check=True)  # takes over from the background one
+    assert "taking over from the supervisor" in applied.stdout
     new = next(t for t in state_of(ws)["tasks"] if t["name"] == "worker/1")
-    assert new["pid"] != worker1["pid"] and alive(new["pid"])
+    assert new["handle"]["pid"] != worker1["handle"]["pid"] and alive(new["handle"]["pid"])
     tfplan(ws, "destroy", check=True)
 
 

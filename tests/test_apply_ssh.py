@@ -22,7 +22,7 @@ from apply_helpers import (
 )
 from testbed import LoopbackSshd, NetnsTestbed
 
-from tfplan.executors import HostTarget
+from tfplan.backends.transports.specs import HostTarget
 
 
 def _conf_with_cluster(tmp: Path, name: str, cluster: dict[str, object]) -> dict[str, str]:
@@ -77,7 +77,7 @@ def test_apply_over_ssh_runs_and_tears_down(ws: Path, sshd_server: LoopbackSshd)
     assert "Training complete" in proc.stdout
     state = state_of(ws)
     assert {t["host"] for t in state["tasks"]} == {"sshd"}
-    assert not [t for t in state["tasks"] if alive(t["pid"])]
+    assert not [t for t in state["tasks"] if alive(t["handle"]["pid"])]
 
 
 @pytest.mark.ssh
@@ -172,4 +172,4 @@ def test_downpour_across_three_namespaced_hosts(ws: Path, netns_testbed: NetnsTe
     assert result["global_step"] >= 80
     state = state_of(ws)
     assert {t["host"] for t in state["tasks"]} == {"h1", "h2", "h3"}
-    assert not [t for t in state["tasks"] if alive(t["pid"])]
+    assert not [t for t in state["tasks"] if alive(t["handle"]["pid"])]

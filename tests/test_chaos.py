@@ -126,7 +126,7 @@ def test_sigkill_of_a_task_is_restarted_and_training_completes(ws: Path, victim:
         if victim == "worker/1":
             rejoined = run.wait_for(_first_step("worker/1"), timeout=120, after=recovered)
     restarted = task_record(ws, victim)
-    assert restarted["pid"] != before["pid"] and restarted["restarts"] == 1
+    assert restarted["handle"]["pid"] != before["handle"]["pid"] and restarted["restarts"] == 1
     assert restarted["port"] == before["port"]
     if victim == "worker/0":
         rejoined = run.wait_for(_first_step("worker/0"), timeout=120, after=recovered)
@@ -158,7 +158,7 @@ def test_sigstop_hang_is_detected_killed_and_restarted(ws: Path) -> None:
     run.wait_for(r"worker/0: no log line for \d+s: treating it as hung", timeout=60, after=fault)
     recovered = run.wait_for(r"worker/0: restarted on localhost", timeout=30, after=fault)
     restarted = task_record(ws, "worker/0")
-    assert restarted["pid"] != frozen["pid"] and restarted["restarts"] == 1
+    assert restarted["handle"]["pid"] != frozen["handle"]["pid"] and restarted["restarts"] == 1
     first = run.wait_for(_first_step("worker/0"), timeout=120, after=recovered)
     _finish_and_check(run, ws)
     # No rollback: the restarted chief joined the live values, at or past the frozen one's step.
@@ -192,7 +192,7 @@ def test_killing_tfplan_leaves_tasks_running_and_watch_takes_over(ws: Path) -> N
         run.proc.send_signal(signal.SIGKILL)
         run.finish(timeout=10)
         tasks = state_of(ws)["tasks"]
-        assert all(alive(t["pid"]) for t in tasks), "tasks must outlive tfplan"
+        assert all(alive(t["handle"]["pid"]) for t in tasks), "tasks must outlive tfplan"
         status = tfplan(ws, "status", check=True)
         assert status.stdout.count("running") >= 3
         kill_task(ws, "worker/1")
@@ -262,5 +262,5 @@ def test_unreachable_host_is_replaced_on_the_others_and_training_completes(
     assert [t["name"] for t in state["lost"]] == ["worker/1"]
     destroyed = tfplan(ws, "destroy", env=env, timeout=120)
     assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
-    assert f"Stopped worker/1 left on h3 (pid {lost['pid']})" in destroyed.stdout
+    assert f"Stopped worker/1 left on h3 (pid {lost['handle']['pid']})" in destroyed.stdout
     assert state_of(ws)["lost"] == []

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from state_helpers import state_from
 
-from tfplan.cli import main
-from tfplan.plan import PLAN_FORMAT_VERSION, Plan
-from tfplan.state import State, StateStore, TaskState
+from tfplan.cli.main import main
+from tfplan.engine.store import StateStore
+from tfplan.planning.plan import PLAN_FORMAT_VERSION, Plan
 
 _ENV_KEYS = ("TFPLAN_WORKSPACE", "TFPLAN_CONF", "TFPLAN_DEBUG")
 
@@ -74,23 +75,9 @@ def test_detailed_exitcode_is_0_when_the_state_matches(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     plan = Plan.from_json(first.stdout)
     # "succeeded" tasks match without a refresh reaching out to their (fake) processes
-    tasks = tuple(
-        replace(
-            TaskState.from_task(t, pid=10 + i, pgid=10 + i, started_at=0.0, status="succeeded"),
-            exit_code=0,
-        )
-        for i, t in enumerate(plan.tasks)
-    )
-    StateStore(tmp_path / ".tfplan" / "default").write(
-        State(
-            lineage="L",
-            serial=0,
-            experiment_id="default",
-            cluster_name="local",
-            output_dir=plan.output_dir,
-            tasks=tasks,
-        )
-    )
+    state = state_from(plan, status="succeeded", serial=0, lineage="L")
+    state = replace(state, tasks=tuple(replace(t, exit_code=0) for t in state.tasks))
+    StateStore(tmp_path / ".tfplan" / "default").write(state)
     same = tfplan(tmp_path, "plan", "cluster=local", "--detailed-exitcode")
     assert same.returncode == 0, same.stdout + same.stderr
     assert "No changes. Your cluster matches the configuration." in same.stdout
@@ -123,7 +110,7 @@ def test_errors_are_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> No
 
 def test_plan_does_not_import_tensorflow(tmp_path: Path) -> None:
     code = (
-        "import sys; from tfplan.cli import main; "
+        "import sys; from tfplan.cli.main import main; "
         "rc = main(['plan', 'cluster=3node', 'algo=downpour']); "
         "assert rc == 0, rc; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')); "
@@ -143,9 +130,15 @@ BAD_INPUT = [
     (
         ["cluster=nope"],
         "cluster: no option 'nope'",
-        "available options: 3node, gpu2x4, local, local_chief",
+        "available options: 3node, gpu2x4, k8s, local, local_allreduce, local_chief",
     ),
     (["cluster.foo=1"], "cluster.foo: no such key", "+cluster.foo=VALUE"),
+    (
+        ["cluster=k8s", "cluster.firewall=true"],
+        "cluster.firewall: the kubernetes backend cannot install firewall rules",
+        "NetworkPolicy",
+    ),
+    (["cluster.backend=nosuch"], "cluster.backend: unknown backend 'nosuch'", "available: "),
     (["algo.window=3"], "algo.window: no such key", "check the spelling"),  # hogwild has none
     (
         ["cluster.port_base=abc"],
@@ -238,7 +231,10 @@ def test_show_refuses_another_format_or_a_damaged_file(
     data["format_version"] = PLAN_FORMAT_VERSION + 1
     (in_tmp / "old.json").write_text(json.dumps(data))
     err = _show_error(in_tmp / "old.json", capsys)
-    assert f"is not a tfplan plan file of format {PLAN_FORMAT_VERSION} (found 2)" in err
+    assert (
+        f"is not a tfplan plan file of format {PLAN_FORMAT_VERSION} (found {PLAN_FORMAT_VERSION + 1})"
+        in err
+    )
     assert "run `tfplan plan` again" in err
     (in_tmp / "junk.json").write_text("{not json")
     assert "cannot read plan file" in _show_error(in_tmp / "junk.json", capsys)

@@ -22,7 +22,7 @@ from apply_helpers import (
     wait_until,
 )
 
-from tfplan.experiment import checkpoint_step
+from tfplan.engine.experiment import checkpoint_step
 
 
 @pytest.fixture

@@ -7,11 +7,47 @@ from collections import Counter
 
 import pytest
 
-from tfplan.config import ChiefMode, ClusterConfig, HostConfig
+from tfplan.config.schema import ChiefMode, ClusterConfig, HostConfig
 from tfplan.errors import PlanError
-from tfplan.placement import Slot, allocate_ports, place
-from tfplan.plan import Role
-from tfplan.validate import count_ps, count_workers
+from tfplan.planning import placement
+from tfplan.planning.placement import PortRange, Slot
+from tfplan.planning.plan import Role
+from tfplan.planning.roles import role_counts
+from tfplan.planning.topology import Place, Topology
+
+
+# The placement works on the places a backend offers; these tests describe clusters as the
+# process backend's host lists, so they map each HostConfig to its Place.
+def _topology(cluster: ClusterConfig) -> Topology:
+    return Topology(
+        places=tuple(
+            Place(h.name or h.address, h.address, h.cpu_slots, h.gpus, h.port_base)
+            for h in cluster.hosts
+        )
+    )
+
+
+def count_ps(cluster: ClusterConfig) -> int:
+    return role_counts(cluster, _topology(cluster)).ps
+
+
+def count_workers(cluster: ClusterConfig) -> int:
+    return role_counts(cluster, _topology(cluster)).workers
+
+
+def place(cluster: ClusterConfig) -> tuple[Slot, ...]:
+    topology = _topology(cluster)
+    return placement.place(topology.places, role_counts(cluster, topology))
+
+
+def allocate_ports(
+    cluster: ClusterConfig,
+    slots: tuple[Slot, ...],
+    preferred: dict[tuple[str, int], int],
+    held: dict[int, frozenset[int]],
+) -> dict[tuple[Role, int], int]:
+    ports = PortRange(cluster.port_base, cluster.port_range, cluster.port_offset)
+    return placement.allocate_ports(_topology(cluster).places, ports, slots, preferred, held)
 
 
 def _cluster(
@@ -146,7 +182,7 @@ def test_a_full_host_passes_its_ps_on() -> None:
 
 
 def test_too_many_tasks_for_the_slots_is_refused() -> None:
-    with pytest.raises(PlanError, match=r"cluster.hosts: no free slot for worker/5.*6 cpu_slots"):
+    with pytest.raises(PlanError, match=r"cluster.hosts: no free slot for worker/5.*6 slots"):
         place(_cluster([3, 3], ps=1, workers=6))
 
 

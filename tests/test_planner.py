@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from tfplan.compose import compose_config, to_config
-from tfplan.config import Config
-from tfplan.plan import Action, Plan, Role, Task, VariableSpec
-from tfplan.planner import PlanContext, plan
-from tfplan.sharding import greedy_bytes, model_variables, round_robin
-from tfplan.state import State, TaskState
-from tfplan.tf_config import tf_config_json
-from tfplan.validate import ALGORITHMS
+from tfplan.config.algorithms import ALGORITHMS
+from tfplan.config.compose import compose_config, to_config
+from tfplan.config.schema import Config, HostConfig
+from tfplan.engine.plans import make_plan as plan
+from tfplan.errors import ConfigError
+from tfplan.planning.context import PlanContext
+from tfplan.planning.plan import Action, Plan, Role, Task, VariableSpec
+from tfplan.planning.sharding import greedy_bytes, model_variables, round_robin
+from tfplan.planning.state import State, TaskStatus
+from tfplan.planning.tf_config import tf_config_json
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 CLUSTERS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
@@ -35,27 +37,23 @@ def config(*overrides: str) -> Config:
     return copy.deepcopy(_composed(tuple(overrides)))
 
 
-def state_from(p: Plan, status: str = "running", serial: int = 3) -> State:
-    """A state in which every task of ``p`` runs exactly as planned."""
-    tasks = tuple(
-        TaskState.from_task(t, pid=1000 + i, pgid=1000 + i, started_at=0.0, status=status)
-        for i, t in enumerate(p.tasks)
-    )
-    return State(
-        lineage="lineage-1",
-        serial=serial,
-        experiment_id=p.experiment_id,
-        cluster_name=p.cluster_name,
-        output_dir=p.output_dir,
-        tasks=tasks,
-    )
+from state_helpers import records, state_from  # noqa: E402
 
 
 def test_conf_holds_the_expected_options() -> None:
-    assert CLUSTERS == ["3node", "gpu2x4", "local", "local_chief"]
+    assert CLUSTERS == [
+        "3node",
+        "gpu2x4",
+        "k8s",
+        "local",
+        "local_allreduce",
+        "local_chief",
+        "slurm",
+    ]
     assert ALGOS == [
         "adag",
         "agn",
+        "allreduce",
         "downpour",
         "downpour_easy",
         "dynsgd",
@@ -63,6 +61,7 @@ def test_conf_holds_the_expected_options() -> None:
         "easgd",
         "hogwild",
         "multi_gpu",
+        "pss",
         "sagn",
         "sync",
         "sync_lr",
@@ -74,6 +73,16 @@ def test_conf_holds_the_expected_options() -> None:
 @pytest.mark.parametrize("cluster", CLUSTERS)
 def test_every_cluster_and_algo_composes_and_plans(cluster: str, algo: str) -> None:
     cfg = config(f"cluster={cluster}", f"algo={algo}")
+    needs = ALGORITHMS[algo]
+    no_ps = cfg.cluster.ps == 0
+    misfits = {"cluster.ps"} if needs.needs_ps == no_ps else set()
+    if needs.chief and cfg.cluster.chief.value != "separate":
+        misfits.add("cluster.chief")
+    if misfits:  # the algorithm does not fit this topology: one line naming the key
+        with pytest.raises(ConfigError) as error:
+            plan(cfg, None, CTX)
+        assert error.value.key in misfits and "\n" not in str(error.value)
+        return
     p = plan(cfg, None, CTX)
     assert p.cluster_name == cluster and p.run_config["algo"]["name"] == algo
     assert p.has_changes and all(c.action is Action.CREATE for c in p.changes)
@@ -85,18 +94,18 @@ def test_every_cluster_and_algo_composes_and_plans(cluster: str, algo: str) -> N
     assert chiefs == (["chief/0"] if cfg.cluster.chief.value == "separate" else ["worker/0"])
     # the cluster spec lists every task but the evaluator, each address once
     spec_tasks = {
-        f"{job}/{i}": a for job, addrs in p.cluster_spec.items() for i, a in enumerate(addrs)
+        f"{job}/{i}": a for job, addrs in p.cluster_spec().items() for i, a in enumerate(addrs)
     }
     assert set(spec_tasks) == {t.name for t in p.tasks if t.role is not Role.EVALUATOR}
     assert len(set(spec_tasks.values())) == len(spec_tasks)
     for task in p.tasks:
-        assert task.tf_config == tf_config_json(p.cluster_spec, task.role.value, task.index)
-        assert task.env["TF_CONFIG"] == task.tf_config
+        assert p.tf_config(task) == tf_config_json(p.cluster_spec(), task.role.value, task.index)
+        assert "TF_CONFIG" not in task.env  # derived at start, never stored per task
         assert task.env["TFPLAN_TASK"] == task.name
         if task.role is Role.EVALUATOR:
             assert task.port is None
         else:
-            assert spec_tasks[task.name] == f"{task.address}:{task.port}"
+            assert spec_tasks[task.name] == f"{p.address_of(task) or task.host}:{task.port}"
     assert len({t.fingerprint for t in p.tasks}) == len(p.tasks)
     assert plan(cfg, None, CTX) == p  # pure and deterministic
     assert any("no authentication" in w for w in p.warnings)
@@ -122,11 +131,13 @@ def test_counts_per_host_and_per_gpu() -> None:
 
 def test_local_plan_details() -> None:
     p = plan(config("cluster=local"), None, CTX)
-    assert p.cluster_spec == {
+    assert p.cluster_spec() == {
         "ps": ["127.0.0.1:2222"],
         "worker": ["127.0.0.1:2223", "127.0.0.1:2224"],
     }
-    assert p.hosts[0].executor == "local" and p.hosts[0].python == "/usr/bin/python3"
+    hosts = p.backend.config["hosts"]
+    assert p.backend.name == "process"
+    assert hosts[0]["kind"] == "local" and hosts[0]["python"] == "/usr/bin/python3"
     assert p.output_dir == "/home/user/project/outputs/default"  # relative: from the cwd
     assert p.task("worker/1").command == (
         "/usr/bin/python3",
@@ -136,7 +147,8 @@ def test_local_plan_details() -> None:
         "/tmp/tfplan/default/worker-1/run.yaml",
     )
     remote = plan(config("cluster=3node"), None, CTX)
-    assert {h.executor for h in remote.hosts} == {"ssh"} and remote.hosts[0].python == "python3"
+    remote_hosts = remote.backend.config["hosts"]
+    assert {h["kind"] for h in remote_hosts} == {"ssh"} and remote_hosts[0]["python"] == "python3"
 
 
 def test_port_offset_moves_every_address() -> None:
@@ -227,14 +239,14 @@ def test_a_failed_task_is_replaced_with_its_reason() -> None:
     cfg = config("cluster=local")
     first = plan(cfg, None, CTX)
     state = state_from(first)
-    dead = dataclasses.replace(state.tasks[1], status="failed", exit_code=137)
+    dead = dataclasses.replace(state.tasks[1], status=TaskStatus.FAILED, exit_code=137)
     p = plan(cfg, state.with_task(dead), CTX)
     actions = {c.task: c for c in p.changes}
     assert actions["worker/0"].action is Action.REPLACE
     assert actions["worker/0"].reasons == (
         "the process is not running (status failed, exit code 137)",
     )
-    assert actions["worker/0"].previous["pid"] == 1001
+    assert actions["worker/0"].previous == {"host": "localhost", "port": 2223, "status": "failed"}
     assert {c.task for c in p.changes if c.action is Action.NOOP} == {"ps/0", "worker/1"}
 
 
@@ -282,7 +294,7 @@ def test_the_fingerprint_follows_the_tf_config() -> None:
     # ps/0's own fields (host, port, command, env) are the same; only its TF_CONFIG differs
     ps_a, ps_b = a.task("ps/0"), b.task("ps/0")
     assert (ps_a.port, ps_a.command) == (ps_b.port, ps_b.command)
-    assert json.loads(ps_a.tf_config)["cluster"] != json.loads(ps_b.tf_config)["cluster"]
+    assert json.loads(a.tf_config(ps_a))["cluster"] != json.loads(b.tf_config(ps_b))["cluster"]
     assert ps_a.fingerprint != ps_b.fingerprint
 
 
@@ -312,22 +324,22 @@ def test_plan_json_round_trip(overrides: tuple[str, ...]) -> None:
 def test_unreachable_host_gets_no_task_and_its_tasks_are_replaced_elsewhere() -> None:
     from dataclasses import replace as _replace
 
-    from tfplan.compose import compose_config, to_config
-    from tfplan.planner import PlanContext, plan
-    from tfplan.state import State, TaskState
+    from tfplan.config.compose import compose_config, to_config
+    from tfplan.engine.plans import make_plan as plan
+    from tfplan.planning.context import PlanContext
+    from tfplan.planning.state import TaskStatus
 
     cfg = to_config(compose_config(["cluster=3node", "cluster.ps=1", "cluster.workers=2"]))
     ctx = PlanContext(cwd="/w", local_python="/usr/bin/python3", tf_version="2.21.0")
     first = plan(cfg, None, ctx)
-    tasks = tuple(
-        TaskState.from_task(t, pid=100 + i, pgid=100 + i, started_at=0.0)
-        for i, t in enumerate(first.tasks)
-    )
+    tasks = records(first)
     down = next(t.host for t in first.tasks if t.name == "worker/1")
     state = _replace(
         State.empty("L"),
         serial=4,
-        tasks=tuple(_replace(t, status="unreachable") if t.host == down else t for t in tasks),
+        tasks=tuple(
+            _replace(t, status=TaskStatus.UNREACHABLE) if t.host == down else t for t in tasks
+        ),
     )
     second = plan(cfg, state, ctx)
     assert down not in {t.host for t in second.tasks}
@@ -336,3 +348,113 @@ def test_unreachable_host_gets_no_task_and_its_tasks_are_replaced_elsewhere() ->
     assert any(f"host {down} is unreachable" in w for w in second.warnings)
     # the others are replaced too: the cluster spec changed
     assert all(c.action.value == "replace" for c in second.changes)
+
+
+# --- plan format 3: shared data once --------------------------------------------------------
+
+
+def test_the_plan_file_writes_the_shared_environment_once_and_the_cluster_spec_for_readers() -> (
+    None
+):
+    p = plan(config("cluster=gpu2x4", "algo=downpour"), None, CTX)
+    data = json.loads(p.to_json(indent=None))
+    assert data["format_version"] == 3
+    assert data["env"]["TFPLAN_OUTPUT_DIR"] == p.output_dir and "TFPLAN_TASK" not in data["env"]
+    assert data["env"]["PYTHONPATH"] == "/tmp/tfplan/default/_code"
+    for task, written in zip(p.tasks, data["tasks"], strict=True):
+        assert set(written["env"]) <= {"CUDA_VISIBLE_DEVICES", "TFPLAN_TASK", "TFPLAN_RUN_CONFIG"}
+        assert {**data["env"], **written["env"]} == task.env
+    assert data["cluster_spec"] == p.cluster_spec()
+    assert data["targets"] == [] and data["left_out"] == {}
+    assert Plan.from_json(p.to_json(indent=None)) == p
+    assert '": ' not in p.to_json(indent=None)  # the file is compact
+
+
+def test_a_plan_file_stays_under_2_kb_per_task_with_long_paths_and_a_large_env() -> None:
+    cfg = config("cluster=gpu2x4", "algo=downpour")
+    cfg.cluster.workdir = "/very/long/shared/scratch/path/for/" + "x" * 60
+    cfg.recipe.env = {f"SETTING_{i}": "v" * 100 for i in range(20)}  # 2 KB the same everywhere
+    cfg.cluster.hosts = [
+        HostConfig(address=f"10.0.{i // 256}.{i % 256}", name=f"gpu{i}", cpu_slots=10, gpus=8)
+        for i in range(100)
+    ]
+    p = plan(cfg, None, CTX)
+    assert len(p.to_json(indent=None)) / len(p.tasks) < 2048 / 2  # half the budget at most
+
+
+# --- -target ---------------------------------------------------------------------------------
+
+
+def test_target_keeps_only_the_targeted_changes_and_counts_the_others() -> None:
+    first = plan(config("cluster=local", "cluster.workers=3"), None, CTX)
+    state = state_from(first)
+    dead = dataclasses.replace(state.task("worker/1"), status=TaskStatus.FAILED, exit_code=1)
+    state = state.with_task(dead)
+    cfg = config("cluster=local", "cluster.workers=2")  # worker/2 goes, ports shift: all replaced
+    whole = plan(cfg, state, CTX)
+    assert len(whole.changes) == 4 and whole.targets == ()
+    one = plan(cfg, state, CTX, targets=["worker/1"])
+    assert [(c.task, c.action) for c in one.changes] == [("worker/1", Action.REPLACE)]
+    assert one.left_out == {"replace": 2, "destroy": 1}
+    assert one.tasks == whole.tasks  # the whole cluster is placed: TF_CONFIG lists it all
+    assert [c.task for c in plan(cfg, state, CTX, targets=["worker"]).changes] == [
+        "worker/0",
+        "worker/1",
+        "worker/2",  # a role: its tasks in the configuration and in the state
+    ]
+    gone = plan(cfg, state, CTX, targets=["worker/2"])
+    assert [(c.task, c.action) for c in gone.changes] == [("worker/2", Action.DESTROY)]
+    assert Plan.from_json(one.to_json()) == one
+    assert not any(w.startswith("-target") for w in one.warnings)  # its ps runs
+    fresh = plan(cfg, None, CTX, targets=["worker/1"])  # no dependencies pulled in, but said
+    assert [c.task for c in fresh.changes] == ["worker/1"]
+    assert any(w.startswith("-target: ps/0 (parameter servers") for w in fresh.warnings)
+
+
+def test_a_target_that_names_no_task_is_refused_with_examples() -> None:
+    with pytest.raises(ConfigError) as error:
+        plan(config("cluster=gpu2x4"), None, CTX, targets=["worker/8"])
+    assert str(error.value) == (
+        "-target: no task 'worker/8' in the configuration or the state; use a task name or a "
+        "role, e.g. ps/0, ps/1, worker/0, worker/7, evaluator/0, or a role (ps, worker) "
+        "(11 tasks)"
+    )
+
+
+# --- what could never start -------------------------------------------------------------------
+
+
+def _hosts(count: int, gpus: int = 8) -> list[HostConfig]:
+    return [
+        HostConfig(address=f"10.0.{i // 256}.{i % 256}", name=f"h{i}", cpu_slots=10, gpus=gpus)
+        for i in range(count)
+    ]
+
+
+def test_a_placeholder_that_expands_past_linux_limit_is_refused_at_plan_time() -> None:
+    cfg = config("cluster=gpu2x4", "recipe=command")
+    cfg.recipe.command = "python t.py --worker_hosts={worker_hosts}"
+    cfg.cluster.hosts = _hosts(1200)  # 9,600 workers: a 150 KiB argument
+    with pytest.raises(ConfigError) as error:
+        plan(cfg, None, CTX)
+    message = str(error.value)
+    assert message.startswith("recipe.command: argument 2 of ps/0's command is ")
+    assert "over Linux's limit of 131072 bytes for one argument: the task could never start" in (
+        message
+    )
+    assert "read the hosts from TF_CONFIG" in message
+
+
+def test_large_commands_and_a_non_python_program_without_tf_config_are_warned_about() -> None:
+    cfg = config("cluster=gpu2x4", "recipe=command")
+    cfg.recipe.command = "python t.py --ps_hosts={ps_hosts}"
+    cfg.cluster.hosts = _hosts(400)
+    big = plan(cfg, None, CTX)
+    assert any("make every task's command 6 KiB" in w for w in big.warnings)
+    cfg.recipe.command = "/bin/sh train.sh"
+    cfg.cluster.hosts = _hosts(1000)  # TF_CONFIG of 150 KiB
+    shell = plan(cfg, None, CTX)
+    warning = next(w for w in shell.warnings if "not a Python interpreter" in w)
+    assert "the tasks get TF_CONFIG_FILE" in warning
+    cfg.recipe.command = "python3 train.py"
+    assert not any("Python" in w for w in plan(cfg, None, CTX).warnings)

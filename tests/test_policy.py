@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfplan.policy import backoff_delay, decide_restart
+from tfplan.planning.policy import backoff_delay, decide_restart
 
 
 @pytest.mark.parametrize(

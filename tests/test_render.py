@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from state_helpers import state_from
 
-from tfplan.compose import compose_config, to_config
-from tfplan.config import Config
-from tfplan.plan import Plan
-from tfplan.planner import PlanContext, plan
-from tfplan.render import format_bytes, plan_lines, print_plan, summary_line
-from tfplan.state import State, TaskState
+from tfplan.cli.render import format_bytes, plan_lines, print_plan, summary_line, task_lines
+from tfplan.config.compose import compose_config, to_config
+from tfplan.config.schema import Config, HostConfig
+from tfplan.engine.plans import make_plan as plan
+from tfplan.planning.context import PlanContext
+from tfplan.planning.plan import Plan
+from tfplan.planning.state import State, TaskStatus
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -42,18 +44,7 @@ def _text(p: Plan) -> str:
 
 
 def _state_from(p: Plan) -> State:
-    tasks = tuple(
-        TaskState.from_task(t, pid=100 + i, pgid=100 + i, started_at=0.0)
-        for i, t in enumerate(p.tasks)
-    )
-    return State(
-        lineage="L",
-        serial=1,
-        experiment_id=p.experiment_id,
-        cluster_name=p.cluster_name,
-        output_dir=p.output_dir,
-        tasks=tasks,
-    )
+    return state_from(p, serial=1, lineage="L")
 
 
 def _check_golden(name: str, text: str) -> None:
@@ -70,7 +61,7 @@ def test_golden_local_plan() -> None:
 def _replace_destroy_plan() -> Plan:
     """worker/2 gone from the config, ps/0 dead, the rest restarted for the new cluster spec."""
     state = _state_from(_plan("cluster=local", "cluster.workers=3"))
-    dead = dataclasses.replace(state.tasks[0], status="failed", exit_code=1)
+    dead = dataclasses.replace(state.tasks[0], status=TaskStatus.FAILED, exit_code=1)
     return _plan("cluster=local", state=state.with_task(dead))
 
 
@@ -118,3 +109,98 @@ def test_no_changes_and_legend_only_lists_actions_that_occur() -> None:
 )
 def test_format_bytes(size: int, text: str) -> None:
     assert format_bytes(size) == text
+
+
+# --- large clusters: summarised, changes compact ----------------------------------------------
+
+
+def _gpu_cluster(hosts: int, *overrides: str, state: State | None = None) -> Plan:
+    """``hosts`` machines of 8 GPUs: a ps on each, a worker per GPU (9 tasks a host)."""
+    cfg = copy.deepcopy(_composed(("cluster=gpu2x4", "algo=downpour", *overrides)))
+    cfg.cluster.hosts = [
+        HostConfig(address=f"10.0.{i // 256}.{i % 256}", name=f"gpu{i}", cpu_slots=10, gpus=8)
+        for i in range(hosts)
+    ]
+    return plan(cfg, state, CTX)
+
+
+def test_up_to_the_threshold_every_task_is_a_full_block() -> None:
+    small = _gpu_cluster(3, "cluster.evaluator=false", "cluster.workers=5")  # 8 tasks
+    text = _text(small)
+    assert text.count('+ task "') == 8 and "summarised" not in text
+    assert "TF_CONFIG  = {" in text
+
+
+def test_a_large_plan_summarises_creates_by_role_and_host() -> None:
+    p = _gpu_cluster(300)  # 300 ps + 2,400 workers + the evaluator
+    text = _text(p)
+    assert len(p.tasks) == 2701 and len(text) < 4096  # was 128 MB before the summary
+    assert '+ task "' not in text
+    assert "  # 2701 tasks will be created, summarised by role and by host" in text
+    assert "tfplan show --task worker/0" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith("  + ")]
+    assert rows[0][:5] == ["+", "ps", "300", "tasks", "ps/0-299"]
+    assert rows[1][:7] == ["+", "worker", "2400", "tasks", "worker/0-2399", "ports", "2223-2230"]
+    assert rows[2][:5] == ["+", "evaluator", "1", "task", "evaluator/0"]
+    assert "      + chief      = worker/0" in text
+    assert '      + command    = "python3 -m recipes.train --config <workdir>/run.yaml"' in text
+    assert '      + workdir    = "/tmp/tfplan/default/<role>-<index>"' in text
+    assert "+ 300 hosts, grouped by layout:" in text
+    hosts = [" ".join(line.split()) for line in text.splitlines() if line.startswith("      gpu")]
+    assert hosts == [
+        "gpu0 10.0.0.0 10 tasks: ps/0, worker/0-7, evaluator/0 ports 2222-2230 GPUs 0-7",
+        "gpu1 … gpu299 (299) 10.0.0.1 … 10.0.1.43 (299) 9 tasks each: 1 ps, 8 worker "
+        "ports 2222-2230 GPUs 0-7",
+    ]
+    assert "; 295 of 300 ps hold none" in text  # 5 variables
+    assert summary_line(p) == "Plan: 2701 to add, 0 to change, 0 to destroy."
+
+
+def test_changes_of_a_large_plan_are_listed_one_by_one_with_their_reasons() -> None:
+    first = _gpu_cluster(40)
+    state = _state_from(first)
+    dead = dataclasses.replace(state.task("worker/17"), status=TaskStatus.FAILED, exit_code=1)
+    state = state.with_task(dead)
+    again = _gpu_cluster(40, "lifecycle.stop_grace_secs=9", state=state)
+    text = _text(again)
+    assert summary_line(again) == "Plan: 1 to add, 360 to change, 1 to destroy."
+    assert text.count("will be updated in-place") == 360
+    assert "  # worker/17 must be replaced\n  #   the process is not running (status failed" in text
+    assert '  -/+ task "worker/17" { host = "gpu2" (10.0.0.2), port = 2224, devices = ["1"] }' in (
+        text
+    )
+    assert "stop_grace_secs: 5.0 -> 9.0" in text
+    assert "summarised" not in text and "TF_CONFIG" not in text
+    assert len(text) < 1024 * len(again.tasks)
+
+
+def test_full_and_summary_modes_override_the_threshold() -> None:
+    small = _plan("cluster=local")
+    summary = "\n".join(text for _, text in plan_lines(small, "summary"))
+    assert (
+        "3 tasks will be created, summarised" in summary and "TF_CONFIG  = the cluster" in summary
+    )
+    large = _gpu_cluster(5)  # 46 tasks
+    full = "\n".join(text for _, text in plan_lines(large, "full"))
+    assert full.count('+ task "') == 46 and full.count('"cluster":{"ps"') == 46
+
+
+def test_a_targeted_plan_warns_like_terraform_and_counts_what_it_leaves_out() -> None:
+    first = _plan("cluster=local")
+    state = _state_from(first)
+    dead = dataclasses.replace(state.task("worker/1"), status=TaskStatus.FAILED, exit_code=1)
+    targeted = plan(
+        copy.deepcopy(_composed(("cluster=local", "algo.lr=0.5"))),
+        state.with_task(dead),
+        CTX,
+        targets=["worker/1"],
+    )
+    assert [c.task for c in targeted.changes] == ["worker/1"]
+    assert targeted.left_out == {"replace": 2}
+    text = _text(targeted)
+    assert "Plan: 1 to add, 0 to change, 1 to destroy." in text
+    assert "Warning: Resource targeting is in effect" in text
+    assert "This plan was made with -target worker/1" in text
+    assert "2 change(s) to other tasks are left out (2 to replace)" in text
+    task = "\n".join(t for _, t in task_lines(targeted, "ps/0"))
+    assert task.startswith("  # ps/0: not targeted by this plan\n")

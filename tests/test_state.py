@@ -1,4 +1,5 @@
-"""State files (tfplan.state): atomic writes, serial/lineage, stale plans, the lock."""
+"""State files (tfplan.engine.store, tfplan.planning.state): atomic writes, serial/lineage,
+stale plans, the lock, the format version."""
 
 from __future__ import annotations
 
@@ -8,32 +9,38 @@ from pathlib import Path
 
 import pytest
 
-from tfplan.compose import compose_config, to_config
-from tfplan.errors import StaleStateError, StateLockedError
-from tfplan.planner import PlanContext, plan
-from tfplan.state import State, StateStore, TaskState, check_plan_is_current
+from tfplan.config.compose import compose_config, to_config
+from tfplan.engine.plans import make_plan as plan
+from tfplan.engine.store import StateStore
+from tfplan.errors import StaleStateError, StateError, StateLockedError
+from tfplan.planning.context import PlanContext
+from tfplan.planning.state import State, TaskRecord, TaskStatus, check_plan_is_current
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 CTX = PlanContext(cwd="/tmp/project", local_python="/usr/bin/python3", tf_version="2.21.0")
 
 
-def _task(name: str = "worker/0") -> TaskState:
+def _task(name: str = "worker/0") -> TaskRecord:
     role, index = name.split("/")
-    return TaskState(
+    return TaskRecord(
         name=name,
         role=role,
         index=int(index),
+        planned_host="localhost",
         host="localhost",
         address="127.0.0.1",
         port=2223,
-        pid=42,
-        pgid=42,
-        log_path="/tmp/l",
+        handle={"pid": 42, "pgid": 42},
         workdir="/tmp/w",
+        log_path="/tmp/l",
+        command=("python", "train.py"),
+        env={"A": "1"},
+        devices=(),
+        is_chief=False,
         fingerprint="f",
+        config_digest="c",
+        cluster_digest="d",
         started_at=1.0,
-        settings={"stop_grace_secs": "5.0"},
-        spec={"role": role},
     )
 
 
@@ -42,19 +49,21 @@ def test_write_bumps_the_serial_and_round_trips(tmp_path: Path) -> None:
     assert store.load() is None
     written = store.write(State.empty(lineage="L").with_task(_task()))
     assert written.serial == 1 and store.load() == written
-    failed = dataclasses.replace(_task(), status="failed", exit_code=1)
+    failed = dataclasses.replace(_task(), status=TaskStatus.FAILED, exit_code=1)
     again = store.write(written.with_task(failed))
     assert again.serial == 2 and again.lineage == "L"
     loaded = store.load()
-    assert loaded == again and loaded is not None and loaded.tasks[0].status == "failed"
+    assert loaded == again and loaded is not None and loaded.tasks[0].status is TaskStatus.FAILED
     assert json.loads(store.path.read_text())["serial"] == 2
-    assert [p.name for p in store.workspace.iterdir()] == ["state.json"]  # no temp file left
+    assert [p.name for p in store.folder.iterdir()] == ["state.json"]  # no temp file left
 
 
 def test_with_and_without_task() -> None:
     state = State.empty(lineage="L").with_task(_task("ps/0")).with_task(_task("worker/0"))
     assert [t.name for t in state.tasks] == ["ps/0", "worker/0"]
-    assert state.with_task(dataclasses.replace(_task("ps/0"), pid=7)).task("ps/0").pid == 7  # type: ignore[union-attr]
+    moved = state.with_task(dataclasses.replace(_task("ps/0"), handle={"pid": 7, "pgid": 7}))
+    assert moved.task("ps/0").handle["pid"] == 7  # type: ignore[union-attr]
+    assert [t.name for t in moved.tasks] == ["ps/0", "worker/0"]  # replaced in place
     assert state.without_task("ps/0").task("ps/0") is None
 
 
@@ -94,3 +103,14 @@ def test_the_lock_refuses_a_second_holder(tmp_path: Path) -> None:
                 pass
     with store.lock("destroy"):  # released: free again
         pass
+
+
+def test_a_state_of_another_format_or_damaged_is_a_one_line_error(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "default")
+    store.folder.mkdir(parents=True)
+    store.path.write_text(json.dumps({"version": 1, "lineage": "L", "serial": 3, "tasks": []}))
+    with pytest.raises(StateError, match="another tfplan \\(state format 1"):
+        store.load()
+    store.path.write_text("{not json")
+    with pytest.raises(StateError, match="is damaged"):
+        store.load()

@@ -323,5 +323,5 @@ def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> N
         state = json.loads((ws / ".tfplan" / experiment / "state.json").read_text())
         statuses = {t["name"]: t["status"] for t in state["tasks"]}
         assert statuses["ps/0"] == statuses["worker/0"] == "stopped", statuses
-        assert not [t for t in state["tasks"] if _pid_alive(int(t["pid"]))]
+        assert not [t for t in state["tasks"] if _pid_alive(int(t["handle"]["pid"]))]
     assert {p["status"] for p in sweep_record(ws / "out")["points"]} == {"interrupted"}

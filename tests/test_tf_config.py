@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tfplan.compose import compose_config, to_config
-from tfplan.plan import Role
-from tfplan.planner import PlanContext, plan
-from tfplan.tf_config import tf_config_json
+from tfplan.config.compose import compose_config, to_config
+from tfplan.engine.launching import PlanLaunches
+from tfplan.engine.plans import make_plan as plan
+from tfplan.planning.context import PlanContext
+from tfplan.planning.plan import Role
+from tfplan.planning.state import Allocation
+from tfplan.planning.tf_config import tf_config_json
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -49,15 +52,16 @@ def test_tensorflow_reads_every_tasks_tf_config(
     overrides: list[str], resolver_class: type, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     p = plan(to_config(compose_config(overrides, CONF)), None, CTX)
+    launches = PlanLaunches(p, Allocation())
     for task in p.tasks:
-        monkeypatch.setenv("TF_CONFIG", task.tf_config)
+        monkeypatch.setenv("TF_CONFIG", p.tf_config(task))
         resolver = resolver_class()
-        assert resolver.cluster_spec().as_dict() == p.cluster_spec
+        assert resolver.cluster_spec().as_dict() == p.cluster_spec()
         assert resolver.task_type == task.role.value
         assert resolver.task_id == task.index
         if task.role is not Role.EVALUATOR:
             assert resolver.cluster_spec().task_address(task.role.value, task.index) == (
-                f"{task.address}:{task.port}"
+                f"{p.address_of(task)}:{task.port}"
             )
         # the same string reaches the process through its environment
-        assert task.env["TF_CONFIG"] == task.tf_config
+        assert launches.request(task).tf_config == p.tf_config(task)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from recipes.algorithms import available
-from tfplan.cli import main
-from tfplan.validate import ALGORITHMS
+from recipes.strategies import STRATEGIES
+from tfplan.cli.main import main
+from tfplan.config.algorithms import ALGORITHMS
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 _ENV_KEYS = ("TFPLAN_WORKSPACE", "TFPLAN_CONF", "TFPLAN_DEBUG")
@@ -27,24 +28,73 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_planner_registry_and_conf_agree_on_the_twelve_algorithms() -> None:
-    shipped = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
-    assert sorted(ALGORITHMS) == available() == shipped
-    assert len(shipped) == 12
+def test_planner_registry_recipes_and_conf_agree_on_the_fourteen_algorithms() -> None:
+    every = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
+    assert sorted(ALGORITHMS) == sorted([*available(), *STRATEGIES]) == every
+    assert len(available()) == 12 and sorted(STRATEGIES) == ["allreduce", "pss"]
+
+
+@pytest.mark.parametrize(
+    "overrides,schema",
+    [(["algo=allreduce"], "AllreduceConfig"), (["algo=pss"], "PssConfig")],
+)
+def test_the_tf2_strategies_compose_with_their_schema(overrides: list[str], schema: str) -> None:
+    from tfplan.config.compose import compose_config, to_config
+
+    cfg = to_config(compose_config(overrides, CONF))
+    assert type(cfg.algo).__name__ == schema and cfg.algo.name == overrides[0].split("=")[1]
+
+
+# The topology each algorithm needs on the local machine, and the tasks it makes with an evaluator.
+TOPOLOGY = {
+    "allreduce": (["cluster=local_allreduce", "cluster.evaluator=true"], 3),  # 2 workers, no ps
+    "pss": (["cluster=local_chief"], 5),  # ps, the coordinating chief, 2 workers, evaluator
+}
 
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_every_algorithm_plans_with_its_defaults(
     algo: str, in_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["plan", f"algo={algo}", "cluster.evaluator=true"]) == 0
+    overrides, tasks = TOPOLOGY.get(algo, (["cluster.evaluator=true"], 4))
+    assert main(["plan", f"algo={algo}", *overrides]) == 0
     out, err = capsys.readouterr()
-    assert "Plan: 4 to add" in out and err == ""
+    assert f"Plan: {tasks} to add" in out and err == ""
     assert (in_tmp / ".tfplan" / "plan.json").is_file()
 
 
 BAD = [
     # (overrides, the error's start, a fragment of the fix)
+    (
+        ["algo=allreduce"],
+        "cluster.ps: 1 parameter servers, but algo=allreduce uses none",
+        "cluster.ps=0",
+    ),
+    (
+        ["algo=hogwild", "cluster.ps=0"],
+        "cluster.ps: 0 parameter servers, but algo=hogwild keeps its variables on them",
+        "algo=allreduce",
+    ),
+    (
+        ["algo=pss"],
+        "cluster.chief: worker0, but algo=pss needs a chief task",
+        "cluster.chief=separate",
+    ),
+    (
+        ["algo=pss", "cluster=local_chief", "cluster.workers=0"],
+        "cluster.workers: 0 workers: algo=pss's coordinator needs some",
+        "at least 1 worker",
+    ),
+    (
+        ["algo=allreduce", "cluster=local_allreduce", "algo.collective_timeout_secs=5"],
+        "algo.collective_timeout_secs: 5.0 is below TensorFlow's 10 s heartbeat",
+        "use 10 or more",
+    ),
+    (
+        ["algo=pss", "cluster=local_chief", "algo.steps_per_closure=0"],
+        "algo.steps_per_closure: 0 < 1",
+        "minibatches per scheduled function",
+    ),
     (
         ["algo=sagn", "algo.sync=false"],
         "algo.sync: false, but sagn is synchronous",
@@ -58,7 +108,7 @@ BAD = [
     (
         ["algo=agn", "algo.sync=true"],
         "algo.sync: true, but agn is asynchronous",
-        "algo=sync, sagn or sync_lr",
+        "algo=sync, algo=sagn, algo=sync_lr",
     ),
     (
         ["algo=easgd", "algo.sync=true"],

@@ -1,5 +1,5 @@
 """Real test hosts on one machine: an sshd on loopback, and three network namespaces with one
-sshd each (see the shared reference notes, TESTBED.md, for the measured recipe).
+sshd each (the measured recipe is ../shared/TESTBED.md, the shared material beside a checkout).
 
 Everything is made under a temporary folder the test owns, named uniquely per run (from the
 PID), and torn down by PID / by name of what this run created: never by process name.
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tfplan.executors import HostTarget
+from tfplan.backends.transports.specs import HostTarget
 
 __all__ = ["LoopbackSshd", "NetnsTestbed", "SshdProcess", "free_port", "make_key"]
 

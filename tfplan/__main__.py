@@ -1,5 +1,5 @@
 import sys
 
-from tfplan.cli import main
+from tfplan.cli.main import main
 
 sys.exit(main())

@@ -7,7 +7,7 @@
     ├── StateError
     │   ├── StaleStateError      a saved plan no longer matches the state
     │   └── StateLockedError     another apply/destroy holds the workspace
-    ├── ExecutorError            a host could not do what was asked (start, stop, put, ...)
+    ├── BackendError             a host or scheduler could not do what was asked (start, stop, ...)
     │   └── PreflightError       checks before starting failed; carries per-host results
     ├── ApplyError               apply failed part-way; what was started has been stopped
     └── DataError                a data file is missing or malformed (names the path)
@@ -23,7 +23,7 @@ __all__ = [
     "ApplyError",
     "ConfigError",
     "DataError",
-    "ExecutorError",
+    "BackendError",
     "PlanError",
     "PlanFileError",
     "PreflightError",
@@ -66,11 +66,11 @@ class StateLockedError(StateError):
     pass
 
 
-class ExecutorError(TfplanError):
-    pass
+class BackendError(TfplanError):
+    """A host, a scheduler or an API could not do what was asked; the message names it."""
 
 
-class PreflightError(ExecutorError):
+class PreflightError(BackendError):
     """Preflight failed on one or more hosts; ``failures`` maps host name to the reason."""
 
     def __init__(self, failures: Mapping[str, str]) -> None:

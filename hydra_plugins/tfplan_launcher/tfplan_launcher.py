@@ -1,9 +1,9 @@
 """Hydra accepts launchers only from the ``hydra_plugins`` namespace package: this module makes
-:class:`tfplan.sweep_launcher.ClusterLauncher` one (``hydra/launcher=tfplan``)."""
+:class:`tfplan.sweeps.launcher.ClusterLauncher` one (``hydra/launcher=tfplan``)."""
 
 from __future__ import annotations
 
-from tfplan.sweep_launcher import ClusterLauncher, register_launcher
+from tfplan.sweeps.launcher import ClusterLauncher, register_launcher
 
 __all__ = ["TfplanLauncher"]
 

@@ -1,0 +1,259 @@
+"""One conformance suite for every backend: the contract of tfplan/backends/api.py, with real
+processes (the process backend over its local and SSH transports, and Slurm on the real bed).
+
+Each case launches small Python programs through ``Backend.launch`` and checks what the engine
+relies on: describe (running, then the exit code), log streaming in order, reading a file the
+task wrote, a graceful cancel (the task sees SIGTERM), a kill after the grace period, and a
+restart that keeps the previous log.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from slurm_testbed import SlurmTestbed
+from testbed import LoopbackSshd
+
+from tfplan.backends.api import Backend, LaunchRequest, TaskPhase
+from tfplan.backends.process import ProcessBackend
+from tfplan.backends.slurm import SlurmBackend
+from tfplan.planning.plan import BackendRef
+from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
+
+PY = sys.executable
+
+
+@dataclass
+class Case:
+    backend: Backend
+    allocation: Allocation
+    host: str  # the planned host name to launch on
+    tmp: Path
+
+
+def _process_case(tmp: Path, kind: str, sshd: LoopbackSshd | None) -> Case:
+    if sshd is not None:
+        target = sshd.target()
+        hosts = [
+            {
+                "name": "h",
+                "address": target.address,
+                "ssh_user": target.ssh_user,
+                "ssh_port": target.ssh_port,
+                "ssh_key": target.ssh_key,
+                "python": PY,
+                "known_hosts": target.known_hosts,
+                "kind": "ssh",
+            }
+        ]
+    else:
+        hosts = [{"name": "h", "address": "127.0.0.1", "python": PY, "kind": "local"}]
+    backend = ProcessBackend(BackendRef("process", {"hosts": hosts}), tmp / "scratch")
+    return Case(backend, Allocation(), "h", tmp)
+
+
+def _docs_example() -> type[Backend]:
+    """The worked example of docs/backends.md, exactly as printed there."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "backends.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, object] = {}
+    exec(compile(code, "docs/backends.md", "exec"), namespace)  # noqa: S102 - our own docs
+    backend = namespace["NiceBackend"]
+    assert isinstance(backend, type) and issubclass(backend, Backend)
+    return backend
+
+
+@pytest.fixture(params=["process-local", "process-ssh", "slurm", "docs-example"])
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
+    if request.param == "docs-example":
+        nice = _docs_example()
+        made = Case(
+            nice(BackendRef("nice", {"level": 10}), tmp_path), Allocation(), "here", tmp_path
+        )
+    elif request.param == "process-local":
+        made = _process_case(tmp_path, "local", None)
+    elif request.param == "process-ssh":
+        made = _process_case(tmp_path, "ssh", request.getfixturevalue("sshd_server"))
+    else:
+        bed: SlurmTestbed = request.getfixturevalue("slurm_cluster")
+        request.getfixturevalue("slurm_env")
+        options = {"nodes": 1, "tasks_per_node": 4, "partition": bed.partition}
+        backend = SlurmBackend(BackendRef("slurm", {"options": options, "python": PY}), tmp_path)
+        job = backend.slurm.submit(
+            ["--nodes=1", f"--output={tmp_path}/slurm-%j.out", f"--partition={bed.partition}"],
+            _holder(tmp_path),
+        )
+        nodes = backend._wait_running(job, lambda line: None)  # noqa: SLF001 - test setup
+        address = bed.addresses[nodes[0]]
+        made = Case(
+            backend, Allocation(id=job, bound={"node-0": (nodes[0], address)}), "node-0", tmp_path
+        )
+    try:
+        yield made
+    finally:
+        made.backend.release(made.allocation)
+        made.backend.close()
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster: SlurmTestbed, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in slurm_cluster.env().items():
+        monkeypatch.setenv(key, value)
+
+
+def _holder(tmp: Path) -> str:
+    script = tmp / "hold.sh"
+    script.write_text("#!/bin/sh\nexec sleep infinity\n")
+    return str(script)
+
+
+def _launch(
+    case: Case, name: str, code: str, attempt: int = 0, keep: str | None = None
+) -> TaskRecord:
+    workdir = case.tmp / "tasks" / name.replace("/", "-")
+    request = LaunchRequest(
+        name=name,
+        role=name.split("/")[0],
+        index=int(name.split("/")[1]),
+        host=case.host,
+        command=(PY, "-u", "-c", textwrap.dedent(code)),
+        env={"TF_CONFIG": '{"task": {"type": "worker", "index": 0}}', "CONFORMANCE": "yes"},
+        workdir=str(workdir),
+        log_path=str(workdir / "task.log"),
+        keep_log_as=keep,
+        attempt=attempt,
+    )
+    launched = case.backend.launch(request, case.allocation)
+    assert launched.handle and launched.started_at > 0
+    return TaskRecord(
+        name=name,
+        role=request.role,
+        index=request.index,
+        planned_host=case.host,
+        host=launched.host,
+        address=launched.address,
+        port=None,
+        handle=launched.handle,
+        workdir=request.workdir,
+        log_path=request.log_path,
+        command=request.command,
+        env=request.env,
+        devices=(),
+        is_chief=False,
+        fingerprint="f",
+        config_digest="c",
+        cluster_digest="d",
+        started_at=launched.started_at,
+    )
+
+
+def _wait_phase(case: Case, task: TaskRecord, phase: TaskPhase, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = case.backend.describe([task])[task.name]
+        if info.phase is phase:
+            return
+        assert time.monotonic() < deadline, f"{task.name} is {info} after {timeout}s, not {phase}"
+        time.sleep(0.1)
+
+
+def _wait_log(case: Case, task: TaskRecord, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in case.backend.read_log(task).decode():
+        assert time.monotonic() < deadline, f"no {text!r} in the log of {task.name}"
+        time.sleep(0.1)
+
+
+def test_describe_stream_and_exit_code(case: Case) -> None:
+    task = _launch(
+        case,
+        "worker/0",
+        """
+        import os, sys, time
+        for i in range(5):
+            print(f"line {i} {os.environ['CONFORMANCE']}", flush=True)
+            time.sleep(0.1)
+        open(os.path.join(os.getcwd(), "out.txt"), "w").write("written by the task")
+        print("TF_CONFIG=" + os.environ["TF_CONFIG"], flush=True)
+        sys.exit(3)
+        """,
+    )
+    lines: list[str] = []
+    stream = case.backend.stream_log(task, lines.append)
+    try:
+        assert stream.join(60), "the stream did not end with the task"
+    finally:
+        stream.stop()
+    assert [line for line in lines if line.startswith("line")] == [
+        f"line {i} yes" for i in range(5)
+    ]
+    assert 'TF_CONFIG={"task": {"type": "worker", "index": 0}}' in lines
+    _wait_phase(case, task, TaskPhase.FAILED)
+    info = case.backend.describe([task])[task.name]
+    assert info.exit_code == 3 and info.host == task.host
+    assert case.backend.read_file(str(Path(task.workdir) / "out.txt")) == b"written by the task"
+    assert case.backend.read_file(str(Path(task.workdir) / "missing.txt")) is None
+    whole = case.backend.read_log(task)
+    assert 'TF_CONFIG={"task": {"type": "worker", "index": 0}}' in whole.decode()
+    assert case.backend.read_log(task, -10) == whole[-10:]  # negative: from the end
+    assert case.backend.read_log(task, 5) == whole[5:]
+
+
+def test_cancel_is_graceful_then_kills(case: Case) -> None:
+    polite = _launch(
+        case,
+        "ps/0",
+        """
+        import signal, sys, time
+        def bye(*_):
+            print("got TERM", flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, bye)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.1)
+        """,
+    )
+    stubborn = _launch(
+        case,
+        "worker/1",
+        """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.1)
+        """,
+    )
+    for task in (polite, stubborn):
+        _wait_log(case, task, "ready")
+        assert case.backend.describe([task])[task.name].phase is TaskPhase.RUNNING
+    began = time.monotonic()
+    results = case.backend.cancel([polite, stubborn], grace_secs=2.0)
+    assert time.monotonic() - began < 30
+    assert not isinstance(results["ps/0"], Exception) and results["ps/0"].outcome == "terminated"
+    assert (
+        not isinstance(results["worker/1"], Exception) and results["worker/1"].outcome == "killed"
+    )
+    assert "got TERM" in case.backend.read_log(polite).decode()
+    for task in (polite, stubborn):
+        assert case.backend.describe([task])[task.name].phase.ended
+    again = case.backend.cancel([replace(polite, status=TaskStatus.RUNNING)], grace_secs=1.0)
+    assert not isinstance(again["ps/0"], Exception) and again["ps/0"].outcome == "none"
+
+
+def test_restart_keeps_the_previous_log(case: Case) -> None:
+    first = _launch(case, "evaluator/0", "print('first life', flush=True)")
+    _wait_phase(case, first, TaskPhase.SUCCEEDED)
+    kept = first.log_path + ".0"
+    second = _launch(case, "evaluator/0", "print('second life', flush=True)", attempt=1, keep=kept)
+    _wait_phase(case, second, TaskPhase.SUCCEEDED)
+    assert case.backend.read_log(second).decode().strip().endswith("second life")
+    assert "first life" in Path(kept).read_text()
+    assert "first life" not in case.backend.read_log(second).decode()

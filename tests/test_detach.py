@@ -1,0 +1,178 @@
+"""`apply --detach` leaves a background supervisor: it restarts a killed task exactly as an
+attached apply would, ends the run by itself, shows in `status`, is followed (not duplicated) by
+`watch`, is stopped by `destroy`; and when it dies, `status` says so and `watch` takes over.
+
+The tasks are a small program the test controls through a stop file (the chief trains until
+the file appears), so no check races the length of a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apply_helpers import (
+    alive,
+    base_overrides,
+    free_port_base,
+    kill_groups,
+    recorded_groups,
+    state_of,
+    tfplan,
+    wait_until,
+)
+
+pytestmark = pytest.mark.cluster
+
+PROGRAM = r"""
+import json, os, pathlib, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+stop = pathlib.Path(sys.argv[1])
+name = f"{task['type']}/{task['index']}"
+print(f"{name} up", flush=True)
+if task["type"] == "ps":
+    while True:
+        time.sleep(0.1)
+step = 0
+while not stop.exists():
+    step += 1
+    if task["index"] == 0:
+        print(f"step={step}", flush=True)
+    time.sleep(0.05)
+print(f"{name} done", flush=True)
+"""
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    kill_groups(recorded_groups(tmp_path))
+    record = _supervisor(tmp_path)
+    if record and alive(record["pid"]):
+        os.kill(record["pid"], signal.SIGKILL)
+
+
+def _supervisor(ws: Path) -> dict[str, object] | None:
+    path = ws / ".tfplan" / "t" / "state.json"
+    return json.loads(path.read_text())["supervisor"] if path.exists() else None  # type: ignore[no-any-return]
+
+
+def _args(ws: Path) -> list[str]:
+    program = ws / "program.py"
+    program.write_text(PROGRAM)
+    return [
+        *base_overrides(ws, free_port_base()),
+        "recipe=command",
+        f"recipe.command='{sys.executable} {program} {ws / 'stop'}'",
+        "lifecycle.restart.backoff_secs=0.2",
+    ]
+
+
+class _Watch:
+    """`tfplan watch` in the background, its output collected line by line."""
+
+    def __init__(self, ws: Path) -> None:
+        conf = Path(__file__).resolve().parent.parent / "conf"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tfplan", "watch"],
+            cwd=ws,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "TFPLAN_CONF": str(conf)},
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def finish(self, timeout: float) -> str:
+        self.proc.wait(timeout)
+        self._reader.join(10)
+        return "\n".join(self.lines)
+
+
+def _task(ws: Path, name: str) -> dict[str, object]:
+    return next(t for t in state_of(ws)["tasks"] if t["name"] == name)
+
+
+def test_a_detached_run_recovers_a_fault_and_ends_by_itself(ws: Path) -> None:
+    applied = tfplan(ws, "apply", "--auto-approve", "--detach", *_args(ws), check=True)
+    assert "Detached: a background supervisor (pid" in applied.stdout
+    wait_until(lambda: (_supervisor(ws) or {}).get("detached") is True, 30, "the record")
+    record = _supervisor(ws)
+    assert record is not None and alive(int(record["pid"]))  # type: ignore[call-overload]
+    status = json.loads(tfplan(ws, "status", "--json", check=True).stdout)
+    assert status["supervisor"]["alive"] and status["supervisor"]["detached"]
+    # a fault while nobody's terminal is attached: the background supervisor restarts it
+    victim = _task(ws, "worker/1")
+    wait_until(lambda: "up" in Path(str(victim["log_path"])).read_text(), 60, "worker/1 up")
+    os.killpg(int(victim["handle"]["pgid"]), signal.SIGKILL)  # type: ignore[index]
+    wait_until(lambda: _task(ws, "worker/1")["restarts"] == 1, 60, "the restart")
+    restarted = _task(ws, "worker/1")
+    assert restarted["handle"]["pid"] != victim["handle"]["pid"]  # type: ignore[index]
+    assert alive(int(restarted["handle"]["pid"]))  # type: ignore[index]
+    # watch follows the live supervisor instead of starting a second one
+    watch = _Watch(ws)
+    wait_until(lambda: watch.saw("worker/0     | step="), 60, "watch to follow the chief's log")
+    (ws / "stop").write_text("")  # training ends: the supervisor ends the run by itself
+    out = watch.finish(timeout=120)
+    assert watch.proc.returncode == 0, out
+    assert f"is supervised by pid {record['pid']}" in out, out
+    assert "worker/0     | worker/0 done" in out  # it followed the logs to the end
+    wait_until(lambda: _supervisor(ws) is None, 60, "the supervisor to finish and clear itself")
+    wait_until(lambda: not alive(int(record["pid"])), 30, "the supervisor process to exit")  # type: ignore[call-overload]
+    state = state_of(ws)
+    assert {t["status"] for t in state["tasks"]} <= {"succeeded", "stopped"}
+    assert not [t for t in state["tasks"] if alive(int(t["handle"]["pid"]))]
+    record_file = json.loads((ws / "out" / "tfplan" / "experiment.json").read_text())
+    assert record_file["runs"][-1]["status"] == "succeeded"
+
+
+def test_destroy_stops_the_background_supervisor_first(ws: Path) -> None:
+    tfplan(ws, "apply", "--auto-approve", "--detach", *_args(ws), check=True)
+    record = _supervisor(ws)
+    assert record is not None
+    destroyed = tfplan(ws, "destroy", check=True)
+    assert f"taking over from the supervisor (pid {record['pid']})" in destroyed.stdout
+    assert not alive(int(record["pid"]))  # type: ignore[call-overload]
+    assert state_of(ws)["tasks"] == [] and _supervisor(ws) is None
+
+
+def test_when_the_supervisor_dies_status_says_so_and_watch_takes_over(ws: Path) -> None:
+    tfplan(ws, "apply", "--auto-approve", "--detach", *_args(ws), check=True)
+    wait_until(
+        lambda: "step=" in Path(str(_task(ws, "worker/0")["log_path"])).read_text(), 60, "a step"
+    )
+    record = _supervisor(ws)
+    assert record is not None
+    os.kill(int(record["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+    wait_until(lambda: not alive(int(record["pid"])), 30, "the supervisor to die")  # type: ignore[call-overload]
+    status = tfplan(ws, "status", check=True)
+    assert f"pid {record['pid']}" in status.stdout and "is GONE" in status.stdout
+    assert (
+        json.loads(tfplan(ws, "status", "--json", check=True).stdout)["supervisor"]["alive"]
+        is False
+    )
+    watch = _Watch(ws)
+    wait_until(
+        lambda: (_supervisor(ws) or {}).get("pid") == watch.proc.pid, 60, "watch to take over"
+    )
+    (ws / "stop").write_text("")
+    out = watch.finish(timeout=120)
+    assert watch.proc.returncode == 0, out
+    assert "Watching 3 running task(s)" in out and "Training complete" in out

@@ -1,0 +1,95 @@
+"""The architecture as a test: lower layers never import higher ones, recipes never import tfplan.
+
+    config < planning < backends < engine < sweeps < cli
+
+Every ``import`` and ``from ... import`` in the package is read with ``ast`` (function-level
+imports included, ``if TYPE_CHECKING:`` ones too: a type is a dependency as well).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("config", "planning", "backends", "engine", "sweeps", "cli")
+# Modules at the top of the package that everyone may use.
+SHARED = {"tfplan", "tfplan.errors", "tfplan.files"}
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+    return found
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "tfplan" or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in LAYERS else None
+
+
+def _package_modules() -> list[Path]:
+    return sorted((ROOT / "tfplan").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _package_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_module_imports_only_its_own_layer_and_those_below(path: Path) -> None:
+    own = _layer(".".join(path.relative_to(ROOT).with_suffix("").parts))
+    for module in _imports(path):
+        if not module.startswith("tfplan"):
+            continue
+        target = _layer(module)
+        if own is None:  # tfplan/__init__, errors, files, __main__
+            assert (
+                module in SHARED
+                or module.startswith("tfplan.cli")
+                or (module.startswith("tfplan.planning.plan"))
+            ), f"{path.name} imports {module}"
+            continue
+        assert target is None or LAYERS.index(target) <= LAYERS.index(own), (
+            f"{path.relative_to(ROOT)} ({own}) imports {module} ({target}), a higher layer"
+        )
+
+
+SHARED_BACKEND_PARTS = (
+    "api",
+    "delivery",
+    "fanout",
+    "firewall",
+    "logstream",
+    "staging",
+    "transports",
+)
+
+
+def test_backends_do_not_import_each_other() -> None:
+    """A backend uses the interface and the shared parts (transports, fan-out), never another
+    backend: adding one is one module (or package) of its own."""
+    for path in (ROOT / "tfplan" / "backends").rglob("*.py"):
+        own = path.relative_to(ROOT / "tfplan" / "backends").parts[0].removesuffix(".py")
+        for module in _imports(path):
+            parts = module.split(".")
+            if parts[:2] == ["tfplan", "backends"] and len(parts) > 2:
+                assert parts[2] in (own, *SHARED_BACKEND_PARTS), f"{path} imports {module}"
+
+
+def test_the_planner_imports_no_backend_and_no_io() -> None:
+    for path in (ROOT / "tfplan" / "planning").rglob("*.py"):
+        for module in _imports(path):
+            assert module.split(".")[0] not in ("subprocess", "socket", "paramiko", "fabric")
+            assert not module.startswith(("tfplan.backends", "tfplan.engine")), (path, module)
+
+
+def test_recipes_never_import_tfplan() -> None:
+    for path in (ROOT / "recipes").rglob("*.py"):
+        for module in _imports(path):
+            assert not module.startswith("tfplan"), f"{path} imports {module}"

@@ -1,0 +1,238 @@
+"""The Slurm backend on a real Slurm (slurmctld + three slurmd in network namespaces).
+
+Through the real CLI, as a user on a submit host would run it: plan shows the request with
+addresses "known after apply"; apply submits one job, binds the tasks to its nodes, starts each
+as a step, streams their logs, supervises, and cancels the job when training is done; a ps
+killed mid-run is restarted inside the allocation; destroy leaves squeue empty; bad inputs are
+one-line errors that leave nothing queued; a job cancelled from outside ends the run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apply_helpers import FAKE_TASK, kill_groups, recorded_groups, state_of, tfplan, wait_until
+from chaos_helpers import ApplyRun
+from slurm_testbed import SlurmTestbed
+from test_apply_ssh import _conf_with_cluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.netns]
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    kill_groups(recorded_groups(tmp_path))  # srun clients a failed test left behind, by group
+
+
+def _squeue(bed: SlurmTestbed) -> list[str]:
+    return [line for line in bed.run("squeue", "-h", "-o", "%i %j %T").stdout.splitlines() if line]
+
+
+def _env(ws: Path, bed: SlurmTestbed, **options: object) -> dict[str, str]:
+    cluster = {
+        "backend": "slurm",
+        "ps": 1,
+        "workers": 2,
+        "python": sys.executable,  # the nodes share this machine's file system
+        "workdir": str(ws / "work"),
+        "output_dir": str(ws / "out"),
+        "options": {"nodes": 3, "tasks_per_node": 1, "partition": bed.partition, **options},
+    }
+    env = _conf_with_cluster(ws, "slurmtest", cluster)
+    return {**bed.env(), **env}
+
+
+def _args(*extra: str) -> list[str]:
+    return ["cluster=slurmtest", "experiment.id=t", "lifecycle.stop_grace_secs=2", *extra]
+
+
+def _fake(ws: Path, **args: str) -> list[str]:
+    script = ws / "fake_task.py"
+    script.write_text(FAKE_TASK)
+    extra = " ".join(f"{k}={v}" for k, v in args.items())
+    return ["recipe=command", f"recipe.command='{sys.executable} {script} {extra}'"]
+
+
+def test_plan_shows_the_request_and_addresses_known_after_apply(
+    ws: Path, slurm_cluster: SlurmTestbed
+) -> None:
+    env = _env(ws, slurm_cluster, time_limit="00:30:00")
+    planned = tfplan(ws, "plan", *_args(), env=env, check=True)
+    out = planned.stdout
+    assert "sbatch --job-name=tfplan-t --nodes=3 --ntasks-per-node=1 --partition=debug" in out
+    assert "--time=00:30:00" in out
+    assert '+ host       = "node-0" (known after apply)' in out
+    assert "+ TF_CONFIG  = (known after apply)" in out
+    assert _squeue(slurm_cluster) == []  # planning queues nothing
+
+
+@pytest.mark.cluster
+def test_downpour_across_three_nodes_trains_and_the_job_is_gone_after(
+    ws: Path, slurm_cluster: SlurmTestbed
+) -> None:
+    env = _env(ws, slurm_cluster)
+    args = _args(
+        "algo=downpour",
+        "trainer.max_steps=200",
+        "trainer.log_steps=50",
+        "trainer.checkpoint_steps=100",
+    )
+    proc = tfplan(ws, "apply", "--auto-approve", *args, env=env, timeout=400)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr
+    job = re.search(r"submitted Slurm job (\d+)", out)
+    assert job, out
+    nodes = dict(re.findall(r"(ps/0|worker/0|worker/1): started on (n\d)", out))
+    assert sorted(nodes.values()) == ["n1", "n2", "n3"]  # one task per node
+    assert "worker/0     | step=" in out and "Training complete" in out
+    assert f"released allocation {job.group(1)}" in out
+    assert _squeue(slurm_cluster) == []  # nothing stays queued or held
+    result = json.loads((ws / "out" / "result.json").read_text())
+    assert result["global_step"] >= 200 and result["algo"] == "downpour"
+    state = state_of(ws)
+    assert state["allocation"] is None
+    tf_config = {t["name"]: t["address"] for t in state["tasks"]}
+    assert set(tf_config.values()) == set(slurm_cluster.addresses.values())
+
+
+def test_status_logs_and_destroy_leave_squeue_empty(ws: Path, slurm_cluster: SlurmTestbed) -> None:
+    env = _env(ws, slurm_cluster)
+    args = _args(*_fake(ws, steps="2000", step_secs="0.05", worker_secs="600"))
+    tfplan(ws, "apply", "--auto-approve", "--detach", *args, env=env, check=True)
+    wait_until(lambda: "step=" in (ws / "work" / "worker-0" / "task.log").read_text(), 60, "a step")
+    status = tfplan(ws, "status", "--json", env=env, check=True)
+    data = json.loads(status.stdout)
+    assert data["backend"] == "slurm" and data["allocation"]["id"]
+    rows = {r["task"]: r for r in data["tasks"]}
+    assert {r["state"] for r in rows.values()} == {"running"}
+    assert {r["host"] for r in rows.values()} == {"n1", "n2", "n3"}
+    assert rows["worker/0"]["handle"]["step"] == "worker-0.0"
+    assert data["supervisor"]["detached"] and data["supervisor"]["alive"]
+    table = tfplan(ws, "status", env=env, check=True)
+    assert f"job {data['allocation']['id']} step ps-0.0" in table.stdout
+    logs = tfplan(ws, "logs", "worker/0", env=env, check=True)
+    assert "worker/0" in logs.stdout and "step=" in logs.stdout
+    assert len(_squeue(slurm_cluster)) == 1
+    destroyed = tfplan(ws, "destroy", env=env, check=True)
+    assert "Destroy complete! 3 task(s) stopped" in destroyed.stdout
+    assert _squeue(slurm_cluster) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            {"partition": "nosuch"},
+            "cluster.options.partition: no partition 'nosuch'; available: debug",
+        ),
+        ({"nodes": 5}, "sbatch refuses the request"),
+        ({"sbatch_args": ["--bogus-option"]}, "sbatch refuses the request"),
+        ({"partiton": "debug"}, "cluster.options.partiton: no such Slurm option"),
+    ],
+    ids=["unknown-partition", "larger-than-the-cluster", "bad-sbatch-option", "typo"],
+)
+def test_bad_input_is_one_line_and_queues_nothing(
+    ws: Path, slurm_cluster: SlurmTestbed, options: dict[str, object], expected: str
+) -> None:
+    env = _env(ws, slurm_cluster, **options)
+    proc = tfplan(ws, "apply", "--auto-approve", *_args(*_fake(ws)), env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert expected in proc.stderr, proc.stderr
+    assert _squeue(slurm_cluster) == []
+
+
+def test_unreachable_slurm_is_one_line(ws: Path, slurm_cluster: SlurmTestbed) -> None:
+    env = _env(ws, slurm_cluster)
+    bad_conf = ws / "elsewhere.conf"
+    bad_conf.write_text(
+        slurm_cluster.conf.read_text().replace(
+            f"SlurmctldPort={slurm_cluster.ctld_port}", "SlurmctldPort=1"
+        )
+    )
+    env["SLURM_CONF"] = str(bad_conf)
+    proc = tfplan(ws, "apply", "--auto-approve", *_args(*_fake(ws)), env=env, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "Slurm is not reachable" in proc.stderr or "did not answer" in proc.stderr
+    assert _squeue(slurm_cluster) == []
+
+
+def test_a_job_cancelled_from_outside_ends_the_run(ws: Path, slurm_cluster: SlurmTestbed) -> None:
+    env = _env(ws, slurm_cluster)
+    run = ApplyRun(
+        ws, _args(*_fake(ws, steps="5000", step_secs="0.05", worker_secs="600")), env=env
+    )
+    run.wait_for(r"worker/0\s+\| step=", timeout=90)
+    job = state_of(ws)["allocation"]["id"]
+    slurm_cluster.run("scancel", job)
+    code = run.finish(timeout=120)
+    assert code == 1
+    assert f"Slurm job {job} ended outside tfplan" in run.text()
+    assert _squeue(slurm_cluster) == []
+    assert all(t["status"] != "running" for t in state_of(ws)["tasks"])
+
+
+@pytest.mark.cluster
+def test_a_killed_ps_is_restarted_inside_the_allocation(
+    ws: Path, slurm_cluster: SlurmTestbed
+) -> None:
+    env = _env(ws, slurm_cluster)
+    args = _args(
+        "trainer.max_steps=1200",
+        "trainer.log_steps=50",
+        "trainer.checkpoint_steps=100",
+        "lifecycle.restart.backoff_secs=0.2",
+    )
+    run = ApplyRun(ws, args, env=env)
+    fault = run.wait_step(300, timeout=300, task="worker/0")
+    ps = next(t for t in state_of(ws)["tasks"] if t["name"] == "ps/0")
+    steps = dict(
+        line.split()[::-1]
+        for line in slurm_cluster.run("squeue", "-h", "-s", "-o", "%i %j").stdout.splitlines()
+    )
+    slurm_cluster.run("scancel", "--signal=KILL", steps["ps-0.0"])
+    run.wait_for(r"ps/0 failed \(exit code 137\): restarting", timeout=60, after=fault)
+    run.wait_for(r"ps/0: restarted on n\d", timeout=60, after=fault)
+    code = run.finish(timeout=400)
+    assert code == 0, run.text()[-4000:]
+    restarted = next(t for t in state_of(ws)["tasks"] if t["name"] == "ps/0")
+    assert restarted["host"] == ps["host"] and restarted["port"] == ps["port"]
+    assert restarted["handle"]["step"] == "ps-0.1" and restarted["restarts"] == 1
+    result = json.loads((ws / "out" / "result.json").read_text())
+    assert result["global_step"] >= 1200
+    assert _squeue(slurm_cluster) == []
+
+
+def test_a_sweep_runs_one_slurm_job_per_point(ws: Path, slurm_cluster: SlurmTestbed) -> None:
+    env = _env(ws, slurm_cluster)
+    script = ws / "fake_task.py"
+    script.write_text(FAKE_TASK)
+    proc = tfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        "--concurrency",
+        "2",
+        "cluster=slurmtest",
+        "experiment.id=sw",
+        "lifecycle.stop_grace_secs=2",
+        "recipe=command",
+        f"recipe.command='{sys.executable} {script} steps=3 step_secs=0.05'",
+        "trainer.max_steps=10,20",
+        env=env,
+        timeout=300,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr
+    jobs = set(re.findall(r"submitted Slurm job (\d+)", out))
+    assert len(jobs) == 2, out[-3000:]  # one job per point
+    assert "Sweep complete! 2 succeeded, 0 failed." in out
+    assert _squeue(slurm_cluster) == []

@@ -1,0 +1,93 @@
+"""In-process checks of the TF2 strategies' building blocks (eager, no cluster): the optimizer
+against tf.compat.v1's update rules, the checkpoint files and keys, the error line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recipes.config import ConfigError, ModelConf
+from recipes.models import Model
+from recipes.strategies import CKPT_KEY_SUFFIX
+from recipes.strategies.common import Checkpoints, Optimizer, first_line
+
+V1 = {
+    "sgd": lambda lr: tf.compat.v1.train.GradientDescentOptimizer(lr),
+    "momentum": lambda lr: tf.compat.v1.train.MomentumOptimizer(lr, 0.9),
+    "adagrad": lambda lr: tf.compat.v1.train.AdagradOptimizer(lr),
+    "adam": lambda lr: tf.compat.v1.train.AdamOptimizer(lr),
+}
+
+
+@pytest.mark.parametrize("name", sorted(V1))
+def test_optimizer_follows_the_tf1_update_rules(name: str) -> None:
+    rng = np.random.RandomState(0)
+    start = rng.randn(3, 4).astype(np.float32)
+    grads = [rng.randn(3, 4).astype(np.float32) for _ in range(4)]
+    ours = {"w": tf.Variable(start)}
+    theirs = tf.Variable(start)
+    opt = Optimizer(name, 0.05)
+    slots = opt.create_slots(ours)
+    step = tf.Variable(0, dtype=tf.int64)
+    reference = V1[name](0.05)
+    for g in grads:
+        opt.apply(ours, {"w": tf.constant(g)}, slots, step)
+        step.assign_add(1)
+        reference.apply_gradients([(tf.constant(g), theirs)])
+    np.testing.assert_allclose(ours["w"].numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_optimizer_is_refused() -> None:
+    with pytest.raises(ValueError, match="valid: sgd, adagrad, adam, momentum"):
+        Optimizer("rmsprop", 0.1)
+
+
+def _state(model: Model) -> tuple[tf.Variable, dict[str, tf.Variable], dict[str, tf.Variable]]:
+    params = model.create_variables()
+    step = tf.Variable(0, dtype=tf.int64)
+    return step, params, Optimizer("momentum", 0.1).create_slots(params)
+
+
+def test_checkpoints_keys_retention_and_restore(tmp_path: Path) -> None:
+    model = Model(ModelConf(name="mlp", hidden=(8,)), 8, 1, 10)
+    step, params, slots = _state(model)
+    ckpts = Checkpoints(str(tmp_path), step, params, slots)
+    for s in range(1, 8):
+        step.assign(s * 10)
+        ckpts.write(s * 10)
+    kept = sorted(p.name for p in tmp_path.glob("model.ckpt-*.index"))
+    assert kept == [f"model.ckpt-{s}.index" for s in (30, 40, 50, 60, 70)]
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-70")
+    assert 'model_checkpoint_path: "model.ckpt-70"' in (tmp_path / "checkpoint").read_text()
+    keys = set(
+        tf.train.load_checkpoint(str(tmp_path / "model.ckpt-70")).get_variable_to_shape_map()
+    )
+    assert {"global_step" + CKPT_KEY_SUFFIX, "model/dense0/w" + CKPT_KEY_SUFFIX} <= keys
+    assert "optimizer/momentum/dense1/b" + CKPT_KEY_SUFFIX in keys
+    saved = params["dense0/w"].numpy()
+
+    step2, params2, slots2 = _state(model)  # a fresh process: new values
+    assert not np.allclose(params2["dense0/w"].numpy(), saved)
+    assert Checkpoints(str(tmp_path), step2, params2, slots2).restore_latest() == 70
+    assert int(step2.numpy()) == 70
+    np.testing.assert_array_equal(params2["dense0/w"].numpy(), saved)
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
+    step, params, slots = _state(Model(ModelConf(name="mlp", hidden=(8,)), 8, 1, 10))
+    Checkpoints(str(tmp_path), step, params, slots).write(5)
+    other = _state(Model(ModelConf(name="mlp", hidden=(16,)), 8, 1, 10))
+    with pytest.raises(ConfigError, match="use a new experiment.id"):
+        Checkpoints(str(tmp_path), *other).restore_latest()
+
+
+def test_first_line_skips_tensorflows_generic_lines() -> None:
+    message = (
+        "Graph execution error:\n\nDetected at node x defined at:\n<stack traces unavailable>\n"
+        "2 root error(s) found.\n  (0) UNAVAILABLE: Connection reset by peer\n"
+    )
+    assert first_line(RuntimeError(message)) == "(0) UNAVAILABLE: Connection reset by peer"
+    assert first_line(RuntimeError("")) == "RuntimeError"

@@ -1,0 +1,267 @@
+"""The backend interface: where and how tasks run, whatever the engine underneath.
+
+A backend turns the plan's tasks into running processes and reports on them. The engine
+(apply, supervision, status, logs, destroy) speaks only this interface; the state keeps each
+task's opaque ``handle`` and the backend's :class:`~tfplan.planning.plan.BackendRef`, so any
+later ``tfplan`` process can reconnect to what an earlier one started.
+
+Life of a task, as the engine drives it::
+
+    Backend.target(cluster, ctx)        plan time, pure: options checked, places to put tasks
+    Backend.dryrun(plan)                plan time, pure: the request it would make (shown, saved)
+    backend = SomeBackend(ref, scratch)
+    backend.preflight(plan, tasks)      everything that can be checked before anything starts
+    backend.allocate(plan, ...)         scheduler-placed backends: ask for resources, bind hosts
+    backend.stage(plan, tasks, alloc)   code, run config and TF_CONFIG files where tasks read them
+    backend.launch(request, alloc)      one task -> Launched(handle, host, address)
+    backend.describe(records)           phase, exit code, host, CPU, memory per task
+    backend.stream_log / read_log       a task's output, followed or read
+    backend.read_file(path, near)       a file a task wrote (result.json, checkpoint index)
+    backend.cancel(records, grace)      stop tasks: polite signal, then kill after ``grace``
+    backend.release(alloc)              give the resources back (nothing stays queued)
+
+Public methods of :class:`Backend` are the contract; a backend implements the abstract ones and
+may override the defaults. Every failure a user can act on is a :class:`~tfplan.errors.TfplanError`
+with a one-line message. Backends register under the entry-point group ``tfplan.backends``
+(see :mod:`tfplan.backends`), so a third party adds one without editing tfplan.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tfplan.backends.logstream import LogStream
+from tfplan.planning.plan import BackendRef, Plan, Task
+from tfplan.planning.state import Allocation, TaskRecord
+
+if TYPE_CHECKING:  # the config schemas load OmegaConf: only plan time needs them
+    from tfplan.config.schema import ClusterConfig
+    from tfplan.planning.context import PlanContext
+    from tfplan.planning.topology import Target
+
+__all__ = [
+    "Backend",
+    "CancelResult",
+    "Capabilities",
+    "Launched",
+    "LaunchRequest",
+    "LogStream",
+    "Say",
+    "TaskInfo",
+    "TaskPhase",
+]
+
+Say = Callable[[str], None]
+
+
+class TaskPhase(str, Enum):
+    PENDING = "pending"  # accepted, not running yet (a queued step, a pod being scheduled)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # ended with exit code 0
+    FAILED = "failed"  # ended otherwise (exit code, signal, vanished)
+    UNREACHABLE = "unreachable"  # could not be observed (host down, API error)
+
+    @property
+    def ended(self) -> bool:
+        return self in (TaskPhase.SUCCEEDED, TaskPhase.FAILED)
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """One task to start, as the engine asks for it.
+
+    TF_CONFIG comes apart from ``env``: it lists the whole cluster and may be larger than one
+    environment variable can be (128 KiB on Linux). A backend starts
+    ``tfplan.backends.delivery.deliver(request)``'s command, environment and files, which put
+    it in the environment when it fits, else in a file next to the task.
+    """
+
+    name: str  # "worker/1"
+    role: str
+    index: int
+    host: str  # the plan's host name (the backend maps it through the allocation)
+    command: tuple[str, ...]
+    env: dict[str, str]  # everything to export except TF_CONFIG
+    workdir: str  # the task's own folder (created)
+    log_path: str  # stdout and stderr, truncated at start
+    devices: tuple[str, ...] = ()
+    keep_log_as: str | None = None  # a restart: move the previous log here first
+    attempt: int = 0  # 0 for the first start, n for the n-th restart
+    tf_config: str = ""  # the task's TF_CONFIG (JSON), delivered by tfplan.backends.delivery
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What the engine records of a started task."""
+
+    handle: dict[str, Any]  # opaque to the engine, JSON-serialisable; the backend's own
+    host: str  # where it runs (a real machine or node name)
+    address: str | None  # where the other tasks reach it
+    started_at: float  # unix time
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A task as the backend observes it now."""
+
+    phase: TaskPhase
+    exit_code: int | None = None  # known once ended
+    host: str | None = None
+    detail: str = ""  # backend words: a ps STAT, a Slurm step state, the reason it is pending
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    error: str | None = None  # why it is unreachable
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    outcome: str  # "none" (was not running) | "terminated" | "killed"
+    elapsed_secs: float
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do beyond the contract; the engine adapts its behaviour."""
+
+    # can install per-host firewall rules (cluster.firewall=true is refused at plan otherwise)
+    firewall: bool = False
+    # a host that stops answering can be planned around (on_host_failure=replace): the
+    # supervisor re-plans its tasks onto the other hosts; otherwise the run fails
+    replace_lost_hosts: bool = False
+    # output_dir is a folder the machine running tfplan shares (the record of each apply goes
+    # to <output_dir>/tfplan/); False: it exists only inside the cluster (a Kubernetes volume),
+    # and the record goes to the workspace (.tfplan/<experiment>/output/tfplan/) instead.
+    shared_output: bool = True
+
+
+class Backend(ABC):
+    """Runs tasks somewhere. See the module docstring for the order of calls.
+
+    Args:
+        ref: the plan's (or state's) backend reference: name and resolved options.
+        scratch: a folder on the machine running tfplan that the backend may use for its own
+            files (wrappers, local logs); it lives in the experiment's workspace folder.
+    """
+
+    name: ClassVar[str] = "abstract"
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, ref: BackendRef, scratch: Path) -> None:
+        self.ref = ref
+        self.scratch = Path(scratch)
+
+    # ---- plan time (pure) ----------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def target(cls, cluster: ClusterConfig, ctx: PlanContext) -> Target:
+        """Check this backend's options in ``cluster`` and say where tasks can go.
+
+        Pure: no I/O. Raises :class:`~tfplan.errors.ConfigError` naming the key and the fix.
+        """
+
+    @classmethod
+    def dryrun(cls, plan: Plan) -> tuple[str, ...]:
+        """The request :meth:`allocate` would make, as lines for the plan (pure)."""
+        return ()
+
+    # ---- apply ---------------------------------------------------------------------------
+    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> None:  # noqa: B027 - optional
+        """Check what can be checked before anything starts or queues.
+
+        Raises:
+            PreflightError: one line per place that is not ready.
+        """
+
+    def allocate(
+        self,
+        plan: Plan,
+        tasks: Sequence[Task],
+        current: Allocation | None,
+        say: Say,
+        submitted: Callable[[Allocation], None],
+    ) -> Allocation:
+        """Get the resources ``tasks`` need and bind the plan's hosts to real ones.
+
+        Args:
+            plan: the plan being applied.
+            tasks: the tasks about to start.
+            current: the allocation the state holds from an earlier apply (reuse it while it
+                lives), or None.
+            say: progress for the user ("queued: waiting for resources").
+            submitted: called as soon as there is something to give back later (a job id), so
+                the engine records it before waiting: Ctrl-C or a crash while queued leaves
+                nothing behind.
+
+        The default is for backends whose hosts are the planned ones: nothing to allocate.
+        """
+        return current or Allocation()
+
+    @abstractmethod
+    def stage(self, plan: Plan, tasks: Sequence[Task], allocation: Allocation) -> None:
+        """Put the code (built-in recipes), each task's run config and what else tasks read
+        where they will read it."""
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest, allocation: Allocation) -> Launched:
+        """Start one task, detached: it runs on when tfplan exits. Returns at once."""
+
+    def release(self, allocation: Allocation) -> None:  # noqa: B027 - optional
+        """Give the allocation back; its tasks must already be stopped."""
+
+    def allocation_problem(self, allocation: Allocation) -> str | None:
+        """Why the allocation can no longer run tasks (a job cancelled from outside, its time
+        limit reached), or None. Asked when a task ends unexpectedly: restarting into a dead
+        allocation is pointless, the job ends with this reason instead."""
+        return None
+
+    # ---- observe and control -------------------------------------------------------------
+    @abstractmethod
+    def describe(self, tasks: Sequence[TaskRecord]) -> dict[str, TaskInfo]:
+        """Each task's :class:`TaskInfo`, by task name, in as few round trips as possible.
+
+        A task that cannot be observed is ``UNREACHABLE`` (with the reason), never an exception:
+        one silent host must not hide the others.
+        """
+
+    @abstractmethod
+    def cancel(
+        self, tasks: Sequence[TaskRecord], grace_secs: float
+    ) -> dict[str, CancelResult | Exception]:
+        """Stop tasks (all at once, so grace periods overlap): a polite signal, then a kill after
+        ``grace_secs``; every process of each task is gone when it returns. A failure for one
+        task is data (its exception), not raised."""
+
+    @abstractmethod
+    def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
+        """Follow a task's log from its first line until the task has ended."""
+
+    @abstractmethod
+    def read_log(self, task: TaskRecord, offset: int = 0, max_bytes: int = 16 << 20) -> bytes:
+        """A task's log from byte ``offset`` (negative: from the end); b"" when none yet."""
+
+    @abstractmethod
+    def read_file(self, path: str, near: str | None = None) -> bytes | None:
+        """A file a task wrote, or None when it does not exist (yet).
+
+        Args:
+            path: absolute path as the task saw it.
+            near: the host (plan host name or real one) it was written on, when it matters.
+        """
+
+    def handle_text(self, task: TaskRecord) -> str:
+        """The handle as users know it (``pid 4242``, ``step 17.3``, ``pod x``) for tables."""
+        return " ".join(f"{k} {v}" for k, v in task.handle.items())
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release connections; running tasks are not affected."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,72 @@
+"""A thread that delivers a followed log to a callback, whole line by whole line."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["LogStream"]
+
+
+class LogStream:
+    """A thread delivering whole lines of a followed log to ``on_line``, in order.
+
+    Ends by itself once the task is dead and the log fully read; :meth:`stop` ends it early.
+    An exception raised by ``on_line`` ends the stream and is kept in :attr:`error`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        read_chunk: Callable[[], bytes],
+        end_input: Callable[[], None],
+        force_close: Callable[[], None],
+        on_line: Callable[[str], None],
+    ) -> None:
+        self._read_chunk = read_chunk
+        self._end_input = end_input
+        self._force_close = force_close
+        self._on_line = on_line
+        self.error: BaseException | None = None
+        self.lines = 0
+        self._thread = threading.Thread(target=self._pump, name=f"log:{name}", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        buffer = b""
+        try:
+            while True:
+                chunk = self._read_chunk()
+                if not chunk:
+                    break
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for raw in complete:
+                    self._deliver(raw)
+            if buffer:  # the task ended without a final newline: its last line is whole now
+                self._deliver(buffer)
+        except BaseException as exc:  # noqa: BLE001 - kept for the caller, the thread must end
+            self.error = exc
+        finally:
+            self._end_input()
+            self._force_close()
+
+    def _deliver(self, raw: bytes) -> None:
+        self.lines += 1
+        self._on_line(raw.decode(errors="replace").rstrip("\r"))
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the stream to end; True when it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the stream now (the follower on the host is ended too) and wait for the thread."""
+        self._end_input()
+        if not self.join(timeout):
+            self._force_close()
+            self.join(timeout)

@@ -1,0 +1,423 @@
+"""The process backend: every task is a process on a host tfplan reaches itself.
+
+Hosts are listed in the cluster config (``cluster.hosts``). Loopback hosts use the local
+transport (``subprocess``), the others SSH (Fabric); both run the same POSIX scripts, so tasks
+start detached in their own process group, record their exit code in their workdir, and are
+stopped by process group, never by name.
+
+Handle: ``{"pid": ..., "pgid": ...}`` of the task's wrapper, the leader of its process group.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tfplan.backends.api import (
+    Backend,
+    CancelResult,
+    Capabilities,
+    Launched,
+    LaunchRequest,
+    LogStream,
+    Say,
+    TaskInfo,
+    TaskPhase,
+)
+from tfplan.backends.delivery import deliver, shell_bytes
+from tfplan.backends.fanout import run_on_hosts
+from tfplan.backends.firewall import (
+    HostFirewall,
+    cluster_firewalls,
+    detect_script,
+    install_script,
+    parse_detect,
+    remove_script,
+)
+from tfplan.backends.staging import RECIPES_DIR, run_yaml
+from tfplan.backends.transports.pool import TransportPool
+from tfplan.backends.transports.preflight import (
+    PreflightRequest,
+    PreflightResult,
+    raise_for_preflight,
+)
+from tfplan.backends.transports.specs import HostTarget, LaunchSpec, ProcessInfo, is_loopback
+from tfplan.errors import BackendError, ConfigError
+from tfplan.planning.plan import BackendRef, Plan, Task
+from tfplan.planning.state import Allocation, TaskRecord
+from tfplan.planning.topology import Place, Target, Topology
+
+if TYPE_CHECKING:
+    from tfplan.config.schema import ClusterConfig, HostConfig
+    from tfplan.planning.context import PlanContext
+
+__all__ = ["ProcessBackend", "host_name"]
+
+TRANSPORT_KINDS = ("auto", "local", "ssh")
+
+
+def host_name(host: HostConfig) -> str:
+    return host.name or host.address
+
+
+class ProcessBackend(Backend):
+    """Tasks as processes on listed hosts, over a local or an SSH transport per host."""
+
+    name = "process"
+    capabilities = Capabilities(firewall=True, replace_lost_hosts=True)
+
+    def __init__(self, ref: BackendRef, scratch: Path) -> None:
+        super().__init__(ref, scratch)
+        self.hosts = [HostTarget(**h) for h in ref.config.get("hosts", [])]
+        self.firewall = bool(ref.config.get("firewall", False))
+        self.pool = TransportPool(self.hosts)
+
+    # ---- plan time -----------------------------------------------------------------------
+    @classmethod
+    def target(cls, cluster: ClusterConfig, ctx: PlanContext) -> Target:
+        """The listed hosts as places; each host's transport and interpreter resolved.
+
+        Raises:
+            ConfigError: no hosts, duplicate names/addresses, bad slots, ports or transport, or
+                relative folders on a cluster with remote hosts.
+        """
+        if cluster.options:
+            raise ConfigError(
+                "cluster.options",
+                f"the process backend has no options (got {', '.join(sorted(cluster.options))})",
+                "remove them, or set cluster.backend to the backend they belong to",
+            )
+        _check_hosts(cluster)
+        targets = [_host_target(cluster, h, ctx) for h in cluster.hosts]
+        places = tuple(
+            Place(
+                name=t.name,
+                address=t.address,
+                cpu_slots=h.cpu_slots,
+                gpus=h.gpus,
+                port_base=h.port_base,
+                python=t.python or "python3",
+            )
+            for t, h in zip(targets, cluster.hosts, strict=True)
+        )
+        ref = BackendRef(
+            cls.name, {"hosts": [asdict(t) for t in targets], "firewall": cluster.firewall}
+        )
+        return Target(ref, Topology(places=places))
+
+    @classmethod
+    def dryrun(cls, plan: Plan) -> tuple[str, ...]:
+        """With ``cluster.firewall``: the rules each host will get."""
+        if not plan.backend.config.get("firewall"):
+            return ()
+        return tuple(f"firewall: {fw.describe()}" for fw in _firewalls(plan).values() if fw.ports)
+
+    # ---- apply ---------------------------------------------------------------------------
+    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> None:
+        """Per host: python, TensorFlow (built-in recipes), free ports, writable folders, and
+        a shared output folder when there are several hosts.
+
+        Raises:
+            PreflightError: every host's problems, in one line.
+        """
+        hosts = sorted({t.host for t in tasks})
+        marker = uuid.uuid4().hex
+
+        def check(name: str) -> PreflightResult:
+            mine = [t for t in tasks if t.host == name]
+            request = PreflightRequest(
+                tf_version=plan.tf_version if plan.builtin_recipes else None,
+                ports=tuple(t.port for t in mine if t.port is not None),
+                writable_dirs=(*(t.workdir for t in mine), plan.code_dir, plan.output_dir),
+                shared_dir=plan.output_dir if len(hosts) > 1 else None,
+                marker_token=marker,
+            )
+            result = self.pool[name].preflight(request)
+            if self.firewall:
+                support = parse_detect(self.run_on_host(name, detect_script(), "detect"))
+                if support.problem:
+                    result = replace(result, problems=(*result.problems, support.problem))
+            return result
+
+        firewall_hosts = sorted({t.host for t in plan.tasks}) if self.firewall else []
+        raise_for_preflight(run_on_hosts({h: h for h in sorted({*hosts, *firewall_hosts})}, check))
+
+    def allocate(
+        self,
+        plan: Plan,
+        tasks: Sequence[Task],
+        current: Allocation | None,
+        say: Say,
+        submitted: Callable[[Allocation], None],
+    ) -> Allocation:
+        """The hosts are the planned ones; with ``cluster.firewall``, install the rules on every
+        host of the plan (replacing what an earlier apply installed) before any task starts."""
+        if not self.firewall:
+            return current or Allocation()
+        firewalls = _firewalls(plan)
+        allocation = Allocation(
+            data={"firewall": sorted(firewalls), "experiment": plan.experiment_id}
+        )
+        submitted(allocation)  # recorded before installing: a failure part-way is removed again
+
+        def install(host: str) -> str:
+            support = parse_detect(self.run_on_host(host, detect_script(), "detect"))
+            if support.backend is None:
+                raise BackendError(support.problem or "no firewall tool")
+            self.run_on_host(host, install_script(firewalls[host], support.backend), "firewall")
+            return support.backend
+
+        done = run_on_hosts({h: h for h in firewalls}, install)
+        failed = done.failed
+        if failed:
+            detail = "; ".join(f"{h}: {e}" for h, e in sorted(failed.items()))
+            raise BackendError(f"could not install the firewall rules: {detail}")
+        say(
+            "firewall: only the cluster's addresses reach its ports on "
+            + ", ".join(f"{h} ({kind})" for h, kind in sorted(done.succeeded.items()))
+        )
+        return allocation
+
+    def release(self, allocation: Allocation) -> None:
+        """Remove the firewall rules this experiment installed (idempotent)."""
+        hosts = allocation.data.get("firewall") or []
+        experiment = str(allocation.data.get("experiment", ""))
+        if not hosts or not experiment:
+            return
+        script = remove_script(experiment)
+        failed = run_on_hosts(
+            {h: h for h in hosts}, lambda h: self.run_on_host(h, script, "firewall")
+        ).failed
+        if failed:
+            detail = "; ".join(f"{h}: {e}" for h, e in sorted(failed.items()))
+            raise BackendError(f"could not remove the firewall rules: {detail}")
+
+    def stage(self, plan: Plan, tasks: Sequence[Task], allocation: Allocation) -> None:
+        """Copy the recipes package to every host (built-in recipes), and each task's run.yaml
+        to its workdir.
+
+        Raises:
+            BackendError: a host could not be written, naming each.
+        """
+        config = run_yaml(plan)
+        hosts = sorted({t.host for t in tasks})
+
+        def ship(name: str) -> None:
+            transport = self.pool[name]
+            if plan.builtin_recipes:
+                transport.put_tree(RECIPES_DIR, posixpath.join(plan.code_dir, "recipes"))
+            for task in (t for t in tasks if t.host == name):
+                transport.write_file(posixpath.join(task.workdir, "run.yaml"), config)
+
+        failures = run_on_hosts({h: h for h in hosts}, ship).failed
+        if failures:
+            detail = "; ".join(f"{h}: {why}" for h, why in sorted(failures.items()))
+            raise BackendError(f"could not copy the code and run config: {detail}")
+
+    def launch(self, request: LaunchRequest, allocation: Allocation) -> Launched:
+        transport = self.pool[request.host]
+        if request.keep_log_as:
+            transport.move(request.log_path, request.keep_log_as)
+        # SSH sends the whole environment inside one `sh -c` script: TF_CONFIG shares its limit
+        ssh = transport.target.kind == "ssh"
+        delivery = deliver(
+            request, overhead=shell_bytes(request.command, request.env) if ssh else 0
+        )
+        for path, text in delivery.files.items():
+            transport.write_file(path, text.encode())
+        started = transport.start(
+            LaunchSpec(
+                name=request.name,
+                command=delivery.command,
+                env=delivery.env,
+                workdir=request.workdir,
+                log_path=request.log_path,
+            )
+        )
+        return Launched(
+            handle={"pid": started.pid, "pgid": started.pgid},
+            host=request.host,
+            address=transport.target.address,
+            started_at=started.started_at,
+        )
+
+    # ---- observe and control -------------------------------------------------------------
+    def describe(self, tasks: Sequence[TaskRecord]) -> dict[str, TaskInfo]:
+        """One ``ps`` per host for all of its tasks, every host at once."""
+        by_host: dict[str, list[TaskRecord]] = {}
+        for task in tasks:
+            by_host.setdefault(task.host, []).append(task)
+
+        def ask(mine: list[TaskRecord]) -> dict[int, ProcessInfo]:
+            return self.pool[mine[0].host].status(
+                [_pid(t) for t in mine], [t.workdir for t in mine]
+            )
+
+        out: dict[str, TaskInfo] = {}
+        for host, result in run_on_hosts(by_host, ask).items():
+            for task in by_host[host]:
+                if isinstance(result, Exception):
+                    out[task.name] = TaskInfo(TaskPhase.UNREACHABLE, host=host, error=str(result))
+                else:
+                    out[task.name] = _info(result.get(_pid(task)), host)
+        return out
+
+    def cancel(
+        self, tasks: Sequence[TaskRecord], grace_secs: float
+    ) -> dict[str, CancelResult | Exception]:
+        def stop(task: TaskRecord) -> CancelResult:
+            result = self.pool[task.host].stop(_pid(task), int(task.handle["pgid"]), grace_secs)
+            return CancelResult(result.outcome, result.elapsed_secs)
+
+        return dict(run_on_hosts({t.name: t for t in tasks}, stop))
+
+    def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
+        return self.pool[task.host].stream_log(task.log_path, _pid(task), on_line)
+
+    def read_log(self, task: TaskRecord, offset: int = 0, max_bytes: int = 16 << 20) -> bytes:
+        data, _ = self.pool[task.host].read_log(task.log_path, offset, max_bytes)
+        return data
+
+    def read_file(self, path: str, near: str | None = None) -> bytes | None:
+        host = near if near in self.pool.targets else self.hosts[0].name
+        data, _ = self.pool[host].read_log(path, 0)
+        return data or None
+
+    def handle_text(self, task: TaskRecord) -> str:
+        return f"pid {task.handle.get('pid')}"
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # ---- for the firewall and other host-level features ----------------------------------
+    def run_on_host(self, host: str, script: str, what: str) -> str:
+        """Run a POSIX sh script on one host; its stdout. Raises BackendError on failure."""
+        return self.pool[host].run_script(script, what).stdout.decode(errors="replace")
+
+
+def _firewalls(plan: Plan) -> dict[str, HostFirewall]:
+    """Each host's rules: the ports of its own tasks, open to every host of the cluster.
+
+    Raises:
+        ConfigError: a host's address is not an IP address (rules need addresses).
+    """
+    tasks = [(t.host, plan.address_of(t) or t.host, t.port) for t in plan.tasks]
+    return cluster_firewalls(plan.experiment_id, tasks)
+
+
+def _pid(task: TaskRecord) -> int:
+    return int(task.handle["pid"])
+
+
+def _info(info: ProcessInfo | None, host: str) -> TaskInfo:
+    if info is None:
+        return TaskInfo(TaskPhase.FAILED, host=host, detail="missing")
+    if info.alive:
+        return TaskInfo(
+            TaskPhase.RUNNING,
+            host=host,
+            detail=info.state,
+            cpu_percent=info.cpu_percent,
+            rss_bytes=info.rss_bytes,
+        )
+    phase = TaskPhase.SUCCEEDED if info.exit_code == 0 else TaskPhase.FAILED
+    return TaskInfo(phase, exit_code=info.exit_code, host=host, detail=info.state)
+
+
+def _host_target(cluster: ClusterConfig, host: HostConfig, ctx: PlanContext) -> HostTarget:
+    local = host.executor == "local" or (
+        host.executor == "auto" and is_loopback(host.address) and host.ssh_port is None
+    )
+    return HostTarget(
+        name=host_name(host),
+        address=host.address,
+        ssh_user=host.ssh_user,
+        ssh_port=host.ssh_port,
+        ssh_key=host.ssh_key,
+        python=host.python or cluster.python or (ctx.local_python if local else "python3"),
+        accept_new_host_keys=cluster.ssh_accept_new_host_keys,
+        known_hosts=cluster.ssh_known_hosts,
+        kind="local" if local else "ssh",
+    )
+
+
+def _require(ok: bool, key: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(key, problem, fix)
+
+
+def _check_hosts(cluster: ClusterConfig) -> None:
+    hosts = cluster.hosts
+    _require(
+        len(hosts) > 0,
+        "cluster.hosts",
+        "no hosts",
+        "add at least one host (cluster=local uses 127.0.0.1)",
+    )
+    names: set[str] = set()
+    endpoints: set[tuple[str, int | None]] = set()
+    for i, host in enumerate(hosts):
+        key = f"cluster.hosts[{i}]"
+        _check_host(host, key, names, endpoints)
+    if any(not is_loopback(h.address) for h in hosts):
+        for field, what in (("output_dir", "that every host shares"), ("workdir", "on each host")):
+            value = getattr(cluster, field)
+            _require(
+                value.startswith("/"),
+                f"cluster.{field}",
+                f"relative path {value!r} on a cluster with remote hosts",
+                f"use an absolute folder {what}",
+            )
+
+
+def _check_host(
+    host: HostConfig, key: str, names: set[str], endpoints: set[tuple[str, int | None]]
+) -> None:
+    _require(bool(host.address.strip()), f"{key}.address", "is empty", "set the host's address")
+    name = host_name(host)
+    _require(
+        name not in names,
+        f"{key}.name",
+        f"host {name!r} appears twice",
+        "give each host a unique name",
+    )
+    names.add(name)
+    endpoint = (host.address, host.ssh_port)
+    _require(
+        endpoint not in endpoints,
+        f"{key}.address",
+        f"{host.address} (ssh port {host.ssh_port}) appears twice",
+        "list each machine once and raise its cpu_slots instead",
+    )
+    endpoints.add(endpoint)
+    _require(
+        host.cpu_slots >= 1,
+        f"{key}.cpu_slots",
+        f"{host.cpu_slots} < 1",
+        "give every host at least one slot",
+    )
+    _require(host.gpus >= 0, f"{key}.gpus", f"{host.gpus} < 0", "use 0 for a CPU-only host")
+    _require(
+        host.executor in TRANSPORT_KINDS,
+        f"{key}.executor",
+        f"{host.executor!r} is not one of {', '.join(TRANSPORT_KINDS)}",
+        "use auto unless you need to force one",
+    )
+    if host.executor == "local":
+        _require(
+            is_loopback(host.address),
+            f"{key}.executor",
+            f"local executor for non-loopback address {host.address}",
+            "use executor=ssh (or auto) for other machines",
+        )
+    if host.ssh_port is not None:
+        _require(
+            0 < host.ssh_port < 65536,
+            f"{key}.ssh_port",
+            f"{host.ssh_port} out of range",
+            "use 1-65535",
+        )

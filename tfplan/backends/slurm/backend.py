@@ -1,0 +1,602 @@
+"""The Slurm backend: one job holds the allocation, every task is a step inside it.
+
+- ``allocate``: ``sbatch`` a holder job (``sleep infinity``) asking for the nodes; wait for it
+  to run (saying why it pends; Ctrl-C or a failure cancels it); bind the plan's ``node-<i>``
+  places to the job's nodes and their addresses.
+- ``launch``: ``srun --jobid=JOB --overlap -N1 -n1 -w NODE ... <command>`` started detached on
+  the submit host through the local transport, so the step lives on when tfplan exits; srun
+  forwards the task's output into the task's log and exits with the task's exit code, which
+  the local wrapper records.
+- ``cancel``: ``scancel --signal=TERM JOB.STEP`` (signalling srun itself would SIGKILL the task
+  at once), then ``scancel JOB.STEP`` after the grace period.
+- ``release``: ``scancel JOB``; nothing stays queued or held.
+
+Files: the workdir, code dir and output dir must be on a folder the submit host and every node
+share (the usual home or project file system): run.yaml and the recipes are written there from
+the submit host, and tfplan reads checkpoints and results there. ``stage`` checks every node
+sees them before any task starts. Measured Slurm behaviours: docs/slurm_notes.md.
+
+Handle: ``{"job", "node", "step" (the step's name), "pid", "pgid" (of the local srun client)}``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tfplan.backends.api import (
+    Backend,
+    CancelResult,
+    Capabilities,
+    Launched,
+    LaunchRequest,
+    LogStream,
+    Say,
+    TaskInfo,
+    TaskPhase,
+)
+from tfplan.backends.delivery import deliver
+from tfplan.backends.fanout import run_on_hosts
+from tfplan.backends.firewall import (
+    cluster_firewalls,
+    detect_script,
+    install_script,
+    parse_detect,
+    remove_script,
+)
+from tfplan.backends.slurm.commands import Slurm, SlurmUnreachable, last_line
+from tfplan.backends.slurm.options import parse_options
+from tfplan.backends.staging import RECIPES_DIR, run_yaml
+from tfplan.backends.transports.local import LocalTransport
+from tfplan.backends.transports.preflight import (
+    PREFLIGHT_SNIPPET,
+    PreflightRequest,
+    parse_preflight_output,
+    request_json,
+)
+from tfplan.backends.transports.specs import HostTarget, LaunchSpec, ProcessInfo
+from tfplan.errors import BackendError, ConfigError, PreflightError
+from tfplan.planning.plan import BackendRef, Plan, Task
+from tfplan.planning.state import Allocation, TaskRecord
+from tfplan.planning.topology import Place, Target, Topology
+
+if TYPE_CHECKING:
+    from tfplan.config.schema import ClusterConfig
+    from tfplan.planning.context import PlanContext
+
+__all__ = ["SlurmBackend"]
+
+POLL_SECS = 0.5
+RELEASE_WAIT_SECS = 10.0
+# Pending reasons that never resolve by waiting: the request does not fit the partition.
+FATAL_REASONS = frozenset(
+    {
+        "PartitionConfig",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "BadConstraints",
+        "InvalidAccount",
+        "InvalidQOS",
+        "JobLaunchFailure",
+        "AccountNotAllowed",
+        "QOSMaxNodePerJobLimit",
+    }
+)
+
+
+class SlurmBackend(Backend):
+    """Tasks as steps of one Slurm job (see the module docstring)."""
+
+    name = "slurm"
+    capabilities = Capabilities(firewall=True)
+
+    def __init__(self, ref: BackendRef, scratch: Path) -> None:
+        super().__init__(ref, scratch)
+        self.options = parse_options(ref.config.get("options", {}))
+        self.firewall = bool(ref.config.get("firewall", False))
+        self.slurm = Slurm()
+        self.local = LocalTransport(HostTarget("submit-host", "127.0.0.1", python=sys.executable))
+
+    # ---- plan time -----------------------------------------------------------------------
+    @classmethod
+    def target(cls, cluster: ClusterConfig, ctx: PlanContext) -> Target:
+        """``nodes`` places named ``node-0``.. whose machines Slurm picks at apply time.
+
+        Raises:
+            ConfigError: hosts listed (Slurm picks them), or a bad option.
+        """
+        if cluster.hosts:
+            raise ConfigError(
+                "cluster.hosts",
+                "the slurm backend lets Slurm pick the nodes",
+                "remove cluster.hosts and set cluster.options.nodes",
+            )
+        options = parse_options(cluster.options)
+        python = cluster.python or "python3"
+        places = tuple(
+            Place(f"node-{i}", None, options.tasks_per_node, options.gpus_per_node, python=python)
+            for i in range(options.nodes)
+        )
+        ref = BackendRef(
+            cls.name,
+            {"options": options.to_dict(), "python": python, "firewall": cluster.firewall},
+        )
+        topology = Topology(
+            places=places,
+            places_key="cluster.options.nodes",
+            slots_key="cluster.options.tasks_per_node",
+        )
+        return Target(ref, topology)
+
+    @classmethod
+    def dryrun(cls, plan: Plan) -> tuple[str, ...]:
+        """The sbatch request and how the tasks become steps."""
+        options = parse_options(plan.backend.config.get("options", {}))
+        used = [h.name for h in plan.hosts if any(t.host == h.name for t in plan.tasks)]
+        lines = [
+            "sbatch "
+            + " ".join(options.sbatch_options(plan.experiment_id))
+            + "  # holds the allocation (sleep infinity)",
+            f"then one step per task on its node: srun --jobid=JOB --overlap --nodes=1 "
+            f"--ntasks=1 --nodelist=NODE{' ' + ' '.join(options.srun_args) if options.srun_args else ''} <command>",
+        ]
+        for position, host in enumerate(used):
+            names = ", ".join(t.name for t in plan.tasks if t.host == host)
+            lines.append(f"{host} = the job's node {position + 1} (known after apply): {names}")
+        if plan.backend.config.get("firewall"):
+            lines.append("firewall: each node admits only the job's nodes to its tasks' ports")
+        return tuple(lines)
+
+    # ---- apply ---------------------------------------------------------------------------
+    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> None:
+        """Slurm answers, the partition exists, ``sbatch --test-only`` accepts the request, and
+        the shared folders are writable here. Nothing is queued.
+
+        Raises:
+            PreflightError: what is wrong, one line.
+        """
+        try:
+            self.slurm.ping()
+            partition = self.options.partition
+            if partition is not None:
+                known = self.slurm.partitions()
+                if partition not in known:
+                    raise PreflightError(
+                        {
+                            "slurm": f"cluster.options.partition: no partition {partition!r}; "
+                            f"available: {', '.join(known) or 'none'}"
+                        }
+                    )
+            refused = self.slurm.test_only(self.options.sbatch_options(plan.experiment_id))
+        except SlurmUnreachable as error:
+            raise PreflightError({"slurm": str(error)}) from None
+        if refused is not None:
+            raise PreflightError(
+                {
+                    "slurm": f"sbatch refuses the request ({refused}): fix cluster.options "
+                    "(nodes, tasks_per_node, partition, time_limit, sbatch_args)"
+                }
+            )
+        for folder in {plan.code_dir, plan.output_dir, *(t.workdir for t in tasks)}:
+            _check_writable(folder)
+
+    def allocate(
+        self,
+        plan: Plan,
+        tasks: Sequence[Task],
+        current: Allocation | None,
+        say: Say,
+        submitted: Callable[[Allocation], None],
+    ) -> Allocation:
+        """Submit the holder job and wait until it runs; bind ``node-<i>`` to its nodes.
+
+        Raises:
+            BackendError: sbatch refused, the job cannot run (its reason), or it ended.
+        """
+        if current is not None and current.id and self._usable(current, plan):
+            return current
+        script = self.scratch / "allocation.sh"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(
+            "#!/bin/sh\n# tfplan: holds the allocation of experiment "
+            f"{plan.experiment_id}; its tasks run as steps (srun --jobid)\nexec sleep infinity\n"
+        )
+        options = [
+            *self.options.sbatch_options(plan.experiment_id),
+            f"--output={self.scratch}/slurm-%j.out",
+        ]
+        job = self.slurm.submit(options, str(script))
+        allocation = Allocation(id=job, data={"job": job, "experiment": plan.experiment_id})
+        submitted(allocation)
+        say(f"submitted Slurm job {job} ({self.options.nodes} node(s))")
+        nodes = self._wait_running(job, say)
+        addresses = self.slurm.node_addresses(nodes)
+        wanted = [h.name for h in plan.hosts]
+        if len(nodes) < len(wanted):
+            raise BackendError(
+                f"Slurm job {job} got {len(nodes)} node(s), the plan needs {len(wanted)}"
+            )
+        bound = {name: (nodes[i], addresses[nodes[i]]) for i, name in enumerate(wanted)}
+        say(
+            f"Slurm job {job} runs on {', '.join(nodes)}: "
+            + ", ".join(f"{name}={node}" for name, (node, _) in bound.items())
+        )
+        allocation = Allocation(
+            id=job,
+            data={"job": job, "experiment": plan.experiment_id, "nodes": nodes},
+            bound=bound,
+        )
+        if self.firewall:
+            allocation = self._install_firewall(plan, allocation, submitted, say)
+        return allocation
+
+    def _usable(self, allocation: Allocation, plan: Plan) -> bool:
+        state = self.slurm.job(str(allocation.id))
+        return state.state == "RUNNING" and all(h.name in allocation.bound for h in plan.hosts)
+
+    def _wait_running(self, job: str, say: Say) -> list[str]:
+        began = time.monotonic()
+        said = ""
+        while True:
+            state = self.slurm.job(job)
+            if state.state == "RUNNING":
+                return self.slurm.hostnames(state.nodes)
+            if state.gone or state.state not in ("PENDING", "CONFIGURING"):
+                final = state.state or self.slurm.final_state(job) or "gone"
+                raise BackendError(
+                    f"Slurm job {job} ended before it ran ({final}): see "
+                    f"{self.scratch}/slurm-{job}.out"
+                )
+            if state.reason in FATAL_REASONS:
+                raise BackendError(
+                    f"Slurm job {job} can never run here ({state.reason}): the request is larger "
+                    "than the partition allows; lower cluster.options.nodes/tasks_per_node or "
+                    "pick another partition"
+                )
+            news = f"Slurm job {job} is {state.state.lower()} ({state.reason or 'scheduling'})"
+            if news != said:
+                say(f"{news}; waiting (Ctrl-C cancels it)")
+                said = news
+            limit = self.options.pending_timeout_secs
+            if limit is not None and time.monotonic() - began > limit:
+                raise BackendError(
+                    f"Slurm job {job} did not start within pending_timeout_secs={limit:.0f} "
+                    f"({state.reason}); cancelled"
+                )
+            time.sleep(POLL_SECS)
+
+    def stage(self, plan: Plan, tasks: Sequence[Task], allocation: Allocation) -> None:
+        """Write the recipes and run.yaml into the shared folders, then check on every node
+        that they are there (the folders are shared), TensorFlow is installed (built-in
+        recipes), the ports are free and the folders writable.
+
+        Raises:
+            PreflightError: a node's problems, in one line.
+        """
+        if plan.builtin_recipes:
+            self.local.put_tree(RECIPES_DIR, posixpath.join(plan.code_dir, "recipes"))
+        config = run_yaml(plan)
+        for task in tasks:
+            self.local.write_file(posixpath.join(task.workdir, "run.yaml"), config)
+        marker = uuid.uuid4().hex
+        written = _write_marker(plan.output_dir, marker)
+        try:
+            failures = self._check_nodes(plan, tasks, allocation, marker, written)
+        finally:
+            _remove_marker(plan.output_dir, marker)
+        if failures:
+            raise PreflightError(failures)
+
+    def _check_nodes(
+        self,
+        plan: Plan,
+        tasks: Sequence[Task],
+        allocation: Allocation,
+        marker: str,
+        written: str,
+    ) -> dict[str, str]:
+        """node -> its problems: python, TensorFlow, ports, writable folders, and whether it
+        sees the submit host's files (run.yaml, the shared-folder marker)."""
+        python = str(self.ref.config.get("python", "python3"))
+        nodes = sorted({allocation.bound[t.host][0] for t in tasks})
+
+        def check(node: str) -> str | None:
+            mine = [t for t in tasks if allocation.bound[t.host][0] == node]
+            request = PreflightRequest(
+                tf_version=plan.tf_version if plan.builtin_recipes else None,
+                ports=tuple(t.port for t in mine if t.port is not None),
+                writable_dirs=(plan.output_dir,),
+                shared_dir=plan.output_dir,
+                marker_token=marker,
+            )
+            files = " ".join(_sh_quote(posixpath.join(t.workdir, "run.yaml")) for t in mine)
+            script = (
+                f'for f in {files}; do [ -r "$f" ] || echo "missing: $f" >&2; done; '
+                f'exec "$0" -c "$1" "$2"'
+            )
+            done = self.slurm.run(
+                "srun",
+                f"--jobid={allocation.id}",
+                "--overlap",
+                "--nodes=1",
+                "--ntasks=1",
+                f"--nodelist={node}",
+                f"--job-name=tfplan-preflight-{node}",
+                "sh",
+                "-c",
+                script,
+                python,
+                PREFLIGHT_SNIPPET,
+                request_json(request),
+                check=False,
+            )
+            problems = [
+                f"does not see {line.split(': ', 1)[1]} written by the submit host"
+                for line in done.stderr.splitlines()
+                if line.startswith("missing: ")
+            ]
+            try:
+                result = parse_preflight_output(node, done.stdout, 0.0)
+            except ValueError:
+                return f"{python} failed there: {last_line(done.stderr)}"
+            problems += result.problems
+            if result.shared_marker is not None and result.shared_marker != written:
+                problems.append(f"does not see {plan.output_dir} as the submit host does")
+            if problems and any("does not see" in p for p in problems):
+                problems.append(
+                    "the slurm backend needs workdir and output_dir on a folder the submit "
+                    "host and every node share"
+                )
+            return "; ".join(problems) or None
+
+        results = run_on_hosts({n: n for n in nodes}, check)
+        return {node: str(result) for node, result in results.items() if result}
+
+    def launch(self, request: LaunchRequest, allocation: Allocation) -> Launched:
+        if request.host not in allocation.bound:
+            raise BackendError(
+                f"{request.name}: {request.host} is not bound to a node of Slurm job "
+                f"{allocation.id}: apply again"
+            )
+        node, address = allocation.bound[request.host]
+        delivery = deliver(request)  # srun passes its environment on to the step
+        step = f"{request.name.replace('/', '-')}.{request.attempt}"
+        srun = [
+            "srun",
+            f"--jobid={allocation.id}",
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            f"--job-name={step}",
+            "--kill-on-bad-exit=0",
+            f"--chdir={request.workdir}",
+            *self.options.srun_args,
+            *delivery.command,
+        ]
+        if request.keep_log_as:
+            self.local.move(request.log_path, request.keep_log_as)
+        for path, text in delivery.files.items():  # the workdir is shared with the nodes
+            self.local.write_file(path, text.encode())
+        started = self.local.start(
+            LaunchSpec(request.name, tuple(srun), delivery.env, request.workdir, request.log_path)
+        )
+        handle = {
+            "job": str(allocation.id),
+            "node": node,
+            "step": step,
+            "pid": started.pid,
+            "pgid": started.pgid,
+        }
+        return Launched(handle=handle, host=node, address=address, started_at=started.started_at)
+
+    def release(self, allocation: Allocation) -> None:
+        """Remove firewall rules (if any), cancel the job, and wait until squeue forgets it."""
+        if not allocation.id:
+            return
+        job = str(allocation.id)
+        if self.firewall and allocation.data.get("firewall"):
+            self._remove_firewall(allocation)
+        self.slurm.cancel([job])
+        deadline = time.monotonic() + RELEASE_WAIT_SECS
+        while time.monotonic() < deadline:
+            if self.slurm.job(job).gone:
+                return
+            time.sleep(0.05)
+        raise BackendError(
+            f"Slurm job {job} is still listed {RELEASE_WAIT_SECS:.0f}s after scancel"
+        )
+
+    def allocation_problem(self, allocation: Allocation) -> str | None:
+        if not allocation.id:
+            return None
+        state = self.slurm.job(str(allocation.id))
+        if state.state in ("RUNNING", "COMPLETING"):
+            return None
+        final = state.state or self.slurm.final_state(str(allocation.id)) or "gone"
+        return f"Slurm job {allocation.id} ended outside tfplan ({final})"
+
+    # ---- observe and control -------------------------------------------------------------
+    def describe(self, tasks: Sequence[TaskRecord]) -> dict[str, TaskInfo]:
+        """The srun clients (one ``ps`` on the submit host); a live client is a running step."""
+        if not tasks:
+            return {}
+        try:
+            infos = self.local.status([_pid(t) for t in tasks], [t.workdir for t in tasks])
+        except BackendError as error:
+            return {
+                t.name: TaskInfo(TaskPhase.UNREACHABLE, host=t.host, error=str(error))
+                for t in tasks
+            }
+        return {t.name: _info(infos.get(_pid(t)), t) for t in tasks}
+
+    def cancel(
+        self, tasks: Sequence[TaskRecord], grace_secs: float
+    ) -> dict[str, CancelResult | Exception]:
+        """TERM each step through Slurm, wait up to the grace period, then cancel what is left
+        (SIGKILL) and make sure no srun client remains."""
+        began = time.monotonic()
+        live = [t for t in tasks if self._alive(t)]
+        ids: dict[str, str] = {}
+        for job in sorted({str(t.handle["job"]) for t in live}):
+            steps = self.slurm.steps(job)
+            for task in live:
+                if str(task.handle["job"]) == job and task.handle["step"] in steps:
+                    ids[task.name] = steps[task.handle["step"]]
+        self.slurm.cancel(sorted(ids.values()), signal="TERM")
+        deadline = time.monotonic() + grace_secs
+        while time.monotonic() < deadline and any(self._alive(t) for t in live):
+            time.sleep(0.1)
+        left = [t for t in live if self._alive(t)]
+        self.slurm.cancel(sorted(ids[t.name] for t in left if t.name in ids))
+        results: dict[str, CancelResult | Exception] = {}
+        for task in tasks:
+            try:
+                stopped = self.local.stop(_pid(task), int(task.handle["pgid"]), 2.0)
+            except BackendError as error:
+                results[task.name] = error
+                continue
+            outcome = "none" if task not in live else ("killed" if task in left else "terminated")
+            if stopped.outcome == "killed":
+                outcome = "killed"
+            results[task.name] = CancelResult(outcome, time.monotonic() - began)
+        return results
+
+    def _alive(self, task: TaskRecord) -> bool:
+        info = self.local.status([_pid(task)], [task.workdir]).get(_pid(task))
+        return info is not None and info.alive
+
+    def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
+        return self.local.stream_log(task.log_path, _pid(task), on_line)
+
+    def read_log(self, task: TaskRecord, offset: int = 0, max_bytes: int = 16 << 20) -> bytes:
+        data, _ = self.local.read_log(task.log_path, offset, max_bytes)
+        return data
+
+    def read_file(self, path: str, near: str | None = None) -> bytes | None:
+        try:
+            return Path(path).read_bytes() or None
+        except OSError:
+            return None
+
+    def handle_text(self, task: TaskRecord) -> str:
+        return f"job {task.handle.get('job')} step {task.handle.get('step')}"
+
+    def close(self) -> None:
+        self.local.close()
+
+    # ---- firewall on the nodes ----------------------------------------------------------
+    def _on_node(self, allocation: Allocation, node: str, script: str) -> str:
+        done = self.slurm.run(
+            "srun",
+            f"--jobid={allocation.id}",
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            "--job-name=tfplan-firewall",
+            "sh",
+            "-c",
+            script,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise BackendError(f"node {node}: {last_line(done.stderr or done.stdout)}")
+        return done.stdout
+
+    def _install_firewall(
+        self, plan: Plan, allocation: Allocation, submitted: Callable[[Allocation], None], say: Say
+    ) -> Allocation:
+        rules = cluster_firewalls(
+            plan.experiment_id,
+            [
+                (allocation.bound[t.host][0], allocation.bound[t.host][1], t.port)
+                for t in plan.tasks
+            ],
+        )
+        allocation = Allocation(
+            id=allocation.id,
+            data={**allocation.data, "firewall": sorted(rules)},
+            bound=allocation.bound,
+        )
+        submitted(allocation)
+
+        def install(node: str) -> str:
+            support = parse_detect(self._on_node(allocation, node, detect_script()))
+            if support.backend is None:
+                raise BackendError(support.problem or "no firewall tool")
+            self._on_node(allocation, node, install_script(rules[node], support.backend))
+            return support.backend
+
+        failed = run_on_hosts({n: n for n in rules}, install).failed
+        if failed:
+            detail = "; ".join(f"{n}: {e}" for n, e in sorted(failed.items()))
+            raise BackendError(f"could not install the firewall rules: {detail}")
+        say(f"firewall: only the job's nodes reach the tasks' ports on {', '.join(sorted(rules))}")
+        return allocation
+
+    def _remove_firewall(self, allocation: Allocation) -> None:
+        script = remove_script(str(allocation.data.get("experiment", "")))
+        nodes = list(allocation.data.get("firewall") or [])
+        failed = run_on_hosts(
+            {n: n for n in nodes}, lambda n: self._on_node(allocation, n, script)
+        ).failed
+        if failed:
+            detail = "; ".join(f"{n}: {e}" for n, e in sorted(failed.items()))
+            raise BackendError(f"could not remove the firewall rules: {detail}")
+
+
+def _pid(task: TaskRecord) -> int:
+    return int(task.handle["pid"])
+
+
+def _info(info: ProcessInfo | None, task: TaskRecord) -> TaskInfo:
+    if info is None:
+        return TaskInfo(TaskPhase.FAILED, host=task.host, detail="srun client missing")
+    if info.alive:
+        return TaskInfo(
+            TaskPhase.RUNNING, host=task.host, detail=f"step {task.handle.get('step')} via srun"
+        )
+    phase = TaskPhase.SUCCEEDED if info.exit_code == 0 else TaskPhase.FAILED
+    return TaskInfo(phase, exit_code=info.exit_code, host=task.host, detail="step ended")
+
+
+def _check_writable(folder: str) -> None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = Path(folder) / f".tfplan-write-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise PreflightError(
+            {
+                "submit host": f"{folder} is not writable ({error.strerror}): the slurm backend "
+                "writes the run config and reads results there; use a folder every node shares"
+            }
+        ) from None
+
+
+def _write_marker(folder: str, token: str) -> str:
+    """The shared-folder marker, written first by the submit host; returns its content."""
+    content = f"{socket.gethostname()} {uuid.uuid4().hex}"
+    path = Path(folder) / f".tfplan-shared-{token}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    return content
+
+
+def _remove_marker(folder: str, token: str) -> None:
+    (Path(folder) / f".tfplan-shared-{token}").unlink(missing_ok=True)
+
+
+def _sh_quote(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)

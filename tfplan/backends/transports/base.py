@@ -1,0 +1,351 @@
+"""The transport base class: how the process backend does things on one host.
+
+:class:`Transport` has public template methods (checks, timing, one-line errors naming the host)
+that wrap a few private hooks. Everything except starting a process and moving bytes is the
+same POSIX ``sh`` script on every host (:mod:`tfplan.backends.transports.scripts`), so the local and
+the SSH transport share stop/status/streaming/file-transfer code and one conformance suite.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import tarfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tfplan.backends.logstream import LogStream
+from tfplan.backends.transports import scripts as _scripts
+from tfplan.backends.transports.preflight import (
+    PREFLIGHT_SNIPPET,
+    PreflightRequest,
+    PreflightResult,
+    parse_preflight_output,
+    request_json,
+)
+from tfplan.backends.transports.specs import (
+    CommandResult,
+    HostTarget,
+    Launched,
+    LaunchSpec,
+    ProcessInfo,
+    StopResult,
+)
+from tfplan.errors import BackendError
+
+__all__ = ["STATUS_TIMEOUT_SECS", "Transport"]
+
+
+STATUS_TIMEOUT_SECS = 5.0
+
+
+class Transport(ABC):
+    """Does things on one host: preflight, copy files, start/stop/observe detached tasks.
+
+    Public methods are templates that validate, time and word errors; subclasses implement the
+    private hooks. Every failure is an :class:`~tfplan.errors.BackendError` whose one-line
+    message names the host and says what to do. Executors are thread-safe: ``run_on_hosts`` and
+    log streams use one executor from several threads.
+    """
+
+    kind = "abstract"
+
+    def __init__(self, target: HostTarget) -> None:
+        self.target = target
+
+    # ---- hooks -------------------------------------------------------------------------
+    @abstractmethod
+    def _run(self, script: str, stdin: bytes | None, timeout: float) -> CommandResult:
+        """Run a POSIX sh script on the host; never raises for a non-zero exit status."""
+
+    @abstractmethod
+    def _start(self, spec: LaunchSpec) -> Launched:
+        """Start the wrapped command detached (see ``_scripts.TASK_WRAPPER``)."""
+
+    @abstractmethod
+    def _open_stream(
+        self, script: str
+    ) -> tuple[Callable[[], bytes], Callable[[], None], Callable[[], None]]:
+        """Run a long script; return (read a chunk, b'' at EOF; close its stdin; force close)."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release connections."""
+
+    @property
+    @abstractmethod
+    def python(self) -> str:
+        """The interpreter used for preflight on this host."""
+
+    # ---- templates ---------------------------------------------------------------------
+    def run_script(
+        self, script: str, what: str, stdin: bytes | None = None, timeout: float = 60.0
+    ) -> CommandResult:
+        """Run a sh script on the host and insist on exit status 0.
+
+        Args:
+            script: POSIX sh code.
+            what: what it does, for the error message ("write /x/run.yaml").
+            stdin: bytes fed to its standard input.
+            timeout: seconds before giving up.
+
+        Returns:
+            The exit status and raw output.
+
+        Raises:
+            BackendError: the host is unreachable, or the script failed.
+        """
+        result = self._run(script, stdin, timeout)
+        if result.returncode != 0:
+            raise BackendError(f"host {self.target.name}: {what} failed: {result.err_line()}")
+        return result
+
+    def preflight(self, req: PreflightRequest) -> PreflightResult:
+        """Check the host can run tasks; failed checks (even unreachable) are data, not errors.
+
+        Checks: reachable, the host's python runs, TensorFlow is there (with ``req.tf_version``),
+        ``req.ports`` can be bound, ``req.writable_dirs`` are writable (created), and the marker
+        in ``req.shared_dir`` (compare hosts with :func:`~.preflight.check_shared_dir`).
+
+        Args:
+            req: the checks, the same for every host.
+
+        Returns:
+            The host's result; ``result.ok`` is False with reasons in ``result.problems``.
+        """
+        began = time.monotonic()
+        script = f"{_scripts.q(self.python)} -c {_scripts.q(PREFLIGHT_SNIPPET)} " + _scripts.q(
+            request_json(req)
+        )
+        try:
+            result = self._run(script, None, 120.0)
+        except BackendError as exc:
+            return PreflightResult(self.target.name, (str(exc),), elapsed_secs=_since(began))
+        elapsed = _since(began)
+        if result.returncode == 127:
+            why = f"{self.python} not found: install Python 3 or set the host's python"
+            return PreflightResult(self.target.name, (why,), elapsed_secs=elapsed)
+        try:
+            return parse_preflight_output(self.target.name, result.stdout.decode(), elapsed)
+        except (ValueError, KeyError) as exc:
+            why = f"preflight with {self.python} failed: {result.err_line()} ({exc})"
+            return PreflightResult(self.target.name, (why,), elapsed_secs=elapsed)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` atomically, creating parent folders.
+
+        Raises:
+            BackendError: the folder cannot be created or written.
+        """
+        self.run_script(_scripts.write_file_script(path), f"write {path}", stdin=data)
+
+    def put_tree(self, local_dir: Path, remote_dir: str) -> None:
+        """Make ``remote_dir`` hold exactly the files of the small folder ``local_dir``.
+
+        Sent as one gzipped tar over stdin (``__pycache__`` and ``*.pyc`` left out) and swapped
+        in with renames, so files deleted locally disappear remotely too.
+
+        Raises:
+            BackendError: ``remote_dir`` is not an absolute path below ``/``, or unpacking failed.
+        """
+        if not remote_dir.startswith("/") or remote_dir.rstrip("/").count("/") < 2:
+            raise BackendError(
+                f"host {self.target.name}: refusing to replace {remote_dir!r}: put_tree needs an "
+                "absolute folder at least two levels deep"
+            )
+        self.run_script(
+            _scripts.put_tree_script(remote_dir),
+            f"copy {local_dir} to {remote_dir}",
+            stdin=_tar_gz(Path(local_dir)),
+        )
+
+    def read_file(self, path: str, offset: int = 0, max_bytes: int = 16 << 20) -> tuple[bytes, int]:
+        """Read a file from byte ``offset``; return the bytes and the offset after them.
+
+        Args:
+            path: the file on the host.
+            offset: where to start; negative counts from the end (``-4096``: the last 4 KiB).
+            max_bytes: read at most this much (call again from the returned offset for more).
+
+        Returns:
+            (data, offset of the byte after ``data``) - pass it back to read on.
+
+        Raises:
+            BackendError: the file does not exist or cannot be read.
+        """
+        return self._read(path, offset, max_bytes, missing_ok=False)
+
+    def read_log(self, path: str, offset: int = 0, max_bytes: int = 16 << 20) -> tuple[bytes, int]:
+        """Like :meth:`read_file`, but a log that does not exist yet reads as empty."""
+        return self._read(path, offset, max_bytes, missing_ok=True)
+
+    def _read(self, path: str, offset: int, max_bytes: int, missing_ok: bool) -> tuple[bytes, int]:
+        result = self.run_script(
+            _scripts.read_script(path, offset, max_bytes, missing_ok), f"read {path}"
+        )
+        first, _, encoded = result.stdout.partition(b"\n")
+        data = base64.b64decode(encoded)
+        start = int(first)
+        return data, start + len(data)
+
+    def start(self, spec: LaunchSpec) -> Launched:
+        """Start ``spec.command`` detached, in its own session and process group.
+
+        The environment is the host's plus ``spec.env``; cwd is ``spec.workdir`` (created);
+        stdout and stderr go to ``spec.log_path`` (truncated), stdin is /dev/null. The command
+        runs under a ``sh`` wrapper that records its exit status in ``<workdir>/exit_code``,
+        so ``status`` knows it although tfplan is not the parent. Returns in well under a second;
+        record the PID at once.
+
+        Raises:
+            BackendError: empty command, relative workdir, or the host could not start it.
+        """
+        if not spec.command:
+            raise BackendError(f"host {self.target.name}: task {spec.name} has an empty command")
+        if not spec.workdir.startswith("/") or not spec.log_path.startswith("/"):
+            raise BackendError(
+                f"host {self.target.name}: task {spec.name} needs an absolute workdir and log path"
+            )
+        try:
+            _scripts.check_env_names(spec.env)
+        except ValueError as error:
+            raise BackendError(f"host {self.target.name}: task {spec.name}: {error}") from None
+        return self._start(spec)
+
+    def move(self, source: str, target: str) -> None:
+        """Rename a file on the host (nothing happens when ``source`` does not exist).
+
+        Raises:
+            BackendError: the rename failed.
+        """
+        self.run_script(_scripts.move_script(source, target), f"move {source} to {target}")
+
+    def stop(self, pid: int, pgid: int, grace_secs: float = 10.0) -> StopResult:
+        """SIGTERM the task's process group, SIGKILL it after ``grace_secs``, verify it is gone.
+
+        Never matches by name: only the group ``pgid`` is signalled. Zombies count as gone.
+
+        Raises:
+            BackendError: ``pgid`` is not a real group (<= 1), or the group survived SIGKILL.
+        """
+        if pgid <= 1 or pid <= 1:
+            raise BackendError(f"host {self.target.name}: refusing to signal pid {pid}/{pgid}")
+        began = time.monotonic()
+        result = self.run_script(
+            _scripts.stop_script(pgid, grace_secs),
+            f"stop process group {pgid}",
+            timeout=grace_secs + 30.0,
+        )
+        outcome = result.stdout.decode().strip()
+        if outcome not in ("none", "terminated", "killed"):
+            raise BackendError(
+                f"host {self.target.name}: process group {pgid} survived SIGKILL ({outcome}): "
+                "it is probably stuck in the kernel (D state); check the host"
+            )
+        return StopResult(pid, pgid, outcome, _since(began))
+
+    def status(
+        self, pids: Sequence[int], workdirs: Sequence[str | None] | None = None
+    ) -> dict[int, ProcessInfo]:
+        """Observe many tasks in one round trip.
+
+        Args:
+            pids: task PIDs (each the leader of its own group, as ``start`` made them).
+            workdirs: the tasks' workdirs, parallel to ``pids``, to read their exit codes.
+
+        Returns:
+            pid -> info. A missing or zombie leader is dead; a task with an exit code is ended.
+
+        Raises:
+            BackendError: the host is unreachable or ``ps`` failed.
+        """
+        pids = list(pids)
+        if not pids:
+            return {}
+        dirs = list(workdirs) if workdirs is not None else [None] * len(pids)
+        # Short: the supervisor polls this, and a host that went silent must not stall it.
+        result = self.run_script(
+            _scripts.status_script(pids, dirs), "read process status", timeout=STATUS_TIMEOUT_SECS
+        )
+        return _parse_status(pids, result.stdout.decode())
+
+    def stream_log(self, path: str, pid: int, on_line: Callable[[str], None]) -> LogStream:
+        """Follow a task's log from its start, line by line, until the task is dead.
+
+        Args:
+            path: the log file (may not exist yet).
+            pid: the task; the stream ends once it is gone and the log fully delivered.
+            on_line: called from the stream's thread with each whole line (no newline).
+
+        Returns:
+            The running stream; ``.stop()`` ends it early, ``.join()`` waits for its end.
+        """
+        read_chunk, end_input, force_close = self._open_stream(_scripts.stream_script(path, pid))
+        return LogStream(f"{self.target.name}:{path}", read_chunk, end_input, force_close, on_line)
+
+    def close(self) -> None:
+        """Release the connection; running tasks are not affected."""
+        self._close()
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _since(began: float) -> float:
+    return time.monotonic() - began
+
+
+def _tar_gz(local_dir: Path) -> bytes:
+    if not local_dir.is_dir():
+        raise BackendError(f"{local_dir} is not a folder: nothing to copy")
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        return None if "__pycache__" in parts or info.name.endswith(".pyc") else info
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for child in sorted(local_dir.iterdir()):
+            tar.add(child, arcname=child.name, filter=keep)
+    return buffer.getvalue()
+
+
+def _parse_status(pids: list[int], text: str) -> dict[int, ProcessInfo]:
+    rows: dict[int, tuple[int, str, float, int]] = {}
+    groups: dict[int, list[tuple[str, float, int]]] = {}
+    exits: dict[int, int | None] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 6 and parts[0] == "P":
+            pid, pgid, stat, pcpu, rss = int(parts[1]), int(parts[2]), parts[3], parts[4], parts[5]
+            rows[pid] = (pgid, stat, float(pcpu), int(rss) * 1024)
+            groups.setdefault(pgid, []).append((stat, float(pcpu), int(rss) * 1024))
+        elif parts and parts[0] == "E" and len(parts) >= 2:
+            code = parts[2] if len(parts) > 2 else ""
+            exits[int(parts[1])] = int(code) if code.lstrip("-").isdigit() else None
+    infos: dict[int, ProcessInfo] = {}
+    for pid in pids:
+        exit_code = exits.get(pid)
+        row = rows.get(pid)
+        # A recycled PID would not lead its own group: treat it as our task gone missing.
+        if row is None or row[0] != pid:
+            infos[pid] = ProcessInfo(pid, False, "missing", None, None, exit_code)
+            continue
+        if row[1].startswith("Z"):
+            infos[pid] = ProcessInfo(pid, False, "zombie", None, None, exit_code)
+            continue
+        live = [p for p in groups.get(pid, []) if not p[0].startswith("Z")]
+        infos[pid] = ProcessInfo(
+            pid=pid,
+            alive=exit_code is None,
+            state=row[1],
+            cpu_percent=sum(p[1] for p in live),
+            rss_bytes=sum(p[2] for p in live),
+            exit_code=exit_code,
+        )
+    return infos

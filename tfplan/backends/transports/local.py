@@ -1,0 +1,113 @@
+"""The local transport: tasks on this machine, started with ``subprocess``; no SSH involved."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from tfplan.backends.transports import scripts as _scripts
+from tfplan.backends.transports.base import Transport
+from tfplan.backends.transports.specs import CommandResult, Launched, LaunchSpec
+from tfplan.errors import BackendError
+
+__all__ = ["LocalTransport"]
+
+
+class LocalTransport(Transport):
+    """Runs the shared sh scripts with ``sh -c`` and starts tasks with ``start_new_session``.
+
+    tfplan is the parent of the tasks it starts here, so a reaper thread per task waits for it:
+    otherwise an ended task would stay a zombie for as long as tfplan runs.
+    """
+
+    kind = "local"
+
+    @property
+    def python(self) -> str:
+        return self.target.python or sys.executable
+
+    def _run(self, script: str, stdin: bytes | None, timeout: float) -> CommandResult:
+        try:
+            done = subprocess.run(
+                ["/bin/sh", "-c", script],
+                input=stdin if stdin is not None else b"",
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise BackendError(
+                f"host {self.target.name}: a command timed out after {timeout:.0f}s: "
+                "the machine may be overloaded"
+            ) from exc
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def _start(self, spec: LaunchSpec) -> Launched:
+        try:
+            os.makedirs(spec.workdir, exist_ok=True)
+            os.makedirs(os.path.dirname(spec.log_path) or "/", exist_ok=True)
+            exit_file = _scripts.exit_file(spec.workdir)
+            if os.path.lexists(exit_file):
+                os.remove(exit_file)
+            env = {**os.environ, **spec.env, "TFPLAN_EXIT_FILE": exit_file}
+            with open(spec.log_path, "wb") as log:
+                began = time.time()
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", _scripts.TASK_WRAPPER, "tfplan-task", *spec.command],
+                    cwd=spec.workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as exc:
+            raise BackendError(
+                f"host {self.target.name}: cannot start task {spec.name} in {spec.workdir}: "
+                f"{exc.strerror or exc}"
+            ) from exc
+        threading.Thread(target=proc.wait, name=f"reap:{proc.pid}", daemon=True).start()
+        return Launched(pid=proc.pid, pgid=proc.pid, started_at=began)
+
+    def _open_stream(
+        self, script: str
+    ) -> tuple[Callable[[], bytes], Callable[[], None], Callable[[], None]]:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin, stdout = proc.stdin, proc.stdout
+        assert isinstance(stdout, io.BufferedReader)
+
+        def read_chunk() -> bytes:
+            return stdout.read1(65536)
+
+        def end_input() -> None:
+            try:
+                stdin.close()
+            except OSError:
+                pass
+
+        def force_close() -> None:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the follower's own group, by PID
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+
+        return read_chunk, end_input, force_close
+
+    def _close(self) -> None:
+        pass

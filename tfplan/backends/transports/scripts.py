@@ -1,0 +1,229 @@
+"""The POSIX ``sh`` scripts every executor runs on its host, and the parsers of their output.
+
+Local and SSH executors run exactly the same scripts (locally through ``sh -c``, remotely
+through ``sh -c`` over an SSH channel), so the conformance suite tests one implementation of
+stop/status/streaming/file transfer, and only process creation and transport differ.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+__all__ = [
+    "EXIT_CODE_FILE",
+    "STREAM_POLL_SECS",
+    "TASK_WRAPPER",
+    "prepare_start_script",
+    "put_tree_script",
+    "move_script",
+    "read_script",
+    "remote_start_script",
+    "status_script",
+    "stop_script",
+    "stream_script",
+    "write_file_script",
+]
+
+EXIT_CODE_FILE = "exit_code"
+STREAM_POLL_SECS = 0.2
+
+# Runs the task's argv ("$@") and records its exit status atomically in $TFPLAN_EXIT_FILE.
+# The TERM/INT/HUP traps only make the wrapper *wait*: a trap runs after the foreground command
+# has finished, so a stop (SIGTERM to the whole group) still records the task's own status (143
+# for a task that dies of SIGTERM). Traps with a command (not '') are reset in children, so the
+# task still receives the signals normally.
+TASK_WRAPPER = (
+    "trap 'true' TERM INT HUP; "
+    '"$@"; rc=$?; '
+    'printf "%s\\n" "$rc" > "$TFPLAN_EXIT_FILE.tmp.$$" '
+    '&& mv -f "$TFPLAN_EXIT_FILE.tmp.$$" "$TFPLAN_EXIT_FILE"; '
+    "exit $rc"
+)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env_names(env: Mapping[str, str]) -> None:
+    """Refuse a variable name that is not a plain shell name: it is written into the start
+    script unquoted (``export NAME=...``), where anything else could run as code."""
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(
+                f"environment variable name {name!r} is not a plain name "
+                "(letters, digits, '_', not starting with a digit)"
+            )
+
+
+def q(value: str) -> str:
+    """Quote one word for sh."""
+    return shlex.quote(value)
+
+
+def exit_file(workdir: str) -> str:
+    """Where the wrapper records the exit status of the task whose cwd is ``workdir``."""
+    return workdir.rstrip("/") + "/" + EXIT_CODE_FILE
+
+
+def prepare_start_script(workdir: str, log_path: str) -> str:
+    """Create the workdir and the log's folder; drop a stale exit code from an earlier run."""
+    log_dir = log_path.rsplit("/", 1)[0] or "/"
+    return (
+        f"mkdir -p {q(workdir)} {q(log_dir)} && rm -f {q(exit_file(workdir))} && : > {q(log_path)}"
+    )
+
+
+def remote_start_script(
+    command: Sequence[str], env: Mapping[str, str], workdir: str, log_path: str
+) -> str:
+    """Start the wrapped command detached in its own session and print its PID.
+
+    ``;`` (not ``&&``) before the backgrounded command matters: ``a && b &`` backgrounds the
+    whole list in a subshell that keeps the SSH channel open (see TESTBED.md). A non-interactive
+    shell's background job stays in the shell's process group, so ``setsid`` does not fork and
+    ``$!`` is the new session's leader: PID == PGID.
+    """
+    check_env_names(env)
+    exports = "".join(f"export {name}={q(value)}; " for name, value in env.items())
+    argv = " ".join(q(word) for word in command)
+    return (
+        f"{prepare_start_script(workdir, log_path)} || exit 97; cd {q(workdir)} || exit 98; "
+        f"{exports}export TFPLAN_EXIT_FILE={q(exit_file(workdir))}; "
+        f"setsid sh -c {q(TASK_WRAPPER)} tfplan-task {argv} "
+        f"> {q(log_path)} 2>&1 < /dev/null & echo $!"
+    )
+
+
+def _group_alive_fn(pgid: int) -> str:
+    # Counts the group's processes that are not zombies; a zombie is dead for our purposes
+    # (PID 1 may reap it late).
+    return (
+        "left() { ps -e -o pgid=,stat= | "
+        f"awk -v g={pgid} '$1==g && $2 !~ /^Z/ {{c++}} END {{print c+0}}'; }}; "
+    )
+
+
+def stop_script(pgid: int, grace_secs: float) -> str:
+    """SIGTERM the group, wait up to the grace period, SIGKILL it, and verify it is gone.
+
+    Prints one word: ``none`` (nothing was running), ``terminated``, ``killed`` or ``stuck``.
+    """
+    ticks = max(0, int(round(grace_secs / 0.1)))
+    return (
+        _group_alive_fn(pgid) + f'[ "$(left)" -eq 0 ] && {{ echo none; exit 0; }}; '
+        f"kill -TERM -{pgid} 2>/dev/null; i=0; "
+        f'while [ "$(left)" -gt 0 ]; do '
+        f"  if [ $i -ge {ticks} ]; then "
+        f"    kill -KILL -{pgid} 2>/dev/null; j=0; "
+        f'    while [ "$(left)" -gt 0 ] && [ $j -lt 50 ]; do sleep 0.1; j=$((j+1)); done; '
+        f'    if [ "$(left)" -eq 0 ]; then echo killed; else echo stuck; fi; exit 0; '
+        f"  fi; sleep 0.1; i=$((i+1)); "
+        f"done; echo terminated"
+    )
+
+
+def status_script(pids: Sequence[int], workdirs: Sequence[str | None]) -> str:
+    """One ``ps`` over the processes of the given groups, then each task's recorded exit code.
+
+    Output lines: ``P <pid> <pgid> <stat> <pcpu> <rss_kib>`` for every process whose PID or
+    PGID is one of ``pids``, then ``E <pid> <exit code or empty>`` per task with a workdir.
+    """
+    wanted = " ".join(str(pid) for pid in pids)
+    lines = [
+        "ps -e -o pid=,pgid=,stat=,pcpu=,rss= | awk -v w="
+        + q(wanted)
+        + ' \'BEGIN {n=split(w,a," "); for (i=1;i<=n;i++) k[a[i]]=1} '
+        '($1 in k) || ($2 in k) {print "P", $1, $2, $3, $4, $5}\''
+    ]
+    for pid, workdir in zip(pids, workdirs, strict=True):
+        if workdir:
+            lines.append(f'printf "E {pid} %s\\n" "$(cat {q(exit_file(workdir))} 2>/dev/null)"')
+    return "; ".join(lines) + "; exit 0"
+
+
+def stream_script(path: str, pid: int) -> str:
+    """Follow ``path`` from its first line until task ``pid`` is dead (or zombie), or stdin ends.
+
+    ``tail --pid`` alone would wait forever on a zombie (``kill -0`` succeeds on it), so tail
+    watches a small watcher loop instead, which ends when the task's ``ps`` state is empty or Z.
+    A second helper reads our stdin: when the caller closes it (LogStream.stop), it ends tail.
+    Background jobs get /dev/null as stdin, hence the copy of fd 0 to fd 3 first.
+    """
+    return (
+        "exec 3<&0; "
+        f"( while :; do case \"$(ps -o stat= -p {pid} 2>/dev/null)\" in ''|*Z*) exit 0;; esac; "
+        f"sleep {STREAM_POLL_SECS}; done ) </dev/null >/dev/null 2>&1 & w=$!; "
+        f"tail -n +1 -s 0.1 -F --pid=$w {q(path)} 2>/dev/null </dev/null & t=$!; "
+        "( cat <&3 >/dev/null 2>&1; kill $t $w 2>/dev/null ) >/dev/null 2>&1 & "
+        "exec 3<&-; wait $t; exit 0"
+    )
+
+
+def write_file_script(path: str) -> str:
+    """Write stdin to ``path`` atomically (temp file in the same folder, then rename).
+
+    The temporary name ends in the shell's PID (``$$``, left unescaped so that it expands), so
+    two writers of the same file never share a temporary file.
+    """
+    parent = path.rsplit("/", 1)[0] or "/"
+    tmp = f"{_dq(parent)}/.{_dq(path.rsplit('/', 1)[-1])}.tmp.$$"
+    return (
+        f'mkdir -p {q(parent)} && cat > "{tmp}" && mv -f "{tmp}" {q(path)} '
+        f'|| {{ rm -f "{tmp}"; exit 1; }}'
+    )
+
+
+def move_script(source: str, target: str) -> str:
+    """Rename ``source`` to ``target`` when it exists (a missing source is not an error)."""
+    return f"if [ -e {q(source)} ]; then mv -f {q(source)} {q(target)}; fi"
+
+
+def put_tree_script(remote_dir: str) -> str:
+    """Unpack a gzipped tar from stdin so that ``remote_dir`` holds exactly its contents.
+
+    Unpacks beside the target and swaps with two renames, so readers never see half a tree.
+    Several hosts may share the folder (NFS, or network namespaces on one machine) and copy
+    the same tree at once: a swap that loses the race to another writer is simply retried.
+    """
+    d = remote_dir.rstrip("/")
+    return (
+        f'new="{_dq(d)}.new.$$"; old="{_dq(d)}.old.$$"; '
+        'rm -rf "$new" && mkdir -p "$new" && tar -xzf - -C "$new" || { rm -rf "$new"; exit 1; }; '
+        "i=0; while [ $i -lt 50 ]; do i=$((i+1)); "
+        f'if [ -e {q(d)} ]; then mv -T {q(d)} "$old" 2>/dev/null || {{ sleep 0.1; continue; }}; fi; '
+        f'if mv -T "$new" {q(d)} 2>/dev/null; then rm -rf "$old"; exit 0; fi; '
+        'rm -rf "$old"; sleep 0.1; done; '
+        f'rm -rf "$new" "$old"; echo "could not swap in {_dq(d)}" >&2; exit 1'
+    )
+
+
+def read_script(path: str, offset: int, max_bytes: int, missing_ok: bool) -> str:
+    """Print the start offset, then up to ``max_bytes`` of ``path`` from it, base64 encoded.
+
+    A negative ``offset`` counts from the end of the file (``-4096``: the last 4 KiB). A missing
+    file exits with status 3, unless ``missing_ok`` (then it reads as empty).
+    """
+    first = "0" if offset < 0 else str(offset)
+    missing = f"echo {first}; exit 0" if missing_ok else "echo 'no such file' >&2; exit 3"
+    if offset < 0:
+        n = -offset
+        start = f"size=$(wc -c < {q(path)}) || exit 1; start=$((size > {n} ? size - {n} : 0))"
+    else:
+        start = f"start={offset}"
+    return (
+        f"[ -e {q(path)} ] || {{ {missing}; }}; {start}; echo $start; "
+        f"tail -c +$((start + 1)) {q(path)} | head -c {max_bytes} | base64"
+    )
+
+
+def _dq(value: str) -> str:
+    """Escape for the inside of a double-quoted sh string (so ``$$`` can still expand)."""
+    out = []
+    for ch in value:
+        if ch in '\\"$`':
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "".join(out)

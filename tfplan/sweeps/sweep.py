@@ -1,0 +1,430 @@
+"""Sweeps where every point is a whole cluster, driven by Hydra's own multirun machinery.
+
+    run_sweep(spec)                           tfplan apply -m ... / tfplan plan -m ... (dry run)
+      └─ Hydra.multirun(config, task, ...)    composes, instantiates hydra/sweeper
+           └─ sweeper: basic | optuna | ...   a=1,2 b=x,y, range(), choice(), glob(); or samples
+                └─ ClusterLauncher            hydra/launcher=tfplan: id, folder, ports, concurrency
+                     └─ PointTask(cfg)        plan + apply + supervise one cluster (ExperimentRun)
+                                              returns its held-out accuracy, which an optimising
+                                              sweeper maximises (0.0 for a failed point)
+
+A failed point (bad value, preflight, training failure) is recorded with its reason and the
+others go on. Everything lands in the sweep folder (``cluster.output_dir`` of the sweep id,
+by default ``outputs/<sweep id>``)::
+
+    <sweep dir>/
+      multirun.yaml           Hydra's record of the sweep
+      sweep.json              every point: overrides, experiment id, status, reason, times
+      results.csv, results.json, accuracy.png   (tfplan.results; `tfplan report DIR` redoes them)
+      <n>/                    point n's experiment folder (tfplan.experiment)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tfplan.engine.workspace import Workspace
+from tfplan.errors import ConfigError, TfplanError
+from tfplan.files import write_atomic
+
+__all__ = ["PointRecord", "SweepSpec", "SweepRecord", "run_sweep", "sweep_spec", "SweepOutput"]
+
+Say = Callable[[str], None]
+
+# What a failed point returns to the sweeper: the worst accuracy. Not NaN and not an exception:
+# Optuna's sweeper stops the whole sweep on either (a failed trial beyond max_failure_rate=0),
+# and one failed point must not stop the others; a point with no accuracy should also steer an
+# optimiser away. The table and files show it as failed, with its reason, all the same.
+FAILED_METRIC = 0.0
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A sweep as the user asked for it, before Hydra expands it."""
+
+    sweep_id: str
+    sweep_dir: str  # absolute
+    overrides: tuple[str, ...]  # what Hydra gets (experiment.id taken out: it names the sweep)
+    fixed_keys: tuple[str, ...]  # keys that are not swept: left out of each point's label
+    concurrency: int
+    config_dir: Path
+    sweeper: str  # "basic" unless hydra/sweeper=... was given
+
+
+@dataclass(frozen=True)
+class PointRecord:
+    """One point of a sweep: what it was, and how it went."""
+
+    num: int
+    experiment_id: str
+    overrides: tuple[str, ...]  # the swept values of this point
+    output_dir: str
+    status: str  # planned | running | succeeded | failed | interrupted
+    reason: str = ""
+    started_at: float | None = None
+    ended_at: float | None = None
+    last_step: int | None = None
+    port_offset: int | None = None
+    ports: tuple[int, int] | None = None  # first and last port its tasks use
+    tasks: int | None = None
+    resumed_from: int | None = None
+
+    @property
+    def label(self) -> str:
+        return " ".join(self.overrides) or "(defaults)"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["overrides"] = list(self.overrides)
+        data["ports"] = list(self.ports) if self.ports else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PointRecord:
+        ports = data.get("ports")
+        fields: dict[str, Any] = {k: data.get(k) for k in cls.__dataclass_fields__}
+        fields.update(
+            overrides=tuple(data.get("overrides") or ()),
+            ports=(int(ports[0]), int(ports[1])) if ports else None,
+        )
+        return cls(**fields)
+
+
+@dataclass
+class SweepRecord:
+    """``sweep.json``: rewritten (atomically) each time a point starts or ends."""
+
+    path: Path
+    header: dict[str, Any]
+    points: dict[int, PointRecord] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def put(self, point: PointRecord) -> None:
+        with self._lock:
+            self.points[point.num] = point
+            data = {**self.header, "points": [p.to_dict() for _, p in sorted(self.points.items())]}
+            write_atomic(self.path, json.dumps(data, indent=2) + "\n")
+
+    @staticmethod
+    def load(sweep_dir: Path) -> tuple[dict[str, Any], list[PointRecord]]:
+        """(header, points) of a sweep folder.
+
+        Raises:
+            TfplanError: no readable sweep.json there.
+        """
+        path = Path(sweep_dir) / "sweep.json"
+        try:
+            data = json.loads(path.read_text())
+            points = [PointRecord.from_dict(p) for p in data.pop("points")]
+        except FileNotFoundError:
+            raise TfplanError(
+                f"{sweep_dir} is not a sweep folder (no sweep.json): give the folder "
+                "`tfplan apply -m` printed"
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise TfplanError(f"cannot read {path}: {error}") from None
+        return data, points
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def sweep_spec(
+    overrides: list[str], config_dir: str | Path | None, concurrency: int, now: float | None = None
+) -> SweepSpec:
+    """Read the sweep's id and folder from the overrides, and check the fixed ones compose.
+
+    The sweep id is ``experiment.id`` when given (applying it again resumes every point from its
+    checkpoints), else ``sweep-<date>-<time>`` (a fresh sweep).
+
+    Raises:
+        ConfigError: experiment.id is swept, hydra/launcher is set, or a fixed override is wrong.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from tfplan.config.compose import compose_config, conf_dir
+
+    if concurrency < 1:
+        raise ConfigError("--concurrency", f"{concurrency} < 1", "run at least one cluster at once")
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as error:
+        raise ConfigError(
+            "overrides",
+            str(error).strip().splitlines()[0],
+            "see Hydra's override grammar: a=1,2 b=range(1,4)",
+        ) from None
+    sweep_id, rest, fixed, sweeper = None, [], [], "basic"
+    for text, override in zip(overrides, parsed, strict=True):
+        key = override.get_key_element()
+        if key == "experiment.id":
+            if override.is_sweep_override():
+                raise ConfigError(
+                    "experiment.id",
+                    "cannot be swept: it names the sweep",
+                    "name it with experiment.id=NAME (points: NAME-0, NAME-1, ...)",
+                )
+            sweep_id = override.get_value_element_as_str()
+            continue
+        if key in ("hydra/launcher", "hydra.launcher") or key.startswith("hydra.launcher."):
+            raise ConfigError(
+                key,
+                "tfplan runs the points with its own launcher",
+                "use --concurrency N to run N clusters at once",
+            )
+        if key == "hydra/sweeper":
+            sweeper = override.get_value_element_as_str()
+        rest.append(text)
+        if not override.is_sweep_override() and not key.startswith("hydra"):
+            fixed.append(text)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    sweep_id = sweep_id or f"sweep-{stamp}"
+    directory = conf_dir(config_dir)
+    base = compose_config([*fixed, f"experiment.id={sweep_id}"], directory)
+    sweep_dir = os.path.abspath(str(base.cluster.output_dir))
+    return SweepSpec(
+        sweep_id,
+        sweep_dir,
+        tuple(rest),
+        tuple(_key(f) for f in fixed),
+        concurrency,
+        directory,
+        sweeper,
+    )
+
+
+class SweepOutput:
+    """What a sweep prints: ``#n | line`` for tfplan's events; every task's log when verbose."""
+
+    def __init__(self, print_line: Callable[[str], None], verbose: bool = False) -> None:
+        self._print = print_line
+        self._lock = threading.Lock()
+        self.verbose = verbose
+
+    def say(self, num: int) -> Say:
+        return lambda line: self.line(f"#{num} tfplan | {line}")
+
+    def emit(self, num: int) -> Callable[[str, str], None]:
+        def emit(task: str, line: str) -> None:
+            if task == "tfplan":
+                self.line(f"#{num} tfplan | {line}")
+            elif self.verbose:
+                self.line(f"#{num} {task} | {line}")
+
+        return emit
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            self._print(text)
+
+
+def _job_config(cfg: Any) -> Any:
+    """The point's config without Hydra's node, resolved (what compose_config returns)."""
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    task_cfg = copy.deepcopy(cfg)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    OmegaConf.resolve(task_cfg)
+    return task_cfg
+
+
+class PointTask:
+    """The task function Hydra's launcher calls with each point's config (see module docstring)."""
+
+    def __init__(
+        self, spec: SweepSpec, workspace: Workspace, output: SweepOutput, record: SweepRecord | None
+    ) -> None:
+        self.spec = spec
+        self.workspace = workspace
+        self.output = output
+        self.record = record  # None: a dry run, which records nothing
+        self.planned: list[PointRecord] = []
+        self._lock = threading.Lock()
+        self._interrupted = threading.Event()
+
+    def interrupt(self) -> None:
+        """Ctrl-C reached the main thread: every point stops its tasks at its next tick (its
+        supervisor raises KeyboardInterrupt there, exactly as an interrupted apply)."""
+        self._interrupted.set()
+
+    def __call__(self, cfg: Any) -> float:
+        if self._interrupted.is_set():
+            raise KeyboardInterrupt()
+        num = int(cfg.hydra.job.num)
+        label = tuple(o for o in cfg.hydra.overrides.task if _key(o) not in self.spec.fixed_keys)
+        point = PointRecord(
+            num,
+            str(cfg.experiment.id),
+            label,
+            str(cfg.cluster.output_dir),
+            "planned",
+            port_offset=int(cfg.cluster.port_offset),
+        )
+        if self.record is None:
+            return self._plan_only(point, cfg)
+        return self._run(point, cfg)
+
+    def _plan(self, point: PointRecord, cfg: Any) -> tuple[Any, str, PointRecord]:
+        from omegaconf import OmegaConf
+
+        from tfplan.config.compose import one_line_error, to_config
+        from tfplan.engine.plans import make_plan
+        from tfplan.engine.refresh import refreshed_state
+
+        try:
+            job_cfg = _job_config(cfg)
+        except Exception as error:  # noqa: BLE001 - OmegaConf's errors, made one line
+            raise one_line_error(error) from error
+        state = refreshed_state(self.workspace.store(point.experiment_id))
+        plan = make_plan(to_config(job_cfg), state)
+        ports = [t.port for t in plan.tasks if t.port is not None]
+        point = replace(
+            point, tasks=len(plan.tasks), ports=(min(ports), max(ports)) if ports else None
+        )
+        return plan, OmegaConf.to_yaml(job_cfg), point
+
+    def _plan_only(self, point: PointRecord, cfg: Any) -> float:
+        try:
+            _, _, point = self._plan(point, cfg)
+        except TfplanError as error:
+            point = replace(point, status="failed", reason=str(error))
+        with self._lock:
+            self.planned.append(point)
+        return FAILED_METRIC
+
+    def _run(self, point: PointRecord, cfg: Any) -> float:
+        from tfplan.engine.runner import ExperimentRun
+
+        assert self.record is not None
+        say, emit = self.output.say(point.num), self.output.emit(point.num)
+        point = replace(point, status="running", started_at=round(time.time(), 3))
+        self.record.put(point)
+        say(f"{point.label} -> experiment {point.experiment_id}, {point.output_dir}")
+        result: dict[str, Any] | None = None
+        try:
+            plan, config_yaml, point = self._plan(point, cfg)
+            self.record.put(point)
+            with ExperimentRun(plan, self.workspace, say, config_yaml) as run:
+                point = replace(point, resumed_from=run.resumed_from)
+                applied = run.apply()
+                if applied.state.running:
+                    outcome = run.supervise(emit, interrupt=self._interrupted)
+                    point = replace(
+                        point,
+                        last_step=outcome.last_step,
+                        reason=outcome.reason,
+                        status="succeeded" if outcome.succeeded else "failed",
+                    )
+                else:
+                    point = replace(point, status="succeeded", reason="nothing left to run")
+                result = run.result
+        except KeyboardInterrupt:
+            self._end(replace(point, status="interrupted", reason="interrupted (Ctrl-C)"), say)
+            raise
+        except TfplanError as error:
+            point = replace(point, status="failed", reason=str(error))
+        except Exception as error:  # noqa: BLE001 - one broken point must not end the sweep
+            point = replace(point, status="failed", reason=f"{type(error).__name__}: {error}")
+        self._end(point, say)
+        accuracy = (result or {}).get("accuracy") if point.status == "succeeded" else None
+        return float(accuracy) if isinstance(accuracy, (int, float)) else FAILED_METRIC
+
+    def _end(self, point: PointRecord, say: Say) -> None:
+        assert self.record is not None
+        point = replace(point, ended_at=round(time.time(), 3))
+        self.record.put(point)
+        say(f"{point.status}: {point.reason}")
+
+
+def _run_hydra(spec: SweepSpec, task: PointTask, hydra_sweep_dir: str) -> None:
+    """Hydra's multirun, as ``@hydra.main`` with ``--multirun`` would do it, with tfplan's
+    launcher. Errors (a bad override, an unknown sweeper) become one-line ConfigErrors."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from tfplan.config.compose import one_line_error
+    from tfplan.config.schema import register_configs
+    from tfplan.sweeps.launcher import register_launcher
+
+    register_configs()
+    register_launcher()
+    overrides = [
+        *spec.overrides,
+        "hydra/launcher=tfplan",
+        f"hydra.launcher.concurrency={spec.concurrency}",
+        f"hydra.launcher.sweep_id={spec.sweep_id}",
+        f"hydra.launcher.sweep_dir='{spec.sweep_dir}'",
+        f"hydra.sweep.dir='{hydra_sweep_dir}'",
+    ]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(spec.config_dir), version_base=None):
+            hydra = GlobalHydra.instance().hydra
+            assert hydra is not None
+            hydra.multirun(
+                config_name="config",
+                task_function=task,
+                overrides=overrides,
+                with_log_configuration=False,
+            )
+    except (HydraException, OmegaConfBaseException) as error:
+        raise one_line_error(error) from error
+    except ImportError as error:  # a sweeper plugin that is not installed
+        first = str(error).strip().splitlines()[0]
+        raise ConfigError(
+            "hydra/sweeper", first, "install its plugin, e.g. pip install hydra-optuna-sweeper"
+        ) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def preview_sweep(spec: SweepSpec, workspace: Workspace) -> list[PointRecord]:
+    """Every point the sweeper would run, planned but not applied (nothing is written)."""
+    task = PointTask(spec, workspace, SweepOutput(lambda line: None), record=None)
+    with tempfile.TemporaryDirectory(prefix="tfplan-sweep-plan-") as scratch:
+        _run_hydra(spec, task, scratch)
+    return sorted(task.planned, key=lambda p: p.num)
+
+
+def run_sweep(spec: SweepSpec, workspace: Workspace, output: SweepOutput) -> list[PointRecord]:
+    """Run every point of the sweep; returns their records (also in ``<sweep dir>/sweep.json``).
+
+    Raises:
+        ConfigError: the sweep itself cannot start (bad override, unknown sweeper or option).
+        KeyboardInterrupt: after every running point has stopped its tasks.
+    """
+    from tfplan.engine.experiment import index_output
+
+    sweep_dir = Path(spec.sweep_dir)
+    header = {
+        "sweep_id": spec.sweep_id,
+        "sweep_dir": spec.sweep_dir,
+        "overrides": list(spec.overrides),
+        "sweeper": spec.sweeper,
+        "concurrency": spec.concurrency,
+        "started_at": round(time.time(), 3),
+        "command": " ".join(sys.argv),
+    }
+    record = SweepRecord(sweep_dir / "sweep.json", header)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    index_output(workspace, spec.sweep_id, spec.sweep_dir, "sweep")
+    try:
+        _run_hydra(spec, PointTask(spec, workspace, output, record), spec.sweep_dir)
+    finally:  # again, so that the sweep, not its last point, is the latest thing applied here
+        index_output(workspace, spec.sweep_id, spec.sweep_dir, "sweep")
+    return sorted(record.points.values(), key=lambda p: p.num)
