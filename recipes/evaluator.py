@@ -69,12 +69,16 @@ class CheckpointScorer:
             tf.errors.NotFoundError, tf.errors.DataLossError, ValueError: rotated away or torn.
         """
         tf2 = tf.train.load_checkpoint(ckpt).has_tensor("global_step" + CKPT_KEY_SUFFIX)
-        (self._tf2_saver if tf2 else self._saver).restore(self._sess, ckpt)
-        return int(self._sess.run(self._step))
+        # In its own graph: the TF2 strategies' chiefs run eagerly, and Saver.restore outside
+        # its graph takes the eager path, which cannot reach these graph variables.
+        with self.graph.as_default():
+            (self._tf2_saver if tf2 else self._saver).restore(self._sess, ckpt)
+            return int(self._sess.run(self._step))
 
     def score(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """(loss, accuracy) of the restored weights on ``x``, ``y``."""
-        loss, acc = self._sess.run([self._loss, self._accuracy], {self._x: x, self._y: y})
+        with self.graph.as_default():
+            loss, acc = self._sess.run([self._loss, self._accuracy], {self._x: x, self._y: y})
         return float(loss), float(acc)
 
     def close(self) -> None:
