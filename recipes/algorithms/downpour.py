@@ -22,19 +22,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from recipes.algorithms.base import (
-    Algorithm,
-    BuildContext,
-    Params,
-    Problem,
-    TrainGraph,
-    make_optimizer,
-    move_to_local_collection,
-)
-from recipes.algorithms.local import local_twins
+from recipes.algorithms.base import Algorithm, BuildContext, Params, Problem, TrainGraph
+from recipes.algorithms.local import LocalOptimizer, create_local_copy, local_twins
 
 v1 = tf.compat.v1
-LOCAL = [v1.GraphKeys.LOCAL_VARIABLES]
 
 
 class Downpour(Algorithm):
@@ -50,21 +41,12 @@ class Downpour(Algorithm):
         with v1.device(ctx.ps_device):
             center = problem.create_params(None)
         with v1.device(ctx.worker_device):
+            local = create_local_copy(problem)
             with v1.variable_scope("local"):
-                local = problem.create_params(LOCAL)
                 pulled = local_twins(center, "pulled")
                 grad_sum = local_twins(center, "grad_sum")
-                loss = problem.loss_fn(local)
-                opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
-                before = {id(v) for v in v1.global_variables()}
-                grads = opt.compute_gradients(loss, var_list=list(local.values()))
-                local_step = tf.group(
-                    opt.apply_gradients(grads),
-                    *[grad_sum[k].assign_add(g) for k, (g, _) in zip(local, grads, strict=True)],
-                    name="local_step",
-                )
-                move_to_local_collection([v for v in v1.global_variables() if id(v) not in before])
-            # Outside the "local" scope: the ps optimizer's slots are global, named model/...
+            loss = problem.loss_fn(local)
+            local_step = LocalOptimizer(ctx, loss, local).apply(grad_sums=grad_sum)
             with tf.control_dependencies([local_step]):
                 push = self._push(ctx, center, local, pulled, grad_sum, ps_optimizer, window)
             with tf.control_dependencies([push]):
@@ -97,6 +79,7 @@ class Downpour(Algorithm):
                 center[k].assign_add(local[k].read_value() - pulled[k].read_value()) for k in center
             ]
         else:
+            # The ps optimizer's slots are global (checkpointed), named model/w/Adagrad.
             with v1.device(ctx.ps_device):
                 ps_opt = v1.train.AdagradOptimizer(ctx.algo.lr, use_locking=False)
                 updates = [
