@@ -42,8 +42,7 @@ class AGN(Algorithm):
             center = problem.create_params(None)
         with v1.device(ctx.worker_device):
             local = create_local_copy(problem)
-            with v1.variable_scope("local"):
-                pulled = local_twins(center, "pulled")
+            pulled = local_twins(center, "pulled")
             loss = problem.loss_fn(local)
             local_step = local_optimizer_step(ctx, loss, local)
             with tf.control_dependencies([local_step]):

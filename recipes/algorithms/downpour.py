@@ -42,9 +42,8 @@ class Downpour(Algorithm):
             center = problem.create_params(None)
         with v1.device(ctx.worker_device):
             local = create_local_copy(problem)
-            with v1.variable_scope("local"):
-                pulled = local_twins(center, "pulled")
-                grad_sum = local_twins(center, "grad_sum")
+            pulled = local_twins(center, "pulled")
+            grad_sum = local_twins(center, "grad_sum")
             loss = problem.loss_fn(local)
             local_step = LocalOptimizer(ctx, loss, local).apply(grad_sums=grad_sum)
             with tf.control_dependencies([local_step]):

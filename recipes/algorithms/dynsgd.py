@@ -65,8 +65,8 @@ class DynSGD(Algorithm):
             lock = tf.CriticalSection(name="dynsgd_lock", shared_name=LOCK_NAME)
         with v1.device(ctx.worker_device):
             local = create_local_copy(problem)
+            pulled = local_twins(center, "pulled")
             with v1.variable_scope("local"):
-                pulled = local_twins(center, "pulled")
                 pulled_clock = v1.get_variable(
                     "dynsgd/pulled_clock",
                     shape=[],

@@ -49,8 +49,7 @@ class EAMSGD(Algorithm):
             center = problem.create_params(None)
         with v1.device(ctx.worker_device):
             local = create_local_copy(problem)
-            with v1.variable_scope("local"):
-                velocity = local_twins(center, "velocity")
+            velocity = local_twins(center, "velocity")
             x, v = read_all(local), read_all(velocity)
             look = {k: x[k] + self.lookahead_sign * delta * v[k] for k in center}
             loss = problem.loss_fn(look)

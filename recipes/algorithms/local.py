@@ -52,19 +52,21 @@ def positive_int(ctx: BuildContext, key: str, default: int) -> int:
 
 
 def local_twins(params: Params, suffix: str) -> Params:
-    """Zero-initialised worker-local variables shaped like ``params`` (call on the worker)."""
-    return {
-        k: v1.get_variable(
-            f"{v.op.name}_{suffix}",
-            shape=v.shape,
-            dtype=v.dtype.base_dtype,
-            initializer=v1.zeros_initializer(),
-            collections=LOCAL,
-            trainable=False,
-            use_resource=True,
-        )
-        for k, v in params.items()
-    }
+    """Zero-initialised worker-local variables shaped like ``params``, named
+    ``local/model/w_<suffix>`` (call on the worker device)."""
+    with v1.variable_scope("local"):
+        return {
+            k: v1.get_variable(
+                f"{v.op.name}_{suffix}",
+                shape=v.shape,
+                dtype=v.dtype.base_dtype,
+                initializer=v1.zeros_initializer(),
+                collections=LOCAL,
+                trainable=False,
+                use_resource=True,
+            )
+            for k, v in params.items()
+        }
 
 
 def create_local_copy(problem: Problem) -> Params:

@@ -50,8 +50,7 @@ class SAGN(Algorithm):
             center = problem.create_params(None)
         with v1.device(ctx.worker_device):
             local = create_local_copy(problem)
-            with v1.variable_scope("local"):
-                grad_sum = local_twins(center, "grad_sum")
+            grad_sum = local_twins(center, "grad_sum")
             loss = problem.loss_fn(local)
             local_step = LocalOptimizer(ctx, loss, local).apply(grad_sums=grad_sum)
             with tf.control_dependencies([local_step]):
