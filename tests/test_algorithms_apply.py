@@ -29,6 +29,9 @@ from apply_helpers import (
 from tfplan.config.algorithms import ALGORITHMS
 
 MINIBATCHES = 40
+# The fast tier runs one asynchronous and one synchronous ps algorithm (the TF2 strategies run end
+# to end in tests/test_strategies_apply.py); --tier=full runs every one.
+FAST_TIER = ("downpour", "sync")
 
 
 @pytest.fixture
@@ -46,7 +49,9 @@ def minibatches_per_step(algo: str) -> int:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("algo", ALGORITHMS)
+@pytest.mark.parametrize(
+    "algo", [pytest.param(a, marks=() if a in FAST_TIER else pytest.mark.full) for a in ALGORITHMS]
+)
 def test_algorithm_trains_as_a_real_cluster_through_apply(algo: str, ws: Path) -> None:
     steps = math.ceil(MINIBATCHES / minibatches_per_step(algo))
     proc = tfplan(

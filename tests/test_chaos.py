@@ -44,7 +44,7 @@ from test_apply_ssh import _conf_with_cluster
 from test_apply_ssh import _host as _ssh_host
 from testbed import NetnsTestbed
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.full]
 
 MAX_STEPS = 1500
 FAULT_AT = 300

@@ -13,7 +13,7 @@ import pytest
 from chaos_helpers import final_checkpoint_step
 from recipe_cluster import RecipeCluster, run_config
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.full]
 
 ALGOS = {
     "hogwild": {"name": "hogwild"},

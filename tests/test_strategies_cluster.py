@@ -21,6 +21,9 @@ from recipe_cluster import RecipeCluster, run_config
 from test_recipes_cluster import summary_tags
 
 pytestmark = pytest.mark.cluster
+# The recipe-level scenarios; tests/test_strategies_apply.py runs both strategies end to end in
+# the fast tier. The one-line topology errors start no TensorFlow and stay there too.
+FULL = pytest.mark.full
 
 ALLREDUCE = {"name": "allreduce", "lr": 0.1, "collective_timeout_secs": 30}
 PSS = {"name": "pss", "lr": 0.1}
@@ -89,6 +92,7 @@ def _check_outputs(c: RecipeCluster, algo: str, max_steps: int, replicas: int, p
         assert {"eval/accuracy", "eval/loss"} <= summary_tags(out / "eval")
 
 
+@FULL
 @pytest.mark.parametrize("topology", ["allreduce-2workers", "allreduce-chief+worker"])
 def test_allreduce_trains_to_max_steps(topology: str, tmp_path: Path) -> None:
     cfg = run_config(tmp_path / "out", ALLREDUCE, max_steps=200)
@@ -102,6 +106,7 @@ def test_allreduce_trains_to_max_steps(topology: str, tmp_path: Path) -> None:
                 assert f"{name} finished after 200 steps" in c.tasks[name].text, c.dump()
 
 
+@FULL
 def test_pss_trains_and_every_server_exits_by_itself(tmp_path: Path) -> None:
     cfg = run_config(tmp_path / "out", PSS, max_steps=200)
     with RecipeCluster(tmp_path, cfg, evaluator=True, **TOPOLOGY["pss"]) as c:
@@ -119,6 +124,7 @@ def test_pss_trains_and_every_server_exits_by_itself(tmp_path: Path) -> None:
         _check_outputs(c, "pss", 200, replicas=2, ps=1)
 
 
+@FULL
 @pytest.mark.parametrize("topology", ["allreduce-2workers", "pss"])
 def test_resume_continues_from_the_last_checkpoint(topology: str, tmp_path: Path) -> None:
     algo = ALLREDUCE if topology.startswith("allreduce") else PSS
@@ -179,6 +185,7 @@ def _kill_and_restart(c: RecipeCluster, victim: str, min_ckpt: int) -> dict[str,
     }
 
 
+@FULL
 @pytest.mark.parametrize("victim", ["worker/1", "worker/0"])
 def test_allreduce_killed_worker_the_group_restarts_from_the_checkpoint(
     victim: str, tmp_path: Path
@@ -210,6 +217,7 @@ def test_allreduce_killed_worker_the_group_restarts_from_the_checkpoint(
         )
 
 
+@FULL
 def test_allreduce_frozen_peer_fails_the_group_in_bounded_time(tmp_path: Path) -> None:
     """A frozen peer is caught by TF's coordination-service heartbeat (~10 s), before the
     default collective_timeout_secs=30. (A timeout below the heartbeat fires first and then TF
@@ -236,6 +244,7 @@ def test_allreduce_frozen_peer_fails_the_group_in_bounded_time(tmp_path: Path) -
         print(f"\nallreduce, worker/1 frozen: worker/0 exited {waited:.2f}s later (code 5)")
 
 
+@FULL
 def test_allreduce_peer_that_never_starts_ends_the_leader(tmp_path: Path) -> None:
     cfg = run_config(tmp_path / "out", {**ALLREDUCE, "startup_timeout_secs": 8})
     with RecipeCluster(tmp_path, cfg, **TOPOLOGY["allreduce-2workers"]) as c:
@@ -244,6 +253,7 @@ def test_allreduce_peer_that_never_starts_ends_the_leader(tmp_path: Path) -> Non
         assert "did not form" in c.tasks["worker/0"].text, c.dump()
 
 
+@FULL
 def test_pss_lost_ps_fails_the_coordinator_and_restart_resumes(tmp_path: Path) -> None:
     max_steps = 1000
     cfg = run_config(
@@ -271,6 +281,7 @@ def test_pss_lost_ps_fails_the_coordinator_and_restart_resumes(tmp_path: Path) -
         print(f"\npss, ps/0 killed: the coordinator exited {exited:.2f}s later (code 5)")
 
 
+@FULL
 def test_pss_lost_worker_the_coordinator_carries_on(tmp_path: Path) -> None:
     max_steps = 1500
     cfg = run_config(
@@ -316,6 +327,7 @@ def test_wrong_topology_is_a_one_line_error(
         assert len(errors) == 1 and message in errors[0], task.text
 
 
+@FULL
 @pytest.mark.parametrize("topology", ["allreduce-2workers", "pss"])
 def test_sigterm_stops_every_task(topology: str, tmp_path: Path) -> None:
     """TF's coordination agent swallows SIGTERM; the recipes restore it: a launcher's SIGTERM
@@ -336,6 +348,7 @@ def test_sigterm_stops_every_task(topology: str, tmp_path: Path) -> None:
         assert set(training.values()) <= {-15, 5} and -15 in training.values(), c.dump()
 
 
+@FULL
 def test_evaluator_ignores_an_earlier_runs_result_until_it_is_rewritten(tmp_path: Path) -> None:
     """A resumed run's evaluator may start before the chief deletes the old result.json."""
     import tensorflow as tf

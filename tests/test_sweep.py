@@ -196,6 +196,7 @@ def test_optuna_sweeper_maximises_the_held_out_accuracy(ws: Path) -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.full
 def test_real_two_point_sweep_end_to_end_with_report_and_tensorboard(ws: Path) -> None:
     port = free_port_base(30)
     proc = tfplan(
@@ -268,6 +269,7 @@ def _pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@pytest.mark.full
 def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> None:
     import subprocess
     import sys

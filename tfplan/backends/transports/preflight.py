@@ -1,7 +1,8 @@
 """Preflight: the checks run on every host before any task starts, as data.
 
 One small Python snippet (:data:`PREFLIGHT_SNIPPET`) runs on each host, the same for the local
-and the SSH executor, and prints one JSON object. :meth:`Executor.preflight` turns it into a
+and the SSH transport (the Slurm backend runs it on each node through ``srun``), and prints one
+JSON object. :meth:`~tfplan.backends.transports.base.Transport.preflight` turns it into a
 :class:`PreflightResult`; :func:`check_shared_dir` compares the results of several hosts, and
 :func:`raise_for_preflight` raises one :class:`~tfplan.errors.PreflightError` listing every
 host that failed.
