@@ -61,7 +61,7 @@ class PreflightResult:
 # Runs on the host with its own python (3.6+), argv[1] = the request as JSON. Prints one JSON
 # line. Keep it free of anything newer than Python 3.6 and of non-stdlib imports.
 PREFLIGHT_SNIPPET = r"""
-import json, os, platform, socket, sys, uuid
+import json, os, platform, socket, sys, time, uuid
 req = json.loads(sys.argv[1])
 out = {"problems": [], "hostname": socket.gethostname(),
        "python_version": platform.python_version(), "tf_version": None, "shared_marker": None}
@@ -128,8 +128,12 @@ if req["shared_dir"]:
             os.close(fd)
         except OSError:
             pass  # another host made it first: that is the point
-        with open(path) as f:
-            out["shared_marker"] = f.read()
+        for _ in range(50):  # the first writer may not have written its content yet
+            with open(path) as f:
+                out["shared_marker"] = f.read()
+            if out["shared_marker"]:
+                break
+            time.sleep(0.1)
     except OSError as exc:
         bad("shared dir %s is not usable (%s): mount it on every host"
             % (req["shared_dir"], exc.strerror))
