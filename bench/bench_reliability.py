@@ -296,6 +296,9 @@ def main() -> None:
     parser.add_argument("--speed-steps", type=int, default=6000)
     parser.add_argument("--only", help="only the faults whose label contains this")
     options = parser.parse_args()
+    # Rounds end with SIGINT to `tfplan apply` (as Ctrl-C): a bench started in the background
+    # (`... &`, nohup) inherits SIGINT ignored, and so would every apply it starts
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     faults = [f for f in FAULTS if not options.only or options.only in f.label]
     LOADS.append(os.getloadavg())
     rounds: dict[str, list[Round]] = {f.label: [] for f in faults}
@@ -305,7 +308,7 @@ def main() -> None:
             try:
                 done = one_round(fault)
             except Exception as error:  # noqa: BLE001 - a failed round is reported, not hidden
-                why = str(error).splitlines()[0][:200]
+                why = f"{type(error).__name__}: {' '.join(str(error).split())[-300:]}"
                 failures[fault.label].append(why)
                 print(fault.label, "FAILED:", why, flush=True)
                 continue
