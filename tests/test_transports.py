@@ -418,7 +418,7 @@ class TestSSH:
             ex.connect()
 
     def test_more_streams_than_max_sessions(self, sshd_target: HostTarget, tmp_path: Path) -> None:
-        # sshd allows 10 sessions per connection by default; the executor opens more connections.
+        # sshd allows 10 sessions per connection by default; the transport opens more connections.
         with transport_for(sshd_target) as ex:
             specs = [
                 py_task(tmp_path, f"t{i}", f"import time\nprint({i})\ntime.sleep(1)\n")
