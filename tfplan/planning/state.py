@@ -190,6 +190,11 @@ class State:
     config: dict[str, Any] = field(default_factory=dict)  # the plan's source_config
     supervisor: SupervisorRecord | None = None
     version: int = STATE_FORMAT_VERSION
+    # Where the launcher keeps the experiment's record ("": output_dir itself), and whether
+    # the chief's outputs are copied there when the run ends (this machine does not see
+    # output_dir: per-host output, or a shared folder it does not mount).
+    record_dir: str = ""
+    copy_back: bool = False
 
     @classmethod
     def empty(cls, lineage: str | None = None) -> State:
@@ -247,6 +252,8 @@ class State:
             "policy": self.policy.to_dict(),
             "config": self.config,
             "supervisor": self.supervisor.to_dict() if self.supervisor else None,
+            "record_dir": self.record_dir,
+            "copy_back": self.copy_back,
         }
 
     @classmethod
@@ -270,6 +277,8 @@ class State:
             config=dict(data.get("config") or {}),
             supervisor=SupervisorRecord.from_dict(supervisor) if supervisor else None,
             version=int(data.get("version", STATE_FORMAT_VERSION)),
+            record_dir=str(data.get("record_dir") or ""),
+            copy_back=bool(data.get("copy_back", False)),
         )
 
 
