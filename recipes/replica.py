@@ -2,7 +2,14 @@
 
 The algorithm (``recipes.algorithms``) builds the replica's graph; this module adds everything the
 algorithms share: data sharding, summaries, hooks, the session, progress lines, the chief's final
-held-out evaluation and ``result.json``, and the done tokens that let the ps exit.
+checkpoint, held-out evaluation and ``result.json``, and the done tokens that let the ps exit.
+
+How a run ends (docs/runtime.md): every replica stops at ``max_steps`` and sends its done
+token; the chief first waits (at most ``PEERS_DONE_WAIT_SECS``) for the other replicas' tokens,
+so that nobody pushes any more, saves a final checkpoint at the step the ps then hold (unless its
+checkpoint hook already saved that step), and describes exactly that checkpoint in
+``result.json``: its ``global_step`` is the one stored in the checkpoint, and the accuracy and
+losses are those of the checkpoint's weights, restored from disk.
 """
 
 from __future__ import annotations
@@ -21,14 +28,18 @@ from recipes import data as data_mod
 from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
+from recipes.evaluator import CheckpointScorer
 from recipes.models import Model, loss_and_accuracy
 from recipes.runtime import (
     RoleSessionCreator,
     chief_saver,
+    done_queue_sizes,
     done_token_ops,
     make_server,
+    op_threads,
     session_config,
     touches_ps,
+    wait_for_done_tokens,
 )
 
 __all__ = [
@@ -41,6 +52,18 @@ __all__ = [
 
 v1 = tf.compat.v1
 Log = Callable[[str], None]
+
+# How long the chief waits, after its own session closed, for the other replicas' done tokens.
+# They normally arrive within a step; a replica that is restarting needs TensorFlow's import and
+# a join (seconds), and one that died for good never sends its token: past this bound the chief
+# goes on, and a step such a replica pushes later is in neither the final checkpoint nor
+# result.json (which still agree with each other). ``TFPLAN_DONE_WAIT_SECS`` overrides it.
+PEERS_DONE_WAIT_SECS = 10.0
+
+
+def peers_done_wait_secs() -> float:
+    env = os.environ.get("TFPLAN_DONE_WAIT_SECS", "").strip()
+    return max(0.0, float(env)) if env else PEERS_DONE_WAIT_SECS
 
 
 class TrainingFailed(Exception):
@@ -57,10 +80,9 @@ class ReplicaGraph:
     x: Any
     y: Any
     global_step: Any
-    eval_loss: Any
-    eval_accuracy: Any
     probe: Any
     done_ops: list[Any]
+    done_sizes: list[Any]
     summary_op: Any
 
 
@@ -100,12 +122,10 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, dim: int) -> ReplicaGrap
                 v1.summary.scalar("learning_rate", tf.constant(cfg.algo.lr, tf.float32)),
             ]
         )
-        eval_loss, eval_accuracy = loss_and_accuracy(model.logits(train.params, x), y)
         probe = v1.report_uninitialized_variables(v1.global_variables())
     done_ops = done_token_ops(task.n_ps, task.n_replicas)
-    return ReplicaGraph(
-        train, x, y, global_step, eval_loss, eval_accuracy, probe, done_ops, summary_op
-    )
+    done_sizes = done_queue_sizes(task.n_ps, task.n_replicas)
+    return ReplicaGraph(train, x, y, global_step, probe, done_ops, done_sizes, summary_op)
 
 
 def _hooks(cfg: RunConfig, g: ReplicaGraph, scaffold: Any, is_chief: bool) -> list[Any]:
@@ -262,50 +282,94 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         ) from None
     wall = time.monotonic() - t_start
     if task.is_chief:
-        _finish_chief(cfg, task, server, g, ds, result_path, recent, first_gs or 0, wall, log)
+        final = _final_checkpoint(cfg, task, server, g, scaffold, log)
+        _write_result(cfg, task, g, ds, final, result_path, recent, first_gs or 0, wall, log)
     _send_done_tokens(server, task, g, log)
     log(f"{task.type}/{task.index} finished after {i} runs")
     return 0
 
 
-def _finish_chief(
+def _final_checkpoint(
+    cfg: RunConfig, task: TaskInfo, server: Any, g: ReplicaGraph, scaffold: Any, log: Log
+) -> str:
+    """Wait for the other replicas to stop, then make sure the latest checkpoint holds the ps's
+    final step; returns its path."""
+    config = session_config(task)
+    bound = peers_done_wait_secs()
+    quiet = wait_for_done_tokens(
+        server.target, config, g.done_sizes, task.n_replicas - 1, bound, log
+    )
+    latest = tf.train.latest_checkpoint(cfg.output_dir)
+    saved = _stored_step(latest) if latest else None
+    with v1.Session(server.target, config=config) as sess:
+        gs = int(sess.run(g.global_step))
+        if gs != saved:
+            latest = scaffold.saver.save(
+                sess,
+                os.path.join(cfg.output_dir, "model.ckpt"),
+                global_step=gs,
+                write_meta_graph=False,
+            )
+    if not quiet:
+        log(
+            f"warning: not every replica finished within {bound:g}s; a step "
+            f"one of them pushes later is not in the final checkpoint (step={gs})"
+        )
+    return str(latest)
+
+
+def _stored_step(ckpt: str) -> int | None:
+    """The global step stored in a checkpoint (its file name may say otherwise: a step can land
+    between the read that names it and the save)."""
+    try:
+        return int(tf.train.load_checkpoint(ckpt).get_tensor("global_step"))
+    except (tf.errors.OpError, ValueError, KeyError):
+        return None
+
+
+def _write_result(
     cfg: RunConfig,
     task: TaskInfo,
-    server: Any,
     g: ReplicaGraph,
     ds: data_mod.Dataset,
+    ckpt: str,
     result_path: str,
     recent: deque[float],
     first_gs: int,
     wall: float,
     log: Log,
 ) -> None:
-    """Held-out accuracy of the final ps weights, then result.json (atomically)."""
-    n_train = min(len(ds.x_train), 5000)  # a bounded sample: the loss of the final weights
-    with v1.Session(server.target, config=session_config(task)) as sess:
-        gs, eval_loss, acc = sess.run(
-            [g.global_step, g.eval_loss, g.eval_accuracy],
-            feed_dict={g.x: ds.x_eval, g.y: ds.y_eval},
-        )
-        train_loss = sess.run(
-            g.eval_loss, feed_dict={g.x: ds.x_train[:n_train], g.y: ds.y_train[:n_train]}
-        )
+    """Score the final checkpoint's weights (held-out split, and a bounded sample of the
+    training set), then write result.json atomically."""
+    threads = op_threads(task)
+    config = v1.ConfigProto(
+        intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads
+    )
+    scorer = CheckpointScorer(cfg, ds.dim, config)
+    try:
+        gs = scorer.restore(ckpt)
+        eval_loss, acc = scorer.score(ds.x_eval, ds.y_eval)
+        n_train = min(len(ds.x_train), 5000)
+        train_loss, _ = scorer.score(ds.x_train[:n_train], ds.y_train[:n_train])
+    finally:
+        scorer.close()
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
     result = {
         "status": "succeeded",
-        "global_step": int(gs),
-        "loss": round(float(train_loss), 6),
+        "global_step": gs,
+        "loss": round(train_loss, 6),
         "last_batch_loss": round(float(np.mean(recent)) if recent else float("nan"), 6),
-        "accuracy": round(float(acc), 6),
-        "eval_loss": round(float(eval_loss), 6),
-        "examples_per_sec": round((int(gs) - first_gs) * ex_per_gs / max(wall, 1e-9), 1),
+        "accuracy": round(acc, 6),
+        "eval_loss": round(eval_loss, 6),
+        "examples_per_sec": round((gs - first_gs) * ex_per_gs / max(wall, 1e-9), 1),
         "wall_time_secs": round(wall, 3),
         "algo": cfg.algo.name,
         "replicas": task.n_replicas,
         "ps": task.n_ps,
+        "checkpoint": os.path.basename(ckpt),  # the one whose step and weights these are
     }
     write_json_atomic(result_path, result)
     log(
-        f"step={int(gs)} final: loss={result['loss']} accuracy={result['accuracy']} "
+        f"step={gs} final: loss={result['loss']} accuracy={result['accuracy']} "
         f"examples_per_sec={result['examples_per_sec']}"
     )

@@ -2,7 +2,8 @@
 
 Fixes for the TF 2.21 pitfalls measured in ../shared/TENSORFLOW.md (the shared material beside a checkout):
 - a ps exits by itself: it owns ``FIFOQueue(n, shared_name="done_ps<k>")`` and exits 0 once every
-  training replica has enqueued a token (and on SIGTERM);
+  training replica has enqueued a token (and on SIGTERM); the chief reads the same queues' sizes
+  to wait, at the end, until the other replicas have stopped pushing;
 - non-chief replicas join fast: they poll for initialised ps variables every 0.5 s instead of
   SessionManager's 30 s, and recover from a ps restart with ``recovery_wait_secs=1``;
 - a restarted chief joins the live ps values instead of restoring an older checkpoint over them;
@@ -27,12 +28,14 @@ from recipes.config import TaskInfo
 __all__ = [
     "RoleSessionCreator",
     "chief_saver",
+    "done_queue_sizes",
     "done_token_ops",
     "make_server",
     "op_threads",
     "run_ps",
     "session_config",
     "touches_ps",
+    "wait_for_done_tokens",
     "wait_until_initialized",
 ]
 
@@ -114,6 +117,57 @@ def done_token_ops(n_ps: int, n_replicas: int) -> list[Any]:
         with v1.device(f"/job:ps/task:{k}"):
             ops.append(_done_queue(k, n_replicas).enqueue(tf.constant(1, tf.int32)))
     return ops
+
+
+def done_queue_sizes(n_ps: int, n_replicas: int) -> list[Any]:
+    """How many done tokens each ps holds so far (the same queues as :func:`done_token_ops`)."""
+    sizes = []
+    for k in range(n_ps):
+        with v1.device(f"/job:ps/task:{k}"):
+            sizes.append(_done_queue(k, n_replicas).size())
+    return sizes
+
+
+def wait_for_done_tokens(
+    target: str,
+    config: Any,
+    sizes: list[Any],
+    want: int,
+    timeout: float,
+    log: Any = print,
+    poll_secs: float = 0.05,
+) -> bool:
+    """Wait until every ps holds at least ``want`` done tokens, at most ``timeout`` seconds.
+
+    A replica sends its token once its training session is closed, so ``want`` tokens from the
+    other replicas mean that none of them will push another update. Returns False on timeout,
+    or when a ps does not answer (e.g. it restarted and lost the tokens sent to it before).
+    While it waits it logs a line every few seconds: the wait is not a hang.
+    """
+    start = time.monotonic()
+    next_note = start + 1.0
+    with v1.Session(target, config=config) as sess:
+        while True:
+            try:
+                have = min(int(n) for n in sess.run(sizes, options=_short_run()))
+            except tf.errors.OpError:
+                return False
+            if have >= want:
+                return True
+            now = time.monotonic()
+            if now - start >= timeout:
+                return False
+            if now >= next_note:
+                log(
+                    f"waiting for {want - have} more replica(s) to finish "
+                    f"({now - start:.0f}s of at most {timeout:.0f}s)"
+                )
+                next_note = now + 3.0
+            time.sleep(poll_secs)
+
+
+def _short_run() -> Any:
+    return v1.RunOptions(timeout_in_ms=5000)
 
 
 def run_ps(task: TaskInfo, log: Any = print) -> int:
@@ -245,6 +299,13 @@ class RoleSessionCreator(v1.train.SessionCreator):
         sm = self._session_manager()
         if self._is_chief and not self._ps_initialized():
             # Fresh ps (first start or ps restart): restore the last checkpoint, else init.
+            latest = (
+                tf.train.latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
+            )
+            self._log(
+                "parameter servers uninitialised: "
+                + (f"restoring {os.path.basename(latest)}" if latest else "initialising them")
+            )
             return sm.prepare_session(
                 self._target,
                 saver=self._scaffold.saver,

@@ -17,7 +17,9 @@ CONF = REPO / "conf"
 
 # A stand-in for a training program: any command honouring TF_CONFIG can be launched. Roles:
 # ps serves until killed; the chief prints steps then exits with CHIEF_EXIT; workers exit 0
-# after WORKER_SECS, or WORKER_EXIT.
+# after WORKER_SECS, or WORKER_EXIT. With gate=PATH a worker creates PATH just before it exits
+# and the chief makes no step before PATH exists: the workers have ended before the chief can,
+# as an order of events rather than a race between WORKER_SECS and the chief's steps.
 FAKE_TASK = r"""
 import json, os, sys, time
 task = json.loads(os.environ["TF_CONFIG"])["task"]
@@ -30,14 +32,26 @@ if role == "ps":
         time.sleep(0.2)
 chief = role == "chief" or (role == "worker" and index == 0 and "chief" not in
                             json.loads(os.environ["TF_CONFIG"])["cluster"])
+gate = args.get("gate")
 if chief:
+    deadline = time.monotonic() + 120
+    while gate and not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            sys.exit(9)
+        time.sleep(0.02)
     for step in range(1, int(args.get("steps", "3")) + 1):
         print(f"step={step} loss={1.0 / step:.3f}", flush=True)
         time.sleep(float(args.get("step_secs", "0.1")))
     sys.exit(int(args.get("chief_exit", "0")))
 time.sleep(float(args.get("worker_secs", "0.5")))
+if gate:
+    open(gate, "w").close()
 sys.exit(int(args.get("worker_exit", "0")))
 """
+
+# Long enough to outlast any test: tasks that the test itself stops (destroy, Ctrl-C) must not
+# end by themselves first, however slowly the test's own CLI calls run.
+FOREVER = "1000000"
 
 
 def free_port_base(count: int = 8) -> int:

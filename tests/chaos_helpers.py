@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +20,24 @@ STEP = re.compile(r"^(\S+)\s+\| .*\bstep=(\d+)")
 
 
 class ApplyRun:
-    """`tfplan apply` in the background; its stdout lines collected with arrival times."""
+    """`tfplan apply` (or another supervising verb, e.g. ``verb=("watch",)``) in the
+    background; its stdout lines collected with arrival times."""
 
-    def __init__(self, cwd: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    started: list[ApplyRun] = []  # every run started, so that a failed test can stop its own
+
+    def __init__(
+        self,
+        cwd: Path,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        verb: Sequence[str] = ("apply", "--auto-approve"),
+    ) -> None:
         self.cwd = cwd
         self.lines: list[tuple[float, str]] = []
         self._cond = threading.Condition()
         env = {**os.environ, "TFPLAN_CONF": str(CONF), **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tfplan", "apply", "--auto-approve", *args],
+            [sys.executable, "-m", "tfplan", *verb, *args],
             cwd=cwd,
             env=env,
             stdout=subprocess.PIPE,
@@ -35,6 +46,17 @@ class ApplyRun:
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        ApplyRun.started.append(self)
+
+    @classmethod
+    def kill_all(cls, cwd: Path) -> None:
+        """Kill (by PID: our own children) the runs in ``cwd`` still going, e.g. after a failed
+        assertion: a left-over supervisor would go on restarting the tasks the test cleans up."""
+        for run in [r for r in cls.started if r.cwd == cwd]:
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait(10)
+            cls.started.remove(run)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -101,6 +123,25 @@ def kill_task(cwd: Path, name: str, sig: int = signal.SIGKILL) -> dict[str, Any]
     task = task_record(cwd, name)
     os.killpg(task["handle"]["pgid"], sig)
     return task
+
+
+@contextmanager
+def held(cwd: Path, name: str) -> Iterator[dict[str, Any]]:
+    """Freeze a task (SIGSTOP to its process group) for the block, then let it go on (SIGCONT).
+
+    Why: a fault whose repair the test wants to see must be repaired before the job ends. Holding
+    a task the job cannot end without (the chief) turns "the repair comes before the end" from a
+    race against the length of training into an order of events, on any machine speed. A task
+    that was killed meanwhile is simply gone at the end of the block.
+    """
+    task = kill_task(cwd, name, signal.SIGSTOP)
+    try:
+        yield task
+    finally:
+        try:
+            os.killpg(task["handle"]["pgid"], signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def checkpoint_steps(output_dir: Path) -> list[int]:

@@ -1,4 +1,9 @@
-"""Shared pytest fixtures. Real servers: see tests/testbed.py.
+"""Shared pytest fixtures and the two test tiers. Real servers: see tests/testbed.py.
+
+Tiers: ``pytest`` runs the fast tier (every unit test, and at least one real end-to-end run of
+every capability); ``pytest --tier=full`` adds the tests marked ``full`` (the chaos suite, every
+algorithm and sweep through apply, the other Slurm, namespace and restart scenarios). CI runs the
+full tier.
 
 - ``sshd_server`` (session): a :class:`~testbed.LoopbackSshd` (real sshd on 127.0.0.1).
 - ``sshd_target`` (session): a HostTarget (kind="ssh") for it, with key and known_hosts.
@@ -20,6 +25,35 @@ from slurm_testbed import SlurmTestbed, slurm_missing
 from testbed import LoopbackSshd, NetnsTestbed  # tests/ is on sys.path (no __init__.py)
 
 from tfplan.backends.transports.specs import HostTarget
+
+TIERS = ("fast", "full")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--tier",
+        choices=TIERS,
+        default="fast",
+        help="fast (default): unit tests and one real end-to-end run per capability; "
+        "full: everything, including the tests marked 'full' (what CI runs)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--tier") == "full":
+        return
+    kept, deselected = [], []
+    for item in items:
+        (deselected if item.get_closest_marker("full") else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.getoption("--tier") == "full":
+        return "tier: full (every test)"
+    return "tier: fast (the tests marked 'full' run with --tier=full)"
 
 
 @pytest.fixture(scope="session")

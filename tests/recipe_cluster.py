@@ -120,9 +120,11 @@ class RecipeCluster:
         n_workers: int = 2,
         chief: bool = False,
         evaluator: bool = False,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.cfg = cfg
+        self.env = env or {}
         self.output_dir = Path(cfg["output_dir"])
         self.config_path = workdir / "run.yaml"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -154,6 +156,7 @@ class RecipeCluster:
             PYTHONPATH=str(REPO),
             TFPLAN_TASK=name,
             TF_CONFIG=json.dumps({"cluster": self.cluster, "task": {"type": role, "index": index}}),
+            **self.env,
         )
         proc = subprocess.Popen(
             [sys.executable, "-m", "recipes.train", "--config", str(self.config_path)],
@@ -167,6 +170,10 @@ class RecipeCluster:
         self.tasks[name] = Task(name, proc, time.monotonic())
         return self.tasks[name]
 
+    def roles_names(self) -> list[str]:
+        """Every task this cluster starts with :meth:`start_all`, by name (``worker/1``)."""
+        return [f"{role}/{index}" for role, index in self.roles]
+
     def start_all(self) -> None:
         for role, index in self.roles:
             self.start(role, index)
@@ -178,6 +185,10 @@ class RecipeCluster:
         except ProcessLookupError:
             pass
         task.proc.wait(timeout=30)
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send ``sig`` to a task's process group (e.g. SIGSTOP / SIGCONT to hold it)."""
+        os.killpg(self.tasks[name].proc.pid, sig)
 
     def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -11,7 +11,9 @@ from typing import Any
 # Any TF_CONFIG program can be launched (recipe=command). This one: ps serves until stopped; the
 # chief prints steps, appends one held-out accuracy per step to eval/metrics.jsonl, then writes
 # result.json (accuracy from acc=, or, with acc=lr, a function of algo.lr read from run.yaml) and
-# exits with exit=; the other workers exit 0 after worker_secs.
+# exits with exit=; the other workers exit 0 after worker_secs. With barrier=DIR parties=N the
+# chief first signs in under DIR and makes no step before N chiefs have: N points then run at the
+# same time as an order of events, on any machine speed.
 RESULT_TASK = r"""
 import json, os, sys, time
 import yaml
@@ -27,6 +29,15 @@ if not (role == "chief" or (role == "worker" and index == 0 and "chief" not in s
 run = yaml.safe_load(open(os.environ["TFPLAN_RUN_CONFIG"]))
 out = os.environ["TFPLAN_OUTPUT_DIR"]
 os.makedirs(os.path.join(out, "eval"), exist_ok=True)
+barrier = args.get("barrier")
+if barrier:
+    os.makedirs(barrier, exist_ok=True)
+    open(os.path.join(barrier, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(barrier)) < int(args.get("parties", "2")):
+        if time.monotonic() > deadline:
+            sys.exit(9)
+        time.sleep(0.02)
 lr = float(run["algo"]["lr"])
 acc = 1.0 - abs(lr - 0.05) if args.get("acc", "lr") == "lr" else float(args["acc"])
 steps = int(args.get("steps", "4"))

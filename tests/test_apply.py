@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from apply_helpers import (
     CONF,
+    FOREVER,
     alive,
     base_overrides,
     fake_overrides,
@@ -80,7 +81,7 @@ def test_chief_success_stops_the_ps_that_never_exits(ws: Path) -> None:
         "apply",
         "--auto-approve",
         *base_overrides(ws, port),
-        *fake_overrides(ws, steps="3"),
+        *fake_overrides(ws, steps="3", gate=str(ws / "worker1.done")),
         check=True,
     )
     assert "worker/0 succeeded (exit code 0)" in proc.stdout
@@ -97,7 +98,7 @@ def test_chief_failure_tears_everything_down(ws: Path) -> None:
         "apply",
         "--auto-approve",
         *base_overrides(ws, port),
-        *fake_overrides(ws, chief_exit="3", worker_secs="60"),
+        *fake_overrides(ws, chief_exit="3", worker_secs=FOREVER),
     )
     assert proc.returncode == 1
     assert "worker/0 failed (exit code 3): tearing down the cluster" in proc.stdout
@@ -116,7 +117,9 @@ def test_failed_worker_is_reported_and_training_goes_on(ws: Path) -> None:
         "apply",
         "--auto-approve",
         *base_overrides(ws, port),
-        *fake_overrides(ws, steps="15", worker_exit="1", worker_secs="0.2"),
+        *fake_overrides(
+            ws, steps="15", worker_exit="1", worker_secs="0.2", gate=str(ws / "worker1.done")
+        ),
         check=True,
     )
     assert "worker/1 failed (exit code 1); not restarted: exit code 1 is permanent" in proc.stdout
@@ -129,7 +132,7 @@ def test_detach_status_logs_destroy(ws: Path) -> None:
     port = free_port_base()
     overrides = [
         *base_overrides(ws, port),
-        *fake_overrides(ws, steps="600", step_secs="0.1", worker_secs="120"),
+        *fake_overrides(ws, steps=FOREVER, step_secs="0.1", worker_secs=FOREVER),
     ]
     tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
     pids = _pids(state_of(ws))
@@ -157,7 +160,7 @@ def test_dead_task_is_planned_for_replacement_and_replaced(ws: Path) -> None:
     port = free_port_base()
     overrides = [
         *base_overrides(ws, port),
-        *fake_overrides(ws, steps="600", worker_secs="120"),
+        *fake_overrides(ws, steps=FOREVER, worker_secs=FOREVER),
         "lifecycle.restart.worker=Never",  # the background supervisor leaves it dead
     ]
     tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
@@ -235,7 +238,7 @@ def test_ctrl_c_stops_every_task_and_keeps_state_consistent(ws: Path) -> None:
             "apply",
             "--auto-approve",
             *base_overrides(ws, port),
-            *fake_overrides(ws, steps="600", worker_secs="120"),
+            *fake_overrides(ws, steps=FOREVER, worker_secs=FOREVER),
         ],
         cwd=ws,
         env=env,

@@ -169,6 +169,12 @@ BAD_INPUT = [
     ),
     (["cluster.port_offset=63300"], "cluster.port_base: ports 65522-65621", "port_offset"),
     (["data=mnist", "data.path=null"], "data.path: mnist_npz needs a file path", "set data.path="),
+    (
+        ["data=mnist", "data.name=mnist", "data.path=null"],
+        "data.path: mnist needs a file path",
+        "set data.path=",
+    ),
+    (["data.name=cifar"], "data.name: unknown data set 'cifar'", "choose one of digits, mnist,"),
     (["recipe=command"], "recipe.command: is empty", 'recipe.command="python train.py'),
     (["experiment.id=../etc"], "experiment.id: '../etc' is not a plain name", "letters, digits"),
     (
@@ -242,3 +248,32 @@ def test_show_refuses_another_format_or_a_damaged_file(
     data["format_version"] = PLAN_FORMAT_VERSION
     (in_tmp / "cut.json").write_text(json.dumps(data))
     assert "is damaged" in _show_error(in_tmp / "cut.json", capsys)
+
+
+def test_overrides_may_stand_on_both_sides_of_an_option(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "cluster=3node", "--no-save", "--json", "algo=sync"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["cluster_name"] == "3node" and plan["run_config"]["algo"]["name"] == "sync"
+    assert not (in_tmp / ".tfplan" / "plan.json").exists()
+    with pytest.raises(SystemExit):
+        main(["plan", "cluster=local", "--bogus", "algo=sync"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback(tmp_path: Path) -> None:
+    assert tfplan(tmp_path, "plan", "cluster=3node").returncode == 0
+    env = {k: v for k, v in os.environ.items() if k not in _ENV_KEYS}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfplan", "show", "--json"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # like `| head` exiting before tfplan writes
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -3,7 +3,8 @@
 Each test host is an sshd in its own network and mount namespace where ``private_dir`` is an
 empty tmpfs of its own (tests/testbed.py): the hosts share no output folder with each other nor
 with the machine running tfplan, which sees the real (empty) folder. What a host holds there is
-read inside its namespace. Waits are on observed log lines, never on speed.
+read inside its namespace. Waits are on observed log lines, never on speed. The fast tier runs
+the TF1 case, a program of one's own and the refusals; allreduce and pss run in the full tier.
 """
 
 from __future__ import annotations
@@ -170,6 +171,7 @@ def _checkpoint_steps(files: list[str]) -> list[int]:
 
 
 @pytest.mark.cluster
+@pytest.mark.full
 def test_allreduce_per_host_output_only_the_chief_writes_and_resume_broadcasts(
     ws: Path, netns_testbed: NetnsTestbed
 ) -> None:
@@ -211,6 +213,7 @@ def test_allreduce_per_host_output_only_the_chief_writes_and_resume_broadcasts(
 
 
 @pytest.mark.cluster
+@pytest.mark.full
 def test_pss_per_host_output_the_coordinator_reads_and_writes_the_checkpoints(
     ws: Path, netns_testbed: NetnsTestbed
 ) -> None:
@@ -261,7 +264,9 @@ else:
 """
 
 
-@pytest.mark.parametrize("detach", [False, True], ids=["attached", "detached"])
+@pytest.mark.parametrize(
+    "detach", [False, pytest.param(True, marks=pytest.mark.full)], ids=["attached", "detached"]
+)
 def test_a_program_of_ones_own_gets_its_chiefs_outputs_back(
     ws: Path, netns_testbed: NetnsTestbed, detach: bool
 ) -> None:

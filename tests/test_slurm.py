@@ -164,6 +164,7 @@ def test_unreachable_slurm_is_one_line(ws: Path, slurm_cluster: SlurmTestbed) ->
     assert _squeue(slurm_cluster) == []
 
 
+@pytest.mark.full
 def test_a_job_cancelled_from_outside_ends_the_run(ws: Path, slurm_cluster: SlurmTestbed) -> None:
     env = _env(ws, slurm_cluster)
     run = ApplyRun(
@@ -179,6 +180,7 @@ def test_a_job_cancelled_from_outside_ends_the_run(ws: Path, slurm_cluster: Slur
     assert all(t["status"] != "running" for t in state_of(ws)["tasks"])
 
 
+@pytest.mark.full
 @pytest.mark.cluster
 def test_a_killed_ps_is_restarted_inside_the_allocation(
     ws: Path, slurm_cluster: SlurmTestbed
@@ -210,6 +212,7 @@ def test_a_killed_ps_is_restarted_inside_the_allocation(
     assert _squeue(slurm_cluster) == []
 
 
+@pytest.mark.full
 def test_a_sweep_runs_one_slurm_job_per_point(ws: Path, slurm_cluster: SlurmTestbed) -> None:
     env = _env(ws, slurm_cluster)
     script = ws / "fake_task.py"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from slurm_testbed import SlurmTestbed, alive, slurm_missing
 
-pytestmark = [pytest.mark.slurm, pytest.mark.netns]
+pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.full]
 
 
 def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:

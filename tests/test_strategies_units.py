@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recipes.config import ConfigError, ModelConf
-from recipes.models import Model
+from recipes.config import AlgoConf, ConfigError, DataConf, ModelConf, RunConfig, TrainerConf
+from recipes.evaluator import CheckpointScorer
+from recipes.models import Model, loss_and_accuracy
 from recipes.strategies import CKPT_KEY_SUFFIX
 from recipes.strategies.common import Checkpoints, Optimizer, first_line
 
@@ -74,6 +75,29 @@ def test_checkpoints_keys_retention_and_restore(tmp_path: Path) -> None:
     assert Checkpoints(str(tmp_path), step2, params2, slots2).restore_latest() == 70
     assert int(step2.numpy()) == 70
     np.testing.assert_array_equal(params2["dense0/w"].numpy(), saved)
+
+
+def test_the_checkpoint_scorer_restores_a_tf2_checkpoint_in_an_eager_process(
+    tmp_path: Path,
+) -> None:
+    """The TF2 chiefs score their final checkpoint for result.json with the evaluator's
+    CheckpointScorer, from an eager process: the same step, the weights restored from disk."""
+    conf = ModelConf(name="mlp", hidden=(8,))
+    model = Model(conf, 8, 1, 10)
+    step, params, slots = _state(model)
+    step.assign(70)
+    path = Checkpoints(str(tmp_path), step, params, slots).write(70)
+    cfg = RunConfig(str(tmp_path), AlgoConf("allreduce"), conf, DataConf(), TrainerConf())
+    rng = np.random.RandomState(0)
+    x, y = rng.rand(50, 64).astype(np.float32), rng.randint(0, 10, 50).astype(np.int64)
+    scorer = CheckpointScorer(cfg, 64)
+    try:
+        assert scorer.restore(path) == 70
+        loss, acc = scorer.score(x, y)
+    finally:
+        scorer.close()
+    want_loss, want_acc = loss_and_accuracy(model.logits(params, x), y)
+    assert abs(loss - float(want_loss)) < 1e-5 and abs(acc - float(want_acc)) < 1e-6
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:

@@ -14,7 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apply_helpers import free_port_base, kill_groups, recorded_groups, tfplan, wait_until
+from apply_helpers import (
+    FOREVER,
+    free_port_base,
+    kill_groups,
+    recorded_groups,
+    tfplan,
+    wait_until,
+)
 from sweep_helpers import command, result_task, sweep_overrides, sweep_record
 
 
@@ -127,6 +134,7 @@ def _group_alive(pgid: int) -> bool:
 def test_concurrency_two_runs_two_clusters_at_once_on_their_own_ports(ws: Path) -> None:
     port = free_port_base(30)
     script = result_task(ws)
+    barrier = str(ws / "barrier")
     proc = tfplan(
         ws,
         "apply",
@@ -136,13 +144,14 @@ def test_concurrency_two_runs_two_clusters_at_once_on_their_own_ports(ws: Path) 
         "2",
         *sweep_overrides(ws, port),
         "recipe=command",
-        f"recipe.command={command(script, steps='12', step_secs='0.25')}",
+        f"recipe.command={command(script, steps='12', step_secs='0.25', barrier=barrier)}",
         "algo.lr=0.03,0.06",
         check=True,
     )
     assert "Sweep complete! 2 succeeded, 0 failed." in proc.stdout
+    assert len(os.listdir(barrier)) == 2
     first, second = sorted(sweep_record(ws / "out")["points"], key=lambda p: p["num"])
-    # Both clusters ran at the same time...
+    # Both clusters ran at the same time (each chief waited at the barrier for the other)...
     assert second["started_at"] < first["ended_at"] and first["started_at"] < second["ended_at"]
     # ...each on its own window of ports, and each trained to the end.
     ports0, ports1 = _ports(ws, "s-0"), _ports(ws, "s-1")
@@ -187,6 +196,7 @@ def test_optuna_sweeper_maximises_the_held_out_accuracy(ws: Path) -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.full
 def test_real_two_point_sweep_end_to_end_with_report_and_tensorboard(ws: Path) -> None:
     port = free_port_base(30)
     proc = tfplan(
@@ -259,6 +269,7 @@ def _pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@pytest.mark.full
 def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> None:
     import subprocess
     import sys
@@ -279,7 +290,7 @@ def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> N
             "2",
             *sweep_overrides(ws, port),
             "recipe=command",
-            f"recipe.command={command(script, steps='600', step_secs='0.2')}",
+            f"recipe.command={command(script, steps=FOREVER, step_secs='0.2')}",
             "algo.lr=0.01,0.02",
         ],
         cwd=ws,
@@ -290,13 +301,19 @@ def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> N
     )
     try:
         assert proc.stdout is not None
+        # Ctrl-C once both clusters are whole (worker/1 is started last) and both chiefs train
+        # (each writes eval/metrics.jsonl after its first step); they never end by themselves.
         started: set[str] = set()
         for line in proc.stdout:
-            if "worker/0: started" in line:
+            if "worker/1: started" in line:
                 started.add(line.split()[0])
             if started == {"#0", "#1"}:
                 break
-        time.sleep(1)
+        wait_until(
+            lambda: all((ws / "out" / n / "eval" / "metrics.jsonl").exists() for n in "01"),
+            60,
+            "both chiefs to train",
+        )
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:

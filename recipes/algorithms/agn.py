@@ -17,52 +17,37 @@ from typing import Any
 
 import tensorflow as tf
 
-from recipes.algorithms.base import Algorithm, BuildContext, Params, Problem, TrainGraph
+from recipes.algorithms.base import BuildContext, Params, Problem
 from recipes.algorithms.local import (
+    Window,
+    WindowedAlgorithm,
     add_global_steps,
     assign_all,
-    create_local_copy,
     local_optimizer_step,
     local_twins,
-    positive_int,
     read_all,
-    window_ops,
 )
 
-v1 = tf.compat.v1
 
-
-class AGN(Algorithm):
+class AGN(WindowedAlgorithm):
     name = "agn"
     default_window = 4
 
-    def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
-        window = positive_int(ctx, "window", self.default_window)
-        with v1.device(ctx.ps_device):
-            center = problem.create_params(None)
-        with v1.device(ctx.worker_device):
-            local = create_local_copy(problem)
-            with v1.variable_scope("local"):
-                pulled = local_twins(center, "pulled")
-            loss = problem.loss_fn(local)
-            local_step = local_optimizer_step(ctx, loss, local)
-            with tf.control_dependencies([local_step]):
-                delta = {
-                    k: (local[k].read_value() - pulled[k].read_value()) / float(window)
-                    for k in center
-                }
-            commit = self.commit(ctx, center, pulled, delta, window)
-            with tf.control_dependencies([commit]):
-                exchange = assign_all([local, pulled], read_all(center), "pull")
-            with tf.control_dependencies([v1.local_variables_initializer()]):
-                local_init = assign_all([local, pulled], read_all(center), "local_init")
-        return TrainGraph(
-            params=center,
-            train_params=local,
-            loss=loss,
-            step_ops=window_ops(local_step, exchange, window),
-            local_init_op=local_init,
-            extras={"pulled": pulled},
+    def build_window(
+        self, ctx: BuildContext, problem: Problem, center: Params, local: Params, window: int
+    ) -> Window:
+        pulled = local_twins(center, "pulled")
+        loss = problem.loss_fn(local)
+        local_step = local_optimizer_step(ctx, loss, local)
+        with tf.control_dependencies([local_step]):
+            delta = {
+                k: (local[k].read_value() - pulled[k].read_value()) / float(window) for k in center
+            }
+        commit = self.commit(ctx, center, pulled, delta, window)
+        with tf.control_dependencies([commit]):
+            exchange = assign_all([local, pulled], read_all(center), "pull")
+        return Window(
+            loss, local_step, exchange, start_at_center=[pulled], extras={"pulled": pulled}
         )
 
     def commit(

@@ -22,63 +22,40 @@ from typing import Any
 
 import tensorflow as tf
 
-from recipes.algorithms.base import (
-    Algorithm,
-    BuildContext,
-    Params,
-    Problem,
-    TrainGraph,
-    make_optimizer,
-    move_to_local_collection,
+from recipes.algorithms.base import BuildContext, Params, Problem
+from recipes.algorithms.local import (
+    LocalOptimizer,
+    Window,
+    WindowedAlgorithm,
+    add_global_steps,
+    local_twins,
+    option,
 )
-from recipes.algorithms.local import local_twins
 
 v1 = tf.compat.v1
-LOCAL = [v1.GraphKeys.LOCAL_VARIABLES]
 
 
-class Downpour(Algorithm):
+class Downpour(WindowedAlgorithm):
     name = "downpour"
+    default_window = 5
 
-    def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
-        window = int(ctx.algo.get("window", 5))
-        ps_optimizer = str(ctx.algo.get("ps_optimizer", "sgd")).lower()
-        if window < 1:
-            raise ValueError(f"algo.window must be >= 1, got {window}")
+    def build_window(
+        self, ctx: BuildContext, problem: Problem, center: Params, local: Params, window: int
+    ) -> Window:
+        ps_optimizer = str(option(ctx, "ps_optimizer", "sgd")).lower()
         if ps_optimizer not in ("sgd", "adagrad"):
             raise ValueError(f"unknown algo.ps_optimizer '{ps_optimizer}'; valid: sgd, adagrad")
-        with v1.device(ctx.ps_device):
-            center = problem.create_params(None)
-        with v1.device(ctx.worker_device):
-            with v1.variable_scope("local"):
-                local = problem.create_params(LOCAL)
-                pulled = local_twins(center, "pulled")
-                grad_sum = local_twins(center, "grad_sum")
-                loss = problem.loss_fn(local)
-                opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
-                before = {id(v) for v in v1.global_variables()}
-                grads = opt.compute_gradients(loss, var_list=list(local.values()))
-                local_step = tf.group(
-                    opt.apply_gradients(grads),
-                    *[grad_sum[k].assign_add(g) for k, (g, _) in zip(local, grads, strict=True)],
-                    name="local_step",
-                )
-                move_to_local_collection([v for v in v1.global_variables() if id(v) not in before])
-            # Outside the "local" scope: the ps optimizer's slots are global, named model/...
-            with tf.control_dependencies([local_step]):
-                push = self._push(ctx, center, local, pulled, grad_sum, ps_optimizer, window)
-            with tf.control_dependencies([push]):
-                push_pull = self._pull(center, local, pulled, grad_sum)
-            with tf.control_dependencies([v1.local_variables_initializer()]):
-                local_init = self._pull(center, local, pulled, grad_sum)
-        return TrainGraph(
-            params=center,
-            train_params=local,
-            loss=loss,
-            step_ops=[local_step] * (window - 1) + [push_pull],
-            local_init_op=local_init,
-            extras={"pulled": pulled, "grad_sum": grad_sum},
-        )
+        pulled = local_twins(center, "pulled")
+        grad_sum = local_twins(center, "grad_sum")
+        loss = problem.loss_fn(local)
+        local_step = LocalOptimizer(ctx, loss, local).apply(grad_sums=grad_sum)
+        with tf.control_dependencies([local_step]):
+            push = self._push(ctx, center, local, pulled, grad_sum, ps_optimizer, window)
+        with tf.control_dependencies([push]):
+            push_pull = self._pull(center, local, pulled, grad_sum)
+        # grad_sum starts at zero, pulled and the copy at the center.
+        extras = {"pulled": pulled, "grad_sum": grad_sum}
+        return Window(loss, local_step, push_pull, start_at_center=[pulled], extras=extras)
 
     @staticmethod
     def _push(
@@ -90,13 +67,14 @@ class Downpour(Algorithm):
         ps_optimizer: str,
         window: int,
     ) -> Any:
-        step = ctx.global_step.assign_add(tf.constant(window, ctx.global_step.dtype.base_dtype))
+        step = add_global_steps(ctx, window)
         if ps_optimizer == "sgd":
             # The subtraction runs on the worker (device scope), so only the delta crosses the wire.
             updates = [
                 center[k].assign_add(local[k].read_value() - pulled[k].read_value()) for k in center
             ]
         else:
+            # The ps optimizer's slots are global (checkpointed), named model/w/Adagrad.
             with v1.device(ctx.ps_device):
                 ps_opt = v1.train.AdagradOptimizer(ctx.algo.lr, use_locking=False)
                 updates = [

@@ -21,16 +21,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from recipes.algorithms.base import Algorithm, BuildContext, Params, Problem, TrainGraph
+from recipes.algorithms.base import BuildContext, Params, Problem
 from recipes.algorithms.local import (
     LOCAL,
+    Window,
+    WindowedAlgorithm,
     add_global_steps,
     assign_all,
-    create_local_copy,
     local_optimizer_step,
     local_twins,
-    positive_int,
-    window_ops,
 )
 
 v1 = tf.compat.v1
@@ -46,13 +45,14 @@ def read_on_ps(params: Params) -> dict[str, Any]:
     return values
 
 
-class DynSGD(Algorithm):
+class DynSGD(WindowedAlgorithm):
     name = "dynsgd"
+    default_window = 5
 
-    def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
-        window = positive_int(ctx, "window", 5)
+    def build_window(
+        self, ctx: BuildContext, problem: Problem, center: Params, local: Params, window: int
+    ) -> Window:
         with v1.device(ctx.ps_device):
-            center = problem.create_params(None)
             clock = v1.get_variable(
                 "dynsgd/clock",
                 shape=[],
@@ -63,67 +63,59 @@ class DynSGD(Algorithm):
             )
         with v1.device(clock.device):
             lock = tf.CriticalSection(name="dynsgd_lock", shared_name=LOCK_NAME)
-        with v1.device(ctx.worker_device):
-            local = create_local_copy(problem)
-            with v1.variable_scope("local"):
-                pulled = local_twins(center, "pulled")
-                pulled_clock = v1.get_variable(
-                    "dynsgd/pulled_clock",
-                    shape=[],
-                    dtype=tf.int64,
-                    initializer=v1.zeros_initializer(),
-                    collections=LOCAL,
-                    trainable=False,
-                    use_resource=True,
-                )
-            loss = problem.loss_fn(local)
-            local_step = local_optimizer_step(ctx, loss, local)
-            with tf.control_dependencies([local_step]):
-                delta = {k: local[k].read_value() - pulled[k].read_value() for k in center}
-                seen = pulled_clock.read_value()
-
-            # Every op inside the lock sits on the ps next to the variable it touches: the
-            # lock's output identities are colocated with these ops, and a read of a ps
-            # variable placed on the worker cannot be (strict placement fails).
-            def commit_and_read() -> tuple[Any, Any, dict[str, Any]]:
-                with v1.device(clock.device):
-                    tau = clock.read_value() - seen
-                    scale = 1.0 / (tf.cast(tau, tf.float32) + 1.0)
-                adds = []
-                for k in center:
-                    with v1.device(center[k].device):
-                        adds.append(center[k].assign_add(delta[k] * scale))
-                with tf.control_dependencies(adds), v1.device(clock.device):
-                    new_clock = clock.assign_add(tf.constant(1, tf.int64)).read_value()
-                with tf.control_dependencies([new_clock]):
-                    values = read_on_ps(center)
-                return tau, new_clock, values
-
-            def read_center_and_clock() -> tuple[dict[str, Any], Any]:
-                with v1.device(clock.device):
-                    now = clock.read_value()
-                return read_on_ps(center), now
-
-            tau, new_clock, values = lock.execute(commit_and_read, name="commit")
-            exchange = tf.group(
-                assign_all([local, pulled], values, "pull"),
-                pulled_clock.assign(new_clock),
-                add_global_steps(ctx, window),
-                name="exchange",
+        pulled = local_twins(center, "pulled")
+        with v1.variable_scope("local"):
+            pulled_clock = v1.get_variable(
+                "dynsgd/pulled_clock",
+                shape=[],
+                dtype=tf.int64,
+                initializer=v1.zeros_initializer(),
+                collections=LOCAL,
+                trainable=False,
+                use_resource=True,
             )
-            with tf.control_dependencies([v1.local_variables_initializer()]):
-                init_values, init_clock = lock.execute(
-                    read_center_and_clock, name="local_init_read"
-                )
-                local_init = tf.group(
-                    assign_all([local, pulled], init_values, "local_init"),
-                    pulled_clock.assign(init_clock),
-                )
-        return TrainGraph(
-            params=center,
-            train_params=local,
-            loss=loss,
-            step_ops=window_ops(local_step, exchange, window),
-            local_init_op=local_init,
-            extras={"clock": clock, "pulled_clock": pulled_clock, "tau": tau, "pulled": pulled},
+        loss = problem.loss_fn(local)
+        local_step = local_optimizer_step(ctx, loss, local)
+        with tf.control_dependencies([local_step]):
+            delta = {k: local[k].read_value() - pulled[k].read_value() for k in center}
+            seen = pulled_clock.read_value()
+
+        # Every op inside the lock sits on the ps next to the variable it touches: the
+        # lock's output identities are colocated with these ops, and a read of a ps
+        # variable placed on the worker cannot be (strict placement fails).
+        def commit_and_read() -> tuple[Any, Any, dict[str, Any]]:
+            with v1.device(clock.device):
+                tau = clock.read_value() - seen
+                scale = 1.0 / (tf.cast(tau, tf.float32) + 1.0)
+            adds = []
+            for k in center:
+                with v1.device(center[k].device):
+                    adds.append(center[k].assign_add(delta[k] * scale))
+            with tf.control_dependencies(adds), v1.device(clock.device):
+                new_clock = clock.assign_add(tf.constant(1, tf.int64)).read_value()
+            with tf.control_dependencies([new_clock]):
+                values = read_on_ps(center)
+            return tau, new_clock, values
+
+        tau, new_clock, values = lock.execute(commit_and_read, name="commit")
+        exchange = tf.group(
+            assign_all([local, pulled], values, "pull"),
+            pulled_clock.assign(new_clock),
+            add_global_steps(ctx, window),
+            name="exchange",
         )
+
+        def read_center_and_clock() -> tuple[dict[str, Any], Any]:
+            with v1.device(clock.device):
+                now = clock.read_value()
+            return read_on_ps(center), now
+
+        def start() -> Any:
+            """Pull the center and the clock that names it, in the lock as the exchange does."""
+            values, now = lock.execute(read_center_and_clock, name="local_init_read")
+            return tf.group(
+                assign_all([local, pulled], values, "local_init"), pulled_clock.assign(now)
+            )
+
+        extras = {"clock": clock, "pulled_clock": pulled_clock, "tau": tau, "pulled": pulled}
+        return Window(loss, local_step, exchange, start=start, extras=extras)

@@ -21,19 +21,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from recipes.algorithms.base import Algorithm, BuildContext, Params, Problem, TrainGraph
+from recipes.algorithms.base import BuildContext, Params, Problem
 from recipes.algorithms.local import (
     LocalOptimizer,
+    Window,
+    WindowedAlgorithm,
     add_global_steps,
-    assign_all,
-    create_local_copy,
     option,
-    positive_int,
     read_all,
-    window_ops,
 )
-
-v1 = tf.compat.v1
 
 
 def elastic_alpha(ctx: BuildContext) -> float:
@@ -61,31 +57,20 @@ def exchange_ops(
     ]
 
 
-class EASGD(Algorithm):
+class EASGD(WindowedAlgorithm):
     name = "easgd"
+    default_window = 4
 
-    def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
-        window = positive_int(ctx, "window", 4)
+    def build_window(
+        self, ctx: BuildContext, problem: Problem, center: Params, local: Params, window: int
+    ) -> Window:
         alpha = elastic_alpha(ctx)
-        with v1.device(ctx.ps_device):
-            center = problem.create_params(None)
-        with v1.device(ctx.worker_device):
-            local = create_local_copy(problem)
-            loss = problem.loss_fn(local)
-            opt = LocalOptimizer(ctx, loss, local)
-            local_step = opt.apply()
-            e = elastic_difference(center, read_all(local), alpha)
-            step_then_exchange = opt.apply(control=list(e.values()))
-            with tf.control_dependencies([step_then_exchange]):
-                exchange = tf.group(*exchange_ops(ctx, center, local, e, window), name="exchange")
-            # The copy starts at the center (x^i = center); later pulls never overwrite it.
-            with tf.control_dependencies([v1.local_variables_initializer()]):
-                local_init = assign_all([local], read_all(center), "local_init")
-        return TrainGraph(
-            params=center,
-            train_params=local,
-            loss=loss,
-            step_ops=window_ops(local_step, exchange, window),
-            local_init_op=local_init,
-            extras={"alpha": alpha},
-        )
+        loss = problem.loss_fn(local)
+        opt = LocalOptimizer(ctx, loss, local)
+        local_step = opt.apply()
+        e = elastic_difference(center, read_all(local), alpha)
+        step_then_exchange = opt.apply(control=list(e.values()))
+        with tf.control_dependencies([step_then_exchange]):
+            exchange = tf.group(*exchange_ops(ctx, center, local, e, window), name="exchange")
+        # The copy starts at the center (x^i = center); later pulls never overwrite it.
+        return Window(loss, local_step, exchange, extras={"alpha": alpha})

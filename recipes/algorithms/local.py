@@ -1,22 +1,27 @@
-"""Helpers shared by the algorithms that train a worker-local copy (AGN, DynSGD, ADAG, EASGD, ...).
+"""What the algorithms that train a worker-local copy share (DOWNPOUR, AGN, ADAG, DynSGD, ...).
 
-The pattern, as in DOWNPOUR: the center lives on the ps; each replica keeps a copy and the
-local optimizer's slots in ``LOCAL_VARIABLES`` on its own device (neither checkpointed nor
-waited for by the other replicas); every local step is its own ``session.run`` with its own
-minibatch, so the forward pass is re-evaluated on the updated copy (the seed guide's unrolled
-window computes T gradients at the pulled weights).
+The pattern: the center lives on the ps; each replica keeps a copy and the local optimizer's
+slots in ``LOCAL_VARIABLES`` on its own device (neither checkpointed nor waited for by the other
+replicas); every local step is its own ``session.run`` with its own minibatch, so the forward
+pass is re-evaluated on the updated copy (the seed guide's unrolled window computes T gradients
+at the pulled weights). :class:`WindowedAlgorithm` builds that skeleton once; an algorithm
+writes only its window (:meth:`WindowedAlgorithm.build_window`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Optional
 
 import tensorflow as tf
 
 from recipes.algorithms.base import (
+    Algorithm,
     BuildContext,
     Params,
     Problem,
+    TrainGraph,
     make_optimizer,
     move_to_local_collection,
 )
@@ -24,6 +29,8 @@ from recipes.algorithms.base import (
 __all__ = [
     "LOCAL",
     "LocalOptimizer",
+    "Window",
+    "WindowedAlgorithm",
     "add_global_steps",
     "assign_all",
     "create_local_copy",
@@ -52,19 +59,21 @@ def positive_int(ctx: BuildContext, key: str, default: int) -> int:
 
 
 def local_twins(params: Params, suffix: str) -> Params:
-    """Zero-initialised worker-local variables shaped like ``params`` (call on the worker)."""
-    return {
-        k: v1.get_variable(
-            f"{v.op.name}_{suffix}",
-            shape=v.shape,
-            dtype=v.dtype.base_dtype,
-            initializer=v1.zeros_initializer(),
-            collections=LOCAL,
-            trainable=False,
-            use_resource=True,
-        )
-        for k, v in params.items()
-    }
+    """Zero-initialised worker-local variables shaped like ``params``, named
+    ``local/model/w_<suffix>`` (call on the worker device)."""
+    with v1.variable_scope("local"):
+        return {
+            k: v1.get_variable(
+                f"{v.op.name}_{suffix}",
+                shape=v.shape,
+                dtype=v.dtype.base_dtype,
+                initializer=v1.zeros_initializer(),
+                collections=LOCAL,
+                trainable=False,
+                use_resource=True,
+            )
+            for k, v in params.items()
+        }
 
 
 def create_local_copy(problem: Problem) -> Params:
@@ -131,3 +140,67 @@ def window_ops(local_step: Any, exchange: Any, window: int) -> list[Any]:
 def add_global_steps(ctx: BuildContext, n: int) -> Any:
     """``global_step += n`` (global_step counts minibatches, whatever the algorithm)."""
     return ctx.global_step.assign_add(tf.constant(n, ctx.global_step.dtype.base_dtype))
+
+
+@dataclass
+class Window:
+    """One window of T runs, as :meth:`WindowedAlgorithm.build_window` builds it."""
+
+    loss: Any  # the minibatch loss of the forward pass that the local step uses
+    local_step: Any  # runs 1 .. T-1
+    exchange: Any  # run T: a local step, then the exchange with the ps
+    # Twins that start at the center with the copy (the others start at zero).
+    start_at_center: list[Params] = field(default_factory=list)
+    # When set, builds the whole local init instead; it runs after the local variables' initializer.
+    start: Optional[Callable[[], Any]] = None
+    extras: dict[str, Any] = field(default_factory=dict)  # TrainGraph.extras
+    # Further TrainGraph fields (hooks, run_options, stop_grace_secs, batches_per_global_step).
+    graph_fields: dict[str, Any] = field(default_factory=dict)
+
+
+class WindowedAlgorithm(Algorithm):
+    """T runs on a worker-local copy of the center, the T-th of which exchanges with the ps.
+
+    :meth:`build` is the skeleton every such algorithm shares: ``algo.window`` (T, default
+    ``default_window``); the center on the ps (``model/...``, checkpointed); this replica's copy
+    on its worker (``local/model/...``); the window from :meth:`build_window`, as ``step_ops`` =
+    T-1 local steps and one exchange; a local init that, after the local variables are
+    initialised, starts the copy (and ``Window.start_at_center``) at the center.
+    """
+
+    default_window: ClassVar[int]
+
+    def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
+        window = positive_int(ctx, "window", self.default_window)
+        with v1.device(ctx.ps_device):
+            center = problem.create_params(None)
+        with v1.device(ctx.worker_device):
+            local = create_local_copy(problem)
+            parts = self.build_window(ctx, problem, center, local, window)
+            # Last: the initializer covers the local variables that exist when it is made.
+            with tf.control_dependencies([v1.local_variables_initializer()]):
+                if parts.start is not None:
+                    local_init = parts.start()
+                else:
+                    targets = [local, *parts.start_at_center]
+                    local_init = assign_all(targets, read_all(center), "local_init")
+        return TrainGraph(
+            params=center,
+            train_params=local,
+            loss=parts.loss,
+            step_ops=window_ops(parts.local_step, parts.exchange, window),
+            local_init_op=local_init,
+            extras=parts.extras,
+            **parts.graph_fields,
+        )
+
+    @abstractmethod
+    def build_window(
+        self, ctx: BuildContext, problem: Problem, center: Params, local: Params, window: int
+    ) -> Window:
+        """The algorithm's own part: its loss, local step and exchange.
+
+        Called on the worker device once the center and the copy exist. Worker state goes in
+        ``LOCAL_VARIABLES`` (:func:`local_twins`, :class:`LocalOptimizer`); ps state under
+        ``v1.device(ctx.ps_device)``.
+        """

@@ -23,39 +23,35 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph, make_optimizer
+from recipes.algorithms.base import BuildContext, Params, Problem, make_optimizer
 from recipes.algorithms.local import (
     LocalOptimizer,
+    Window,
+    WindowedAlgorithm,
     assign_all,
-    create_local_copy,
     local_twins,
     option,
-    positive_int,
     read_all,
-    window_ops,
 )
 from recipes.algorithms.sync import replicas_to_aggregate
 
 v1 = tf.compat.v1
 
 
-class SAGN(Algorithm):
+class SAGN(WindowedAlgorithm):
     name = "sagn"
+    default_window = 2
 
-    def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
-        window = positive_int(ctx, "window", 2)
+    def build_window(
+        self, ctx: BuildContext, problem: Problem, center: Params, local: Params, window: int
+    ) -> Window:
         r = replicas_to_aggregate(ctx)
         timeout = float(option(ctx, "run_timeout_secs", 30.0))
-        with v1.device(ctx.ps_device):
-            center = problem.create_params(None)
-        with v1.device(ctx.worker_device):
-            local = create_local_copy(problem)
-            with v1.variable_scope("local"):
-                grad_sum = local_twins(center, "grad_sum")
-            loss = problem.loss_fn(local)
-            local_step = LocalOptimizer(ctx, loss, local).apply(grad_sums=grad_sum)
-            with tf.control_dependencies([local_step]):
-                mean = {k: grad_sum[k].read_value() / float(window) for k in center}
+        grad_sum = local_twins(center, "grad_sum")
+        loss = problem.loss_fn(local)
+        local_step = LocalOptimizer(ctx, loss, local).apply(grad_sums=grad_sum)
+        with tf.control_dependencies([local_step]):
+            mean = {k: grad_sum[k].read_value() / float(window) for k in center}
         with v1.device(ctx.ps_device):
             sync_opt = v1.train.SyncReplicasOptimizer(
                 make_optimizer(str(option(ctx, "ps_optimizer", "sgd")), ctx.algo.lr),
@@ -65,26 +61,23 @@ class SAGN(Algorithm):
             round_op = sync_opt.apply_gradients(
                 [(mean[k], center[k]) for k in center], global_step=ctx.global_step
             )
-        with v1.device(ctx.worker_device):
-            with tf.control_dependencies([round_op]):
-                values = read_all(center)
-                zeros = {k: tf.zeros_like(values[k]) for k in center}
-                exchange = tf.group(
-                    assign_all([local], values, "pull"),
-                    assign_all([grad_sum], zeros, "reset"),
-                    name="exchange",
-                )
-            with tf.control_dependencies([v1.local_variables_initializer()]):
-                local_init = assign_all([local], read_all(center), "local_init")
-        return TrainGraph(
-            params=center,
-            train_params=local,
-            loss=loss,
-            step_ops=window_ops(local_step, exchange, window),
-            hooks=[sync_opt.make_session_run_hook(ctx.is_chief, num_tokens=0)],
-            local_init_op=local_init,
-            run_options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
-            stop_grace_secs=float(option(ctx, "stop_grace_secs", 5.0)),
-            batches_per_global_step=r * window,
+        with tf.control_dependencies([round_op]):
+            values = read_all(center)
+            zeros = {k: tf.zeros_like(values[k]) for k in center}
+            exchange = tf.group(
+                assign_all([local], values, "pull"),
+                assign_all([grad_sum], zeros, "reset"),
+                name="exchange",
+            )
+        return Window(
+            loss,
+            local_step,
+            exchange,
             extras={"optimizer": sync_opt, "grad_sum": grad_sum},
+            graph_fields={
+                "hooks": [sync_opt.make_session_run_hook(ctx.is_chief, num_tokens=0)],
+                "run_options": v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
+                "stop_grace_secs": float(option(ctx, "stop_grace_secs", 5.0)),
+                "batches_per_global_step": r * window,
+            },
         )

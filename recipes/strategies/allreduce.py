@@ -11,7 +11,7 @@ step counter moves in lockstep).
 End: after the last step every replica waits at a barrier of TF's coordination service until all
 have finished their collectives (a collective pulls data from its sender, so a replica that left
 at once broke a slower peer's last step); then the chief writes the final checkpoint and
-``result.json``.
+``result.json``, which describes that checkpoint (its step, its weights restored from disk).
 
 Start and resume: the chief restores the newest checkpoint of ``output_dir`` (if any) and its
 values are broadcast to every replica (one all-reduce in which the others contribute zeros), so a
@@ -276,10 +276,9 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
         ) from None
     _end_barrier(timeout, log)
     if task.is_chief:
-        if state.last_step != gs:
-            state.write(gs)
-        values = {k: v.numpy() for k, v in params.items()}
-        write_result(cfg, model, values, ds, gs, progress, task.n_replicas, 0, log)
+        final = state.last_path if state.last_step == gs else None
+        final = final or state.write(gs)
+        write_result(cfg, final, ds, progress, task.n_replicas, 0, log, op_threads(task))
     progress.close()
     log(f"{task.type}/{task.index} finished after {runs} steps")
     return 0

@@ -4,7 +4,9 @@ Both run eagerly (``tf.function`` steps), unlike the TF1 recipes. They keep the 
 outputs: ``model.ckpt-<step>`` checkpoints listed in ``output_dir/checkpoint`` (TF2's object
 format, which ``recipes/evaluator.py`` reads as well), TensorBoard scalars ``loss``, ``accuracy``,
 ``learning_rate`` and ``global_step/sec`` in ``output_dir``, ``step=N loss=... examples_per_sec=...``
-lines and the chief's ``result.json`` with the keys of ``recipes/replica.py``.
+lines and the chief's ``result.json`` with the keys of ``recipes/replica.py``: it describes the
+final checkpoint (its step, and its weights restored from disk by the evaluator's
+``CheckpointScorer``), as the TF1 recipes' does.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import tensorflow as tf
 
 from recipes import data as data_mod
 from recipes.config import ConfigError, RunConfig, TaskInfo
-from recipes.models import Model, Params, loss_and_accuracy
+from recipes.evaluator import CheckpointScorer
+from recipes.models import Params
 from recipes.replica import write_json_atomic
 from recipes.strategies import CKPT_KEY_SUFFIX
 
@@ -161,6 +164,7 @@ class Checkpoints:
             else None
         )
         self.last_step: Optional[int] = None
+        self.last_path: Optional[str] = None  # the checkpoint of last_step
 
     def _kept(self) -> list[str]:
         state = tf.train.get_checkpoint_state(self.output_dir)
@@ -181,7 +185,7 @@ class Checkpoints:
             os.path.basename(path),
             all_model_checkpoint_paths=[os.path.basename(p) for p in kept],
         )
-        self.last_step = step
+        self.last_step, self.last_path = step, path
         return path
 
     def restore_latest(self) -> Optional[int]:
@@ -210,6 +214,7 @@ class Checkpoints:
         # slots), the model and the step may not (checked above).
         self._ckpt.read(path, options=self._options).expect_partial()
         self.last_step = int(reader.get_tensor("global_step" + CKPT_KEY_SUFFIX))
+        self.last_path = path
         return self.last_step
 
 
@@ -277,38 +282,46 @@ class Progress:
 
 def write_result(
     cfg: RunConfig,
-    model: Model,
-    values: dict[str, np.ndarray],
+    ckpt: str,
     ds: data_mod.Dataset,
-    gs: int,
     progress: Progress,
     replicas: int,
     n_ps: int,
     log: Log,
+    threads: int = 0,
 ) -> dict[str, Any]:
-    """``result.json`` with the keys of ``recipes/replica.py``: the final weights ``values``
-    scored on up to 5,000 training examples (``loss``) and on the held-out split."""
-    n_train = min(len(ds.x_train), 5000)
-    eval_loss, acc = loss_and_accuracy(model.logits(values, ds.x_eval), ds.y_eval)
-    train_loss, _ = loss_and_accuracy(
-        model.logits(values, ds.x_train[:n_train]), ds.y_train[:n_train]
+    """``result.json`` with the keys of ``recipes/replica.py``, describing the final checkpoint
+    ``ckpt``: its stored global step, and its weights restored from disk (as the evaluator
+    restores them) scored on up to 5,000 training examples (``loss``) and on the held-out split.
+    """
+    config = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads
     )
+    scorer = CheckpointScorer(cfg, ds.dim, config)
+    try:
+        gs = scorer.restore(ckpt)
+        eval_loss, acc = scorer.score(ds.x_eval, ds.y_eval)
+        n_train = min(len(ds.x_train), 5000)
+        train_loss, _ = scorer.score(ds.x_train[:n_train], ds.y_train[:n_train])
+    finally:
+        scorer.close()
     first = progress.first_gs if progress.first_gs is not None else gs
     wall = progress.wall
     result = {
         "status": "succeeded",
-        "global_step": int(gs),
-        "loss": round(float(train_loss), 6),
+        "global_step": gs,
+        "loss": round(train_loss, 6),
         "last_batch_loss": round(float(np.mean(progress.recent)), 6)
         if progress.recent
         else float("nan"),
-        "accuracy": round(float(acc), 6),
-        "eval_loss": round(float(eval_loss), 6),
+        "accuracy": round(acc, 6),
+        "eval_loss": round(eval_loss, 6),
         "examples_per_sec": round((gs - first) * progress.examples_per_step / max(wall, 1e-9), 1),
         "wall_time_secs": round(wall, 3),
         "algo": cfg.algo.name,
         "replicas": replicas,
         "ps": n_ps,
+        "checkpoint": os.path.basename(ckpt),  # the one whose step and weights these are
     }
     write_json_atomic(os.path.join(cfg.output_dir, "result.json"), result)
     log(

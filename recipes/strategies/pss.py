@@ -330,9 +330,8 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
             ):
                 state.write(gs)
                 last_ckpt_time = progress.wall
-        if state.last_step != gs:
-            state.write(gs)
-        values = {k: v.numpy() for k, v in params.items()}
+        final = state.last_path if state.last_step == gs else None
+        final = final or state.write(gs)
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as e:
         where = f"step={state.last_step}" if state.last_step is not None else "its start"
         raise TrainingFailed(
@@ -340,7 +339,7 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
             f"{first_line(e)}); restart it and the chief: training resumes from {where}",
             EXIT_GROUP_LOST,
         ) from None
-    write_result(cfg, model, values, ds, gs, progress, n_workers, task.n_ps, log)
+    write_result(cfg, final, ds, progress, n_workers, task.n_ps, log, op_threads(task))
     progress.close()
     send_done_tokens(task, log)
     log(f"chief/0 finished after {runs} steps; servers told to stop")

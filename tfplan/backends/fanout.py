@@ -44,7 +44,7 @@ def run_on_hosts(
     """Call ``fn`` once per host, concurrently, and collect every outcome.
 
     Args:
-        items: host name -> what ``fn`` gets (an Executor, a HostTarget, ...).
+        items: host name -> what ``fn`` gets (a Transport, a HostTarget, ...).
         fn: the work for one host.
         max_workers: threads at most.
 

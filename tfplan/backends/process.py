@@ -540,7 +540,7 @@ def _check_host(
         _require(
             is_loopback(host.address),
             f"{key}.executor",
-            f"local executor for non-loopback address {host.address}",
+            f"executor=local (the local transport) for non-loopback address {host.address}",
             "use executor=ssh (or auto) for other machines",
         )
     if host.ssh_port is not None:

@@ -48,10 +48,26 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, given: list[str]) -> argparse.Namespace:
+    """``parser.parse_args``, with Hydra overrides allowed on both sides of an option.
+
+    argparse takes the positional overrides as one run, so ``plan cluster=local --no-save
+    algo=sync`` would refuse ``algo=sync``; words after an option that are not options join the
+    overrides instead. Anything else unknown is argparse's usual error.
+    """
+    args, extra = parser.parse_known_args(given)
+    if extra and hasattr(args, "overrides") and not any(w.startswith("-") for w in extra):
+        args.overrides = [*(args.overrides or []), *extra]
+        return args
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     given = list(argv) if argv is not None else sys.argv[1:]
-    args = build_parser(given).parse_args(given)
+    args = parse(build_parser(given), given)
     try:
         code: int = args.func(args)
         return code
@@ -63,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`tfplan show --json | head`): not an error of ours. Point stdout
+        # at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ class HostConfig:
     labels: list[str] = field(default_factory=list)
     port_base: int | None = None  # overrides cluster.port_base for this host
     python: str | None = None  # interpreter on this host; defaults to cluster.python
-    executor: str = "auto"  # auto (local for a loopback address without ssh_port) | local | ssh
+    executor: str = "auto"  # transport: auto (local: loopback, no ssh_port) | local | ssh
 
 
 @dataclass

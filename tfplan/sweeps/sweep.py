@@ -15,8 +15,8 @@ by default ``outputs/<sweep id>``)::
     <sweep dir>/
       multirun.yaml           Hydra's record of the sweep
       sweep.json              every point: overrides, experiment id, status, reason, times
-      results.csv, results.json, accuracy.png   (tfplan.results; `tfplan report DIR` redoes them)
-      <n>/                    point n's experiment folder (tfplan.experiment)
+      results.csv, results.json, accuracy.png   (tfplan.sweeps.results; `tfplan report DIR` redoes them)
+      <n>/                    point n's experiment folder (tfplan.engine.experiment)
 """
 
 from __future__ import annotations

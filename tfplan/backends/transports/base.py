@@ -47,8 +47,8 @@ class Transport(ABC):
 
     Public methods are templates that validate, time and word errors; subclasses implement the
     private hooks. Every failure is an :class:`~tfplan.errors.BackendError` whose one-line
-    message names the host and says what to do. Executors are thread-safe: ``run_on_hosts`` and
-    log streams use one executor from several threads.
+    message names the host and says what to do. Transports are thread-safe: ``run_on_hosts``
+    and log streams use one transport from several threads.
     """
 
     kind = "abstract"

@@ -1,7 +1,8 @@
 """Preflight: the checks run on every host before any task starts, as data.
 
 One small Python snippet (:data:`PREFLIGHT_SNIPPET`) runs on each host, the same for the local
-and the SSH executor, and prints one JSON object. :meth:`Executor.preflight` turns it into a
+and the SSH transport (the Slurm backend runs it on each node through ``srun``), and prints one
+JSON object. :meth:`~tfplan.backends.transports.base.Transport.preflight` turns it into a
 :class:`PreflightResult`; :func:`check_shared_dir` compares the results of several hosts, and
 :func:`raise_for_preflight` raises one :class:`~tfplan.errors.PreflightError` listing every
 host that failed.
@@ -62,7 +63,7 @@ class PreflightResult:
 # Runs on the host with its own python (3.6+), argv[1] = the request as JSON. Prints one JSON
 # line. Keep it free of anything newer than Python 3.6 and of non-stdlib imports.
 PREFLIGHT_SNIPPET = r"""
-import json, os, platform, socket, sys, uuid
+import json, os, platform, socket, sys, time, uuid
 req = json.loads(sys.argv[1])
 out = {"problems": [], "hostname": socket.gethostname(),
        "python_version": platform.python_version(), "tf_version": None, "shared_marker": None}
@@ -129,8 +130,12 @@ if req["shared_dir"]:
             os.close(fd)
         except OSError:
             pass  # another host made it first: that is the point
-        with open(path) as f:
-            out["shared_marker"] = f.read()
+        for _ in range(50):  # the first writer may not have written its content yet
+            with open(path) as f:
+                out["shared_marker"] = f.read()
+            if out["shared_marker"]:
+                break
+            time.sleep(0.1)
     except OSError as exc:
         bad("shared dir %s is not usable (%s): mount it on every host"
             % (req["shared_dir"], exc.strerror))

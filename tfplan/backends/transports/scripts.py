@@ -1,6 +1,6 @@
-"""The POSIX ``sh`` scripts every executor runs on its host, and the parsers of their output.
+"""The POSIX ``sh`` scripts every transport runs on its host, and the parsers of their output.
 
-Local and SSH executors run exactly the same scripts (locally through ``sh -c``, remotely
+Local and SSH transports run exactly the same scripts (locally through ``sh -c``, remotely
 through ``sh -c`` over an SSH channel), so the conformance suite tests one implementation of
 stop/status/streaming/file transfer, and only process creation and transport differ.
 """

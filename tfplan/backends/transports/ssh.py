@@ -31,6 +31,20 @@ _config_lock = threading.Lock()
 _known_hosts_lock = threading.Lock()  # accepting keys rewrites known_hosts: one writer at a time
 
 
+def _exec(chan: paramiko.Channel, command: str, timeout: float) -> None:
+    """``chan.exec_command``, bounded. paramiko waits for the host's reply with no timeout
+    (``settimeout`` covers reads only): a host that drops off the network between opening the
+    channel and this request hung the caller -- the supervisor's status poll, so the lost host
+    was never detected -- forever. Past ``timeout`` the channel is closed: SSHException."""
+    watchdog = threading.Timer(timeout, chan.close)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        chan.exec_command(command)
+    finally:
+        watchdog.cancel()
+
+
 def _fresh_config() -> Config:
     # Loading ~/.ssh/config once and cloning it per connection: a shared Config object would
     # accumulate key_filename entries across connections (see TESTBED.md).
@@ -191,7 +205,7 @@ class SSHTransport(Transport):
         chan = self._open_channel()
         try:
             chan.settimeout(timeout)
-            chan.exec_command("sh -c " + _scripts.q(script))
+            _exec(chan, "sh -c " + _scripts.q(script), timeout)
             err: list[bytes] = []
             reader = threading.Thread(
                 target=lambda: err.append(chan.makefile_stderr("rb").read()), daemon=True
@@ -233,7 +247,10 @@ class SSHTransport(Transport):
         self, script: str
     ) -> tuple[Callable[[], bytes], Callable[[], None], Callable[[], None]]:
         chan = self._open_channel()
-        chan.exec_command("sh -c " + _scripts.q(script))
+        try:
+            _exec(chan, "sh -c " + _scripts.q(script), CONNECT_TIMEOUT_SECS)
+        except paramiko.SSHException as exc:
+            raise BackendError(f"host {self.target.name}: could not start a stream: {exc}") from exc
 
         def read_chunk() -> bytes:
             try:
