@@ -32,6 +32,7 @@ from recipes.evaluator import CheckpointScorer
 from recipes.models import Model, loss_and_accuracy
 from recipes.runtime import (
     RoleSessionCreator,
+    chief_saver,
     done_queue_sizes,
     done_token_ops,
     make_server,
@@ -204,7 +205,9 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     server = _make_server(task, get_algorithm(cfg.algo.name).cpu_devices(cfg.algo))
     config = session_config(task)
     g = build_replica_graph(cfg, task, ds.dim)
-    scaffold = v1.train.Scaffold(local_init_op=g.train.local_init_op, summary_op=g.summary_op)
+    scaffold = v1.train.Scaffold(
+        local_init_op=g.train.local_init_op, summary_op=g.summary_op, saver=chief_saver()
+    )
     creator = RoleSessionCreator(
         scaffold, server.target, config, task.is_chief, cfg.output_dir, g.probe, log=log
     )

@@ -90,14 +90,15 @@ def transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
 # ---- conformance: every transport -----------------------------------------------------------
 class TestConformance:
     def test_start_status_and_exit_code(self, transport: Transport, tmp_path: Path) -> None:
+        go = tmp_path / "go"  # the task spins until the test has looked at it
         spec = py_task(
             tmp_path,
             "spin",
-            """
-            import time
+            f"""
+            import os, time
             print("ready")
-            end = time.time() + 0.6
-            while time.time() < end: pass
+            end = time.time() + 60
+            while time.time() < end and not os.path.exists({str(go)!r}): pass
             raise SystemExit(3)
             """,
         )
@@ -108,8 +109,13 @@ class TestConformance:
         assert launched.pgid == launched.pid and launched.started_at > 0
         info = transport.status([launched.pid], [spec.workdir])[launched.pid]
         assert info.alive and info.exit_code is None
-        assert info.rss_bytes is not None and info.rss_bytes > 1_000_000
+        # Python's memory shows once it runs (just after start it may still be exec'ing: 4 KiB
+        # was read once on a loaded machine): read it after the task said so.
+        wait_until(lambda: "ready" in Path(spec.log_path).read_text())
+        info = transport.status([launched.pid], [spec.workdir])[launched.pid]
+        assert info.alive and info.rss_bytes is not None and info.rss_bytes > 1_000_000
         assert info.cpu_percent is not None
+        go.write_text("")
         wait_until(
             lambda: transport.status([launched.pid], [spec.workdir])[launched.pid].exit_code == 3
         )

@@ -76,7 +76,11 @@ class ClusterConfig:
     port_range: int = 100  # ports [base, base+range) are tfplan's on each host
     port_offset: int = 0  # shifts every port, so two clusters can share hosts
     workdir: str = "/tmp/tfplan/${experiment.id}"  # per-host working dir (run config, logs)
-    output_dir: str = "outputs/${experiment.id}"  # checkpoints/results; shared by all hosts
+    output_dir: str = "outputs/${experiment.id}"  # checkpoints, result.json, summaries
+    # Whether the hosts share output_dir (docs/per_host_output.md): shared (one folder every
+    # host mounts), per_host (each host has its own: checkpoints stay on the chief's host,
+    # the evaluator runs beside it, results are copied back), auto (apply checks, then says)
+    output_mode: str = "auto"
     python: str | None = None  # default: tfplan's own interpreter locally, python3 over SSH
     ssh_accept_new_host_keys: bool = False  # default: verify host keys against known_hosts
     ssh_known_hosts: str | None = None  # default: ~/.ssh/known_hosts

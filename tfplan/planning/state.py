@@ -208,6 +208,11 @@ class State:
     # processes that wait to take over their task; never part of the cluster spec
     standbys: tuple[TaskRecord, ...] = ()
     version: int = STATE_FORMAT_VERSION
+    # Where the launcher keeps the experiment's record ("": output_dir itself), and whether
+    # the chief's outputs are copied there when the run ends (this machine does not see
+    # output_dir: per-host output, or a shared folder it does not mount).
+    record_dir: str = ""
+    copy_back: bool = False
 
     @classmethod
     def empty(cls, lineage: str | None = None) -> State:
@@ -281,6 +286,8 @@ class State:
             "config": self.config,
             "supervisor": self.supervisor.to_dict() if self.supervisor else None,
             "standbys": [t.to_dict() for t in self.standbys],
+            "record_dir": self.record_dir,
+            "copy_back": self.copy_back,
         }
 
     @classmethod
@@ -305,6 +312,8 @@ class State:
             supervisor=SupervisorRecord.from_dict(supervisor) if supervisor else None,
             standbys=tuple(TaskRecord.from_dict(t) for t in data.get("standbys", [])),
             version=int(data.get("version", STATE_FORMAT_VERSION)),
+            record_dir=str(data.get("record_dir") or ""),
+            copy_back=bool(data.get("copy_back", False)),
         )
 
 

@@ -12,6 +12,7 @@ import base64
 import io
 import tarfile
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -160,6 +161,42 @@ class Transport(ABC):
             f"copy {local_dir} to {remote_dir}",
             stdin=_tar_gz(Path(local_dir)),
         )
+
+    def shared_marker(self, folder: str, token: str) -> str:
+        """Create ``<folder>/.tfplan-shared-<token>`` unless it exists (then this host reads
+        another's), with this host's name and a nonce; returns what the file holds.
+
+        Raises:
+            BackendError: the folder cannot be created, or the host is unreachable.
+        """
+        content = f"{self.target.name} {uuid.uuid4().hex}"
+        result = self.run_script(
+            _scripts.marker_script(folder, token, content), f"write a marker in {folder}"
+        )
+        return result.stdout.decode(errors="replace").strip()
+
+    def get_tree(
+        self, folder: str, skip: Sequence[str] = (), prune: Sequence[str] = (), max_kib: int = 1
+    ) -> bytes | None:
+        """The files under ``folder`` as a gzipped tar, or None when the folder does not exist.
+
+        Args:
+            skip: file name patterns (``find -name``) to leave out.
+            prune: subfolders (relative) to leave out whole.
+            max_kib: leave out files of this size or more.
+
+        Raises:
+            BackendError: the host is unreachable, or the folder could not be read.
+        """
+        script = _scripts.pack_tree_script(folder, skip, prune, max_kib)
+        result = self._run(script, None, 300.0)
+        if result.returncode == 3:
+            return None
+        if result.returncode != 0:
+            raise BackendError(
+                f"host {self.target.name}: read {folder} failed: {result.err_line()}"
+            )
+        return base64.b64decode(result.stdout)
 
     def read_file(self, path: str, offset: int = 0, max_bytes: int = 16 << 20) -> tuple[bytes, int]:
         """Read a file from byte ``offset``; return the bytes and the offset after them.

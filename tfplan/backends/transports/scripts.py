@@ -273,3 +273,35 @@ def _dq(value: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+SHARED_MARKER = ".tfplan-shared-"
+
+
+def marker_script(folder: str, token: str, content: str) -> str:
+    """Create ``<folder>/.tfplan-shared-<token>`` holding ``content`` unless it exists, then
+    print what it holds. On a folder several hosts share, each prints the first writer's.
+
+    ``set -C`` (noclobber) creates with ``O_EXCL``; a host that lost the race may find the file
+    still empty, so it waits (up to 5 s) for the winner's content.
+    """
+    marker = f"{folder.rstrip('/')}/{SHARED_MARKER}{token}"
+    return (
+        f"mkdir -p {q(folder)} || exit 1; "
+        f"( set -C; printf '%s' {q(content)} > {q(marker)} ) 2>/dev/null; "
+        f"i=0; while [ ! -s {q(marker)} ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
+        f"cat {q(marker)}"
+    )
+
+
+def pack_tree_script(folder: str, skip: Sequence[str], prune: Sequence[str], max_kib: int) -> str:
+    """A gzipped tar (base64) of the files under ``folder``, leaving out names matching a
+    ``skip`` pattern, the subfolders ``prune`` and files of ``max_kib`` KiB or more. A missing
+    folder exits with status 3."""
+    pruned = " ".join(f"-path {q('./' + p)} -prune -o" for p in prune)
+    names = " ".join(f"! -name {q(p)}" for p in skip)
+    return (
+        f"[ -d {q(folder)} ] || exit 3; cd {q(folder)} || exit 1; "
+        f"find . {pruned} -type f {names} -size -{max_kib}k -print0 "
+        "| tar --null -czf - -T - 2>/dev/null | base64"
+    )
