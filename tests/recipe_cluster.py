@@ -143,6 +143,13 @@ class RecipeCluster:
         self.tasks: dict[str, Task] = {}
         self.dead: list[Task] = []  # replaced tasks, kept so close() still reaps them
 
+    def write_config(self, cfg: dict[str, Any]) -> None:
+        """Replace run.yaml (same output_dir): tasks started from now on read this one, as a
+        relaunch with a changed config would (e.g. a resumed run with another max_steps)."""
+        assert Path(cfg["output_dir"]) == self.output_dir
+        self.cfg = cfg
+        self.config_path.write_text(yaml.safe_dump(cfg))
+
     def start(self, role: str, index: int) -> Task:
         name = f"{role}/{index}"
         if name in self.tasks:
