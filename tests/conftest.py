@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -37,6 +38,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fast (default): unit tests and one real end-to-end run per capability; "
         "full: everything, including the tests marked 'full' (what CI runs)",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background by a shell without job control (`cmd &` in a script)
+    # inherits SIGINT ignored, and so would every tfplan it starts: the Ctrl-C tests would send
+    # a signal nobody hears. Python's own handler here makes the children start with the default.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
