@@ -171,7 +171,7 @@ def _line(run: ApplyRun, pattern: str, after: int, timeout: float = 120) -> int:
     return run.wait_for(pattern, timeout=timeout, after=after)
 
 
-def one_round(fault: Fault) -> Round:
+def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
         run = ApplyRun(ws, _args(ws, fault, 10**6))
@@ -244,6 +244,9 @@ def one_round(fault: Fault) -> Round:
             after = [step for _, step in run.steps(restart + 1)]
             run.proc.send_signal(signal.SIGINT)
             run.finish(timeout=120)
+            if keep_log is not None:
+                # each line with its arrival time, in seconds from the fault
+                keep_log.write_text("".join(f"{t - fault_at:+9.3f} {x}\n" for t, x in run.lines))
             # a replica that saw the global step go back says from where (recipes/replica.py)
             backs = [
                 int(m.group(2)) - int(m.group(1))
@@ -295,6 +298,7 @@ def main() -> None:
     parser.add_argument("--speed-runs", type=int, default=2, help="runs per side, no faults")
     parser.add_argument("--speed-steps", type=int, default=6000)
     parser.add_argument("--only", help="only the faults whose label contains this")
+    parser.add_argument("--keep-logs", type=Path, help="keep each round's apply output here")
     options = parser.parse_args()
     # Rounds end with SIGINT to `tfplan apply` (as Ctrl-C): a bench started in the background
     # (`... &`, nohup) inherits SIGINT ignored, and so would every apply it starts
@@ -306,7 +310,12 @@ def main() -> None:
     for _ in range(options.repeats):
         for fault in faults:
             try:
-                done = one_round(fault)
+                keep = None
+                if options.keep_logs is not None:
+                    options.keep_logs.mkdir(parents=True, exist_ok=True)
+                    name = re.sub(r"[^a-z0-9]+", "-", fault.label.lower()).strip("-")
+                    keep = options.keep_logs / f"{name}-{len(rounds[fault.label]) + 1}.log"
+                done = one_round(fault, keep)
             except Exception as error:  # noqa: BLE001 - a failed round is reported, not hidden
                 why = f"{type(error).__name__}: {' '.join(str(error).split())[-300:]}"
                 failures[fault.label].append(why)
