@@ -171,7 +171,7 @@ def _line(run: ApplyRun, pattern: str, after: int, timeout: float = 120) -> int:
     return run.wait_for(pattern, timeout=timeout, after=after)
 
 
-def one_round(fault: Fault) -> Round:
+def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
         run = ApplyRun(ws, _args(ws, fault, 10**6))
@@ -244,6 +244,9 @@ def one_round(fault: Fault) -> Round:
             after = [step for _, step in run.steps(restart + 1)]
             run.proc.send_signal(signal.SIGINT)
             run.finish(timeout=120)
+            if keep_log is not None:
+                # each line with its arrival time, in seconds from the fault
+                keep_log.write_text("".join(f"{t - fault_at:+9.3f} {x}\n" for t, x in run.lines))
             # a replica that saw the global step go back says from where (recipes/replica.py)
             backs = [
                 int(m.group(2)) - int(m.group(1))
@@ -264,8 +267,9 @@ def one_round(fault: Fault) -> Round:
                 kill_groups([int(s["handle"]["pgid"]) for s in _state(ws).get("standbys", [])])  # type: ignore[union-attr]
 
 
-def speed_round(standby: bool, max_steps: int) -> tuple[float, float]:
-    """(examples/s from the chief's result, wall seconds) of a run without faults."""
+def speed_round(standby: bool, max_steps: int) -> tuple[float, float, bool]:
+    """(examples/s from the chief's result, wall seconds, whether a standby got ready before
+    the end) of a run without faults."""
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
         flag = "true" if standby else "false"
@@ -276,9 +280,8 @@ def speed_round(standby: bool, max_steps: int) -> tuple[float, float]:
             code = run.finish(timeout=900)
             assert code == 0, run.text()[-3000:]
             result = json.loads((ws / "out" / "result.json").read_text())
-            if standby:
-                assert any(re.search(READY, line) for _, line in run.lines), "no standby"
-            return float(result["examples_per_sec"]), time.monotonic() - began
+            ready = any(re.search(READY, line) for _, line in run.lines)
+            return float(result["examples_per_sec"]), time.monotonic() - began, ready
         finally:
             if run.proc.poll() is None:
                 run.proc.kill()
@@ -295,6 +298,7 @@ def main() -> None:
     parser.add_argument("--speed-runs", type=int, default=2, help="runs per side, no faults")
     parser.add_argument("--speed-steps", type=int, default=6000)
     parser.add_argument("--only", help="only the faults whose label contains this")
+    parser.add_argument("--keep-logs", type=Path, help="keep each round's apply output here")
     options = parser.parse_args()
     # Rounds end with SIGINT to `tfplan apply` (as Ctrl-C): a bench started in the background
     # (`... &`, nohup) inherits SIGINT ignored, and so would every apply it starts
@@ -306,7 +310,12 @@ def main() -> None:
     for _ in range(options.repeats):
         for fault in faults:
             try:
-                done = one_round(fault)
+                keep = None
+                if options.keep_logs is not None:
+                    options.keep_logs.mkdir(parents=True, exist_ok=True)
+                    name = re.sub(r"[^a-z0-9]+", "-", fault.label.lower()).strip("-")
+                    keep = options.keep_logs / f"{name}-{len(rounds[fault.label]) + 1}.log"
+                done = one_round(fault, keep)
             except Exception as error:  # noqa: BLE001 - a failed round is reported, not hidden
                 why = f"{type(error).__name__}: {' '.join(str(error).split())[-300:]}"
                 failures[fault.label].append(why)
@@ -314,10 +323,14 @@ def main() -> None:
                 continue
             rounds[fault.label].append(done)
             print(fault.label, done, flush=True)
-    speeds: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    speeds: dict[bool, list[tuple[float, float, bool]]] = {True: [], False: []}
     for _ in range(options.speed_runs):
         for standby in (False, True):
-            speeds[standby].append(speed_round(standby, options.speed_steps))
+            try:
+                speeds[standby].append(speed_round(standby, options.speed_steps))
+            except Exception as error:  # noqa: BLE001 - reported, the fault rounds are kept
+                print("speed", standby, "FAILED:", error, flush=True)
+                continue
             print("speed", standby, speeds[standby][-1], flush=True)
     LOADS.append(os.getloadavg())
     write_report(options, faults, rounds, failures, speeds)
@@ -335,7 +348,7 @@ def write_report(
     faults: list[Fault],
     rounds: dict[str, list[Round]],
     failures: dict[str, list[str]],
-    speeds: dict[bool, list[tuple[float, float]]],
+    speeds: dict[bool, list[tuple[float, float, bool]]],
 ) -> None:
     rows = []
     for fault in faults:
@@ -479,8 +492,10 @@ def write_report(
     print("\n".join(lines))
 
 
-def _fmt(runs: list[tuple[float, float]]) -> str:
-    return ", ".join(f"{e:.0f} ({w:.0f} s)" for e, w in runs)
+def _fmt(runs: list[tuple[float, float, bool]]) -> str:
+    return ", ".join(
+        f"{e:.0f} ({w:.0f} s{'' if ready else ', no standby ready'})" for e, w, ready in runs
+    )
 
 
 if __name__ == "__main__":
