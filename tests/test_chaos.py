@@ -44,7 +44,9 @@ from test_apply_ssh import _conf_with_cluster
 from test_apply_ssh import _host as _ssh_host
 from testbed import NetnsTestbed
 
-pytestmark = [pytest.mark.cluster, pytest.mark.full]
+# The whole-test limit is a safety net, not a measure: a netns run waits up to 240 s for the
+# detection alone on a loaded machine (pytest-timeout's default 300 s ended one that passed).
+pytestmark = [pytest.mark.cluster, pytest.mark.full, pytest.mark.timeout(900)]
 
 MAX_STEPS = 1500
 FAULT_AT = 300
