@@ -32,6 +32,7 @@ from recipes.evaluator import CheckpointScorer
 from recipes.models import Model, loss_and_accuracy
 from recipes.runtime import (
     RoleSessionCreator,
+    chief_saver,
     done_queue_sizes,
     done_token_ops,
     make_server,
@@ -204,7 +205,9 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     server = _make_server(task, get_algorithm(cfg.algo.name).cpu_devices(cfg.algo))
     config = session_config(task)
     g = build_replica_graph(cfg, task, ds.dim)
-    scaffold = v1.train.Scaffold(local_init_op=g.train.local_init_op, summary_op=g.summary_op)
+    scaffold = v1.train.Scaffold(
+        local_init_op=g.train.local_init_op, summary_op=g.summary_op, saver=chief_saver()
+    )
     creator = RoleSessionCreator(
         scaffold, server.target, config, task.is_chief, cfg.output_dir, g.probe, log=log
     )
@@ -217,7 +220,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     max_steps = cfg.trainer.max_steps
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
     recent: deque[float] = deque(maxlen=20)
-    i, gs, first_gs, t_start = 0, 0, None, time.monotonic()
+    i, gs, prev_gs, first_gs, t_start = 0, 0, 0, None, time.monotonic()
     last_log_gs, last_log_t = 0, t_start
     try:
         with v1.train.MonitoredSession(
@@ -259,10 +262,14 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                         f"step={gs} loss={loss:.4f} first step {time.time() - process_start:.2f}s"
                         " after launch"
                     )
+                elif gs < prev_gs:  # a restarted ps: the chief restored a checkpoint
+                    log(f"step={gs} loss={loss:.4f} back from global step {prev_gs}")
+                    last_log_gs, last_log_t = gs, now
                 elif gs // cfg.trainer.log_steps > last_log_gs // cfg.trainer.log_steps:
                     rate = (gs - last_log_gs) * ex_per_gs / max(now - last_log_t, 1e-9)
                     log(f"step={gs} loss={np.mean(recent):.4f} examples_per_sec={rate:.1f}")
                     last_log_gs, last_log_t = gs, now
+                prev_gs = gs
                 if local[k] and gs >= max_steps:
                     break  # what StopAtStepHook would do at the next hooked run
     except tf.compat.v1.train.NanLossDuringTrainingError:

@@ -7,7 +7,10 @@ Fixes for the TF 2.21 pitfalls measured in ../shared/TENSORFLOW.md (the shared m
 - non-chief replicas join fast: they poll for initialised ps variables every 0.5 s instead of
   SessionManager's 30 s, and recover from a ps restart with ``recovery_wait_secs=1``;
 - a restarted chief joins the live ps values instead of restoring an older checkpoint over them;
-  it restores only when the ps are uninitialised (first start, or a ps restart).
+  it restores only when the ps are uninitialised (first start, or a ps restart);
+- checkpoints are written (and read) by the chief itself: Scaffold's default saver is sharded,
+  so each ps would write its shard on its own host's disk, which fails, or scatters the
+  checkpoint, where the hosts share no output folder (:func:`chief_saver`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from recipes.config import TaskInfo
 
 __all__ = [
     "RoleSessionCreator",
+    "chief_saver",
     "done_queue_sizes",
     "done_token_ops",
     "make_server",
@@ -36,7 +40,11 @@ __all__ = [
 ]
 
 v1 = tf.compat.v1
-POLL_SECS = 0.5
+# How often a replica retries a ps that is unreachable or not initialised yet. Why 0.2 s: a
+# restarted ps is back within a second (a warm standby takes over), and each retry is one
+# cheap session on the local server; the chief's recovery and the workers' rejoin wait for
+# the next retry.
+POLL_SECS = 0.2
 
 
 def op_threads(task: TaskInfo) -> int:
@@ -84,6 +92,20 @@ def make_server(task: TaskInfo) -> Any:
     return tf.distribute.Server(
         spec, job_name=task.type, task_index=task.index, config=session_config(task), start=True
     )
+
+
+def chief_saver() -> Any:
+    """A saver of every global variable whose save and restore ops run on the chief.
+
+    Why: ``Scaffold``'s default saver is sharded: each ps saves its own variables on its own
+    file system and one ps merges the shards, so on hosts that share no output folder the
+    chief's first save fails (TF 2.21, hosts in network namespaces with private folders:
+    ``NotFoundError: .../model.ckpt-0_temp/part-00000-of-00002 did not exist
+    [[save/MergeV2Checkpoints]]``, from ps/1). Ops of a non-sharded saver have no device, so
+    the session places them on the chief: it pulls the variables and writes (and reads) whole
+    checkpoints on its own host. Create it once the graph is complete; the files are the same
+    V2 format (a checkpoint an older, sharded save wrote restores through it)."""
+    return v1.train.Saver(sharded=False, allow_empty=True, max_to_keep=5)
 
 
 def _done_queue(k: int, capacity: int) -> Any:

@@ -8,6 +8,10 @@ a dead peer) print one line on stderr and exit non-zero; ``TFPLAN_DEBUG=1`` show
 Exit codes: 0 done; 1 unexpected error; 2 bad config or data; 3 NaN loss; 4 peer timeout;
 5 the group lost a member (allreduce: a peer; pss: a ps): restart the group, it resumes from the
 last checkpoint.
+
+Warm standby (``TFPLAN_STANDBY=1``, docs/contract.md): import TensorFlow and everything the task
+needs, say so, then wait for SIGUSR1 without binding the task's port; on it, run as the task.
+tfplan keeps one per parameter server, so that a restarted ps does not pay the import.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import argparse  # noqa: E402
+import signal  # noqa: E402
 import threading  # noqa: E402
 
 from recipes.config import ConfigError, load_run_config, task_from_env  # noqa: E402
 
-__all__ = ["main"]
+__all__ = ["STANDBY_ENV", "main"]
+
+STANDBY_ENV = "TFPLAN_STANDBY"
 
 
 def _log(message: str) -> None:
@@ -68,6 +75,41 @@ def _run(config_path: str) -> int:
     return run_replica(cfg, task, PROCESS_START, _log)
 
 
+def _stand_by(config_path: str) -> None:
+    """Prepare everything that does not bind the port, then wait for SIGUSR1 (the go signal).
+
+    Why block first: every thread TensorFlow starts inherits the mask, so a SIGUSR1 that comes
+    while TensorFlow is still importing stays pending for ``sigwait`` instead of ending the
+    process (its default action). Waiting in ``sigwait`` costs no CPU.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    began = time.monotonic()
+    cfg = load_run_config(config_path)
+    task = task_from_env()
+    import tensorflow as tf
+
+    from recipes.strategies import is_strategy
+
+    if is_strategy(cfg.algo.name) and task.type != "evaluator":
+        from recipes.strategies import run_task  # noqa: F401 - eager, as _run runs it
+    else:
+        tf.compat.v1.disable_eager_execution()
+        if task.type == "ps":
+            import recipes.runtime  # noqa: F401 - what run_ps needs, imported ahead
+        elif task.type == "evaluator":
+            import recipes.evaluator  # noqa: F401
+        else:
+            import recipes.replica  # noqa: F401
+    name = f"{task.type}/{task.index}"
+    _log(
+        f"standby for {name}: ready in {time.monotonic() - began:.1f}s (TensorFlow imported); "
+        "waiting for SIGUSR1"
+    )
+    signal.sigwait({signal.SIGUSR1})
+    os.environ.pop(STANDBY_ENV, None)
+    _log(f"standby for {name}: taking over")
+
+
 def _quiet_cancelled_threads(cancelled: type) -> None:
     """Why: closing a session cancels the sync chief's queue-runner thread, which then prints a
     harmless CancelledError traceback; every other thread error still prints."""
@@ -91,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from recipes.data import DataError
 
     try:
+        if os.environ.get(STANDBY_ENV) == "1":
+            _stand_by(args.config)
         return _run(args.config)
     except (ConfigError, DataError, ValueError) as e:
         return _fail(e, 2)

@@ -9,6 +9,8 @@ restart that keeps the previous log.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import textwrap
 import time
@@ -23,6 +25,7 @@ from testbed import LoopbackSshd
 from tfplan.backends.api import Backend, LaunchRequest, TaskPhase
 from tfplan.backends.process import ProcessBackend
 from tfplan.backends.slurm import SlurmBackend
+from tfplan.errors import TfplanError
 from tfplan.planning.plan import BackendRef
 from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
 
@@ -257,3 +260,106 @@ def test_restart_keeps_the_previous_log(case: Case) -> None:
     assert case.backend.read_log(second).decode().strip().endswith("second life")
     assert "first life" in Path(kept).read_text()
     assert "first life" not in case.backend.read_log(second).decode()
+
+
+def _pid_file_program(path: Path) -> str:
+    return f"""
+        import os, time
+        open({str(path)!r}, "w").write(str(os.getpid()))
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.1)
+        """
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_pid(path: Path, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"no pid in {path}"
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+@pytest.mark.parametrize("first", ["tracked", "program"])
+def test_cancel_stops_the_program_whichever_died_first(case: Case, first: str) -> None:
+    """The tracked process (the handle's pid: a wrapper, an srun client's wrapper) and the
+    program under it can die in either order; describe then says the task ended, and cancel
+    leaves no process of it (every backend runs the programs in this machine's PID namespace
+    here, so the test sees them)."""
+    pid_file = case.tmp / f"program-{first}.pid"
+    task = _launch(case, "ps/0", _pid_file_program(pid_file))
+    program = _wait_pid(pid_file)
+    _wait_log(case, task, "ready")
+    if first == "tracked":
+        os.kill(int(task.handle["pid"]), signal.SIGKILL)
+    else:
+        os.kill(program, signal.SIGKILL)
+    _wait_phase(case, task, TaskPhase.FAILED)
+    info = case.backend.describe([task])[task.name]
+    assert info.exit_code in (None, 137), info
+    results = case.backend.cancel([replace(task, status=TaskStatus.RUNNING)], grace_secs=1.0)
+    assert not isinstance(results["ps/0"], Exception), results
+    assert not _alive(program), f"{first} killed first: the program {program} outlived cancel"
+    again = case.backend.cancel([replace(task, status=TaskStatus.RUNNING)], grace_secs=1.0)
+    assert not isinstance(again["ps/0"], Exception) and again["ps/0"].outcome == "none"
+
+
+STANDBY_PROGRAM = """
+    import os, signal, sys
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    print("waiting", os.environ.get("ROLE_OF_THIS"), flush=True)
+    signal.sigwait({signal.SIGUSR1})
+    print("go", flush=True)
+    sys.exit(0)
+    """
+
+
+def test_a_standby_keeps_apart_from_its_task_and_goes_on_its_signal(case: Case) -> None:
+    """``launch(standby=True)`` next to the live task in the same workdir: the task's end does
+    not end the standby (its own exit record); ``signal(USR1)`` reaches the program, not the
+    wrappers; ``move_logs`` makes the standby's log the task's."""
+    if not case.backend.capabilities.standby:
+        pytest.skip(f"the {case.backend.name} backend keeps no standbys")
+    task = _launch(case, "ps/0", "import sys; print('first life', flush=True); sys.exit(5)")
+    _wait_phase(case, task, TaskPhase.FAILED)
+    workdir = Path(task.workdir)
+    request = LaunchRequest(
+        name="ps/0",
+        role="ps",
+        index=0,
+        host=case.host,
+        command=(PY, "-u", "-c", textwrap.dedent(STANDBY_PROGRAM)),
+        env={"ROLE_OF_THIS": "standby"},
+        workdir=str(workdir),
+        log_path=str(workdir / "task.log.standby"),
+        attempt=1,
+        standby=True,
+    )
+    launched = case.backend.launch(request, case.allocation)
+    standby = replace(
+        task,
+        name="ps/0~standby",
+        handle=launched.handle,
+        log_path=request.log_path,
+        started_at=launched.started_at,
+    )
+    _wait_log(case, standby, "waiting standby")
+    assert case.backend.describe([task])[task.name].exit_code == 5
+    assert case.backend.describe([standby])[standby.name].phase is TaskPhase.RUNNING
+    case.backend.signal(standby, "USR1")
+    keep = task.log_path + ".0"
+    case.backend.move_logs(standby, [(task.log_path, keep), (standby.log_path, task.log_path)])
+    adopted = replace(standby, name="ps/0", log_path=task.log_path)
+    _wait_phase(case, adopted, TaskPhase.SUCCEEDED)
+    assert case.backend.read_log(adopted).decode().split() == ["waiting", "standby", "go"]
+    assert "first life" in Path(keep).read_text()
+    with pytest.raises(TfplanError):
+        case.backend.signal(adopted, "USR1")  # nothing left to signal

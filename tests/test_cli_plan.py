@@ -169,6 +169,12 @@ BAD_INPUT = [
     ),
     (["cluster.port_offset=63300"], "cluster.port_base: ports 65522-65621", "port_offset"),
     (["data=mnist", "data.path=null"], "data.path: mnist_npz needs a file path", "set data.path="),
+    (
+        ["data=mnist", "data.name=mnist", "data.path=null"],
+        "data.path: mnist needs a file path",
+        "set data.path=",
+    ),
+    (["data.name=cifar"], "data.name: unknown data set 'cifar'", "choose one of digits, mnist,"),
     (["recipe=command"], "recipe.command: is empty", 'recipe.command="python train.py'),
     (["experiment.id=../etc"], "experiment.id: '../etc' is not a plain name", "letters, digits"),
     (

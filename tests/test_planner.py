@@ -265,6 +265,33 @@ def test_a_changed_lifecycle_setting_updates_in_place() -> None:
     assert p.counts()[Action.UPDATE] == 3
 
 
+@pytest.mark.parametrize(
+    ("overrides", "standby"),
+    [
+        (("cluster=local",), True),  # the built-in TF1 recipes support TFPLAN_STANDBY
+        (("cluster=local", "algo=sync"), True),
+        (("cluster=local", "algo=pss", "cluster.chief=separate"), False),  # the group restarts
+        (("cluster=local", "recipe=command", "recipe.command='python x.py'"), False),
+        (
+            ("cluster=local", "recipe=command", "recipe.command='x'", "lifecycle.ps_standby=true"),
+            True,
+        ),
+        (("cluster=local", "lifecycle.ps_standby=false"), False),
+    ],
+)
+def test_a_warm_standby_per_ps_by_default_for_the_tf1_recipes(
+    overrides: tuple[str, ...], standby: bool
+) -> None:
+    assert plan(config(*overrides), None, CTX).policy.ps_standby is standby
+
+
+def test_turning_the_standby_off_updates_in_place() -> None:
+    state = state_from(plan(config("cluster=local"), None, CTX))
+    p = plan(config("cluster=local", "lifecycle.ps_standby=false"), state, CTX)
+    assert [c.action for c in p.changes] == [Action.UPDATE] * 3
+    assert p.changes[0].reasons == ("ps_standby: True -> False",)
+
+
 def test_fewer_workers_destroys_the_extra_task() -> None:
     state = state_from(plan(config("cluster=3node"), None, CTX))
     p = plan(config("cluster=3node", "cluster.workers=2"), state, CTX)

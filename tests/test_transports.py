@@ -90,14 +90,15 @@ def transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
 # ---- conformance: every transport -----------------------------------------------------------
 class TestConformance:
     def test_start_status_and_exit_code(self, transport: Transport, tmp_path: Path) -> None:
+        go = tmp_path / "go"  # the task spins until the test has looked at it
         spec = py_task(
             tmp_path,
             "spin",
-            """
-            import time
+            f"""
+            import os, time
             print("ready")
-            end = time.time() + 0.6
-            while time.time() < end: pass
+            end = time.time() + 60
+            while time.time() < end and not os.path.exists({str(go)!r}): pass
             raise SystemExit(3)
             """,
         )
@@ -108,8 +109,13 @@ class TestConformance:
         assert launched.pgid == launched.pid and launched.started_at > 0
         info = transport.status([launched.pid], [spec.workdir])[launched.pid]
         assert info.alive and info.exit_code is None
-        assert info.rss_bytes is not None and info.rss_bytes > 1_000_000
+        # Python's memory shows once it runs (just after start it may still be exec'ing: 4 KiB
+        # was read once on a loaded machine): read it after the task said so.
+        wait_until(lambda: "ready" in Path(spec.log_path).read_text())
+        info = transport.status([launched.pid], [spec.workdir])[launched.pid]
+        assert info.alive and info.rss_bytes is not None and info.rss_bytes > 1_000_000
         assert info.cpu_percent is not None
+        go.write_text("")
         wait_until(
             lambda: transport.status([launched.pid], [spec.workdir])[launched.pid].exit_code == 3
         )
@@ -201,6 +207,50 @@ class TestConformance:
         info = transport.status([launched.pid], [spec.workdir])[launched.pid]
         assert not info.alive and info.exit_code == 128 + signal.SIGTERM
         assert transport.stop(launched.pid, launched.pgid, 1).outcome == "none"
+
+    def test_a_zombie_leader_whose_threads_run_is_not_gone(
+        self, transport: Transport, tmp_path: Path
+    ) -> None:
+        """A multi-threaded program's main thread is a zombie (``Zl``) as soon as it exits,
+        while its other threads still hold its files: a TensorFlow ps that was killed shows
+        ``Z`` while its last thread still closes the port. Here the state lasts: the main
+        thread exits by itself, a thread holding a listening socket runs on, SIGTERM is
+        ignored, and the wrapper is killed first. Until it is killed, the group is not gone."""
+        port = free_port()
+        spec = py_task(
+            tmp_path,
+            "zl",
+            f"""
+            import ctypes, signal, socket, threading, time
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            server = socket.socket()
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", {port}))
+            server.listen()
+            threading.Thread(target=time.sleep, args=(300,)).start()
+            print("main thread exits", flush=True)
+            ctypes.CDLL(None).pthread_exit(None)
+            """,
+        )
+        launched = transport.start(spec)
+        wait_until(lambda: b"main thread exits" in transport.read_log(spec.log_path)[0])
+        program = int(
+            subprocess.run(
+                ["pgrep", "-g", str(launched.pgid), "-P", str(launched.pid)],
+                capture_output=True,
+                text=True,
+            ).stdout.split()[0]
+        )
+        wait_until(lambda: ps_state(program).startswith("Zl"))
+        os.kill(launched.pid, signal.SIGKILL)  # the tracked process dies first
+        wait_until(lambda: is_dead(launched.pid))
+        info = transport.status([launched.pid], [spec.workdir])[launched.pid]
+        assert not info.alive and info.left == 1
+        result = transport.stop(launched.pid, launched.pgid, grace_secs=0.3)
+        assert result.outcome == "killed"
+        with socket.socket() as again:  # the port is free once stop returns
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", port))
 
     def test_stop_escalates_to_sigkill(self, transport: Transport, tmp_path: Path) -> None:
         spec = py_task(
@@ -374,7 +424,7 @@ class TestSSH:
             ex.connect()
 
     def test_more_streams_than_max_sessions(self, sshd_target: HostTarget, tmp_path: Path) -> None:
-        # sshd allows 10 sessions per connection by default; the executor opens more connections.
+        # sshd allows 10 sessions per connection by default; the transport opens more connections.
         with transport_for(sshd_target) as ex:
             specs = [
                 py_task(tmp_path, f"t{i}", f"import time\nprint({i})\ntime.sleep(1)\n")

@@ -202,7 +202,10 @@ class NetnsTestbed:
 
     Host i (1..3) has address 10.77.<x>.1i; the root namespace has 10.77.<x>.1 on the bridge.
     ``unshared_dir`` is a folder that hosts 1 and 2 share but host 3 sees as its own empty
-    tmpfs (a host that forgot to mount the shared disk).
+    tmpfs (a host that forgot to mount the shared disk). ``private_dir`` is a folder every host
+    sees as its own empty tmpfs, and the machine running the tests as the real folder: hosts
+    that share no output folder with each other nor with the launcher. What a host holds there
+    is read with :meth:`host_files` / :meth:`read_on_host` (inside its mount namespace).
     """
 
     def __init__(self, tmp: Path, count: int = 3, tag: str = "") -> None:
@@ -215,6 +218,7 @@ class NetnsTestbed:
         self.addresses = [f"10.77.{self.subnet}.1{i}" for i in range(1, count + 1)]
         self.shared_dir = tmp / "shared"
         self.unshared_dir = tmp / "nfs"
+        self.private_dir = tmp / "private"
         self.sshds: list[SshdProcess] = []
         self._made_run_netns = not Path("/run/netns").exists()
         self._made: list[tuple[str, str]] = []  # ("netns"|"link", name), for teardown
@@ -225,6 +229,7 @@ class NetnsTestbed:
         """Create bridge, namespaces, veths and sshds. Raises RuntimeError naming the step."""
         self.shared_dir.mkdir(parents=True, exist_ok=True)
         self.unshared_dir.mkdir(parents=True, exist_ok=True)
+        self.private_dir.mkdir(parents=True, exist_ok=True)
         authorized = self.tmp / "authorized_keys"
         shutil.copy(self.client_key.with_suffix(".pub"), authorized)
         _ip("link", "add", self.bridge, "type", "bridge")
@@ -243,7 +248,7 @@ class NetnsTestbed:
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-            private = (self.unshared_dir,) if i == 3 else ()
+            private = (self.private_dir, *((self.unshared_dir,) if i == 3 else ()))
             self.sshds.append(
                 start_sshd(
                     self.tmp / f"host{i}",
@@ -270,6 +275,26 @@ class NetnsTestbed:
             )
             for i, addr in enumerate(self.addresses, 1)
         ]
+
+    def _in_host(self, host: int, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` in host ``host``'s (1-based) mount and network namespaces."""
+        pid = self.sshds[host - 1].proc.pid  # ip netns exec and unshare exec: this is sshd
+        return subprocess.run(
+            ["nsenter", "-t", str(pid), "-m", "-n", "--", *argv],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    def host_files(self, host: int, folder: Path | str) -> list[str]:
+        """The files under ``folder`` as host ``host`` (1-based) sees them, relative, sorted."""
+        done = self._in_host(host, ["find", str(folder), "-type", "f", "-printf", "%P\\n"])
+        return sorted(done.stdout.split()) if done.returncode == 0 else []
+
+    def read_on_host(self, host: int, path: Path | str) -> str | None:
+        """A file as host ``host`` (1-based) sees it, or None when it has none there."""
+        done = self._in_host(host, ["cat", str(path)])
+        return done.stdout if done.returncode == 0 else None
 
     def teardown(self) -> list[str]:
         """Undo everything this run made; returns the problems met (teardown never raises)."""

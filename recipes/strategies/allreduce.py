@@ -189,7 +189,7 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
         params = model.create_variables()  # MWMS broadcasts the initial values from task 0
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         slots = opt.create_slots(params)
-    state = Checkpoints(cfg.output_dir, step, params, slots)
+    state = Checkpoints(cfg.output_dir, step, params, slots, task)
     names = list(params)
     train_vars = [params[k] for k in names]
     every_var = [step, *train_vars, *slots.values()]

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from recipes import data as data_mod
-from recipes.config import ConfigError, RunConfig
+from recipes.config import ConfigError, RunConfig, TaskInfo
 from recipes.evaluator import CheckpointScorer
 from recipes.models import Params
 from recipes.replica import write_json_atomic
@@ -133,7 +133,8 @@ def _tree(flat: Params) -> tf.Module:
 
 class Checkpoints:
     """``output_dir/model.ckpt-<step>`` in TF2's object format, the last 5 kept, listed in
-    ``output_dir/checkpoint`` (so ``tf.train.latest_checkpoint`` and the evaluator find them).
+    ``output_dir/checkpoint`` (so ``tf.train.latest_checkpoint`` and the evaluator find them),
+    written and read by the task that owns this object (the chief), on its own host.
 
     Keys: ``global_step``, ``model/<param>`` (e.g. ``model/dense0/w``) and
     ``optimizer/<slot>/<param>``, each followed by ``/.ATTRIBUTES/VARIABLE_VALUE``. Written with
@@ -141,11 +142,26 @@ class Checkpoints:
     in a distribution scope on one task only).
     """
 
-    def __init__(self, output_dir: str, step: Any, params: Params, slots: Params) -> None:
+    def __init__(
+        self,
+        output_dir: str,
+        step: Any,
+        params: Params,
+        slots: Params,
+        task: Optional[TaskInfo] = None,
+    ) -> None:
         self.output_dir = output_dir
         self._params = params
         self._ckpt = tf.train.Checkpoint(
             global_step=step, model=_tree(params), optimizer=_tree(slots)
+        )
+        # Why: by default each variable's device does the file I/O, so pss's ps would write
+        # (and read) their shards on their own hosts; every read and write of the checkpoint
+        # happens here instead, on this task's host (TF 2.21, hosts without a shared folder).
+        self._options = tf.train.CheckpointOptions(
+            experimental_io_device=f"/job:{task.type}/replica:0/task:{task.index}/device:CPU:0"
+            if task is not None
+            else None
         )
         self.last_step: Optional[int] = None
         self.last_path: Optional[str] = None  # the checkpoint of last_step
@@ -156,7 +172,8 @@ class Checkpoints:
 
     def write(self, step: int) -> str:
         os.makedirs(self.output_dir, exist_ok=True)
-        path = str(self._ckpt.write(os.path.join(self.output_dir, f"{CKPT_NAME}-{step}")))
+        prefix = os.path.join(self.output_dir, f"{CKPT_NAME}-{step}")
+        path = str(self._ckpt.write(prefix, options=self._options))
         kept = [p for p in self._kept() if os.path.basename(p) != os.path.basename(path)]
         kept.append(path)
         for old in kept[:-KEEP_CHECKPOINTS]:
@@ -195,7 +212,7 @@ class Checkpoints:
                 )
         # expect_partial: the optimizer's slots may differ (a changed algo.optimizer starts fresh
         # slots), the model and the step may not (checked above).
-        self._ckpt.read(path).expect_partial()
+        self._ckpt.read(path, options=self._options).expect_partial()
         self.last_step = int(reader.get_tensor("global_step" + CKPT_KEY_SUFFIX))
         self.last_path = path
         return self.last_step

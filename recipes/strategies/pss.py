@@ -254,7 +254,7 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
         params = model.create_variables()
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         slots = opt.create_slots(params, colocate=strategy.extended.colocate_vars_with)
-    state = Checkpoints(cfg.output_dir, step, params, slots)
+    state = Checkpoints(cfg.output_dir, step, params, slots, task)
     names = list(params)
     train_vars = [params[k] for k in names]
     n_workers = len(task.cluster["worker"])

@@ -17,8 +17,14 @@ Life of a task, as the engine drives it::
     backend.describe(records)           phase, exit code, host, CPU, memory per task
     backend.stream_log / read_log       a task's output, followed or read
     backend.read_file(path, near)       a file a task wrote (result.json, checkpoint index)
+    backend.locate_output(plan, tasks)  before apply: do the hosts (and this machine) share output_dir
+    backend.fetch_outputs(dir, near, to) at the end: the chief's outputs copied to this machine
     backend.cancel(records, grace)      stop tasks: polite signal, then kill after ``grace``
     backend.release(alloc)              give the resources back (nothing stays queued)
+
+Warm standbys (``capabilities.standby``): ``launch`` with ``LaunchRequest.standby`` starts a
+second copy of a task that prepares and waits; ``signal(record, "USR1")`` tells it to go,
+``move_logs`` makes its log the task's.
 
 Public methods of :class:`Backend` are the contract; a backend implements the abstract ones and
 may override the defaults. Every failure a user can act on is a :class:`~tfplan.errors.TfplanError`
@@ -36,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfplan.backends.logstream import LogStream
+from tfplan.errors import BackendError
 from tfplan.planning.plan import BackendRef, Plan, Task
 from tfplan.planning.state import Allocation, TaskRecord
 
@@ -51,6 +58,7 @@ __all__ = [
     "Launched",
     "LaunchRequest",
     "LogStream",
+    "OutputPlace",
     "Say",
     "TaskInfo",
     "TaskPhase",
@@ -93,6 +101,10 @@ class LaunchRequest:
     keep_log_as: str | None = None  # a restart: move the previous log here first
     attempt: int = 0  # 0 for the first start, n for the n-th restart
     tf_config: str = ""  # the task's TF_CONFIG (JSON), delivered by tfplan.backends.delivery
+    # A warm standby of the task ``name`` stands for: the same command, host, port and workdir,
+    # started next to the live task. It must not share the task's exit record (its own exit
+    # file, its own scheduler step); ``log_path`` is its own log.
+    standby: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,28 @@ class Capabilities:
     # to <output_dir>/tfplan/); False: it exists only inside the cluster (a Kubernetes volume),
     # and the record goes to the workspace (.tfplan/<experiment>/output/tfplan/) instead.
     shared_output: bool = True
+    # warm standbys: ``launch(standby=True)`` keeps a standby apart from its task, ``signal``
+    # reaches a task's program (its wrappers survive USR1) and ``move_logs`` renames logs where
+    # they live; without it a restarted task is always a new process
+    standby: bool = False
+    # output_dir may be each host's own folder (cluster.output_mode=per_host, or auto when
+    # the hosts share none): the backend tells the modes apart (locate_output) and copies the
+    # chief's outputs back to this machine (fetch_outputs). Otherwise per_host is refused at plan.
+    per_host_output: bool = False
+
+
+@dataclass(frozen=True)
+class OutputPlace:
+    """Where an apply's ``output_dir`` is, as :meth:`Backend.locate_output` found it."""
+
+    # Every host has its own output_dir: checkpoints stay on the chief's host (the evaluator
+    # runs beside it); nothing else can be read from another host's folder.
+    per_host: bool = False
+    # The machine running tfplan sees output_dir as the tasks do: the record goes there and
+    # nothing is copied. Otherwise the record goes to the workspace, and the backend copies
+    # the chief's outputs there at the end (when it can: Capabilities.per_host_output).
+    launcher_sees: bool = True
+    detail: str = ""  # one line for the user: what was found ("" when there is nothing to say)
 
 
 class Backend(ABC):
@@ -236,6 +270,25 @@ class Backend(ABC):
         ``grace_secs``; every process of each task is gone when it returns. A failure for one
         task is data (its exception), not raised."""
 
+    def signal(self, task: TaskRecord, name: str) -> None:
+        """Send signal ``name`` (``"USR1"``: a standby's go signal) to the task's program.
+
+        Raises:
+            BackendError: the task has no live process, or it cannot be reached. Backends
+                without ``capabilities.standby`` raise it always.
+        """
+        raise BackendError(f"the {self.name} backend cannot signal tasks")
+
+    def move_logs(self, task: TaskRecord, moves: Sequence[tuple[str, str]]) -> None:
+        """Rename log files where ``task``'s logs live, in order (a missing source is skipped):
+        how a standby's log becomes its task's, the previous one kept beside it.
+
+        Raises:
+            BackendError: a rename failed. Backends without ``capabilities.standby`` raise it
+                always.
+        """
+        raise BackendError(f"the {self.name} backend cannot move logs")
+
     @abstractmethod
     def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
         """Follow a task's log from its first line until the task has ended."""
@@ -252,6 +305,31 @@ class Backend(ABC):
             path: absolute path as the task saw it.
             near: the host (plan host name or real one) it was written on, when it matters.
         """
+
+    def locate_output(self, plan: Plan, tasks: Sequence[Task]) -> OutputPlace:
+        """Whether the hosts of ``tasks`` (those about to start), and this machine, share
+        ``plan.output_dir``; asked once per apply, before anything starts
+        (``cluster.output_mode=auto`` is decided here).
+
+        The default: one folder every task shares, seen here as ``capabilities.shared_output``
+        says.
+
+        Raises:
+            PreflightError: the hosts disagree in a way no mode fits (some share the folder,
+                some do not), or ``output_mode=shared`` and they do not share it.
+        """
+        return OutputPlace(per_host=False, launcher_sees=self.capabilities.shared_output)
+
+    def fetch_outputs(self, folder: str, near: str | None, dest: Path) -> int:
+        """Copy what the tasks wrote to ``folder`` on host ``near`` (result.json, eval/,
+        summaries; never checkpoints) into ``dest`` on this machine; returns how many files.
+
+        Only for backends with ``capabilities.per_host_output``.
+
+        Raises:
+            BackendError: the host could not be read.
+        """
+        raise NotImplementedError(f"the {self.name} backend cannot copy outputs back")
 
     def handle_text(self, task: TaskRecord) -> str:
         """The handle as users know it (``pid 4242``, ``step 17.3``, ``pod x``) for tables."""

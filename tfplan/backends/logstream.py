@@ -29,6 +29,9 @@ class LogStream:
         self._on_line = on_line
         self.error: BaseException | None = None
         self.lines = 0
+        self._lock = threading.Lock()
+        self._ended = False
+        self._callbacks: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._pump, name=f"log:{name}", daemon=True)
         self._thread.start()
 
@@ -50,6 +53,20 @@ class LogStream:
         finally:
             self._end_input()
             self._force_close()
+            with self._lock:
+                self._ended = True
+                callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks:
+                callback()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the stream's thread) once the stream has ended: the task is
+        gone (or the stream was stopped); at once when it has ended already."""
+        with self._lock:
+            if not self._ended:
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def _deliver(self, raw: bytes) -> None:
         self.lines += 1

@@ -5,12 +5,20 @@ transport (``subprocess``), the others SSH (Fabric); both run the same POSIX scr
 start detached in their own process group, record their exit code in their workdir, and are
 stopped by process group, never by name.
 
-Handle: ``{"pid": ..., "pgid": ...}`` of the task's wrapper, the leader of its process group.
+Handle: ``{"pid": ..., "pgid": ...}`` of the task's wrapper, the leader of its process group;
+a warm standby's (and a task that was one) adds ``"exit_file"``, its own exit record in the
+task's workdir.
+
+Every process of a task is in its group: a stop signals the group, so it reaches the program
+whichever of the wrapper and the program died first. A wrapper that died while its program runs
+on is reported as ``failed`` with ``detail`` saying how many processes are left.
 """
 
 from __future__ import annotations
 
+import io
 import posixpath
+import tarfile
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
@@ -24,6 +32,7 @@ from tfplan.backends.api import (
     Launched,
     LaunchRequest,
     LogStream,
+    OutputPlace,
     Say,
     TaskInfo,
     TaskPhase,
@@ -43,10 +52,18 @@ from tfplan.backends.transports.pool import TransportPool
 from tfplan.backends.transports.preflight import (
     PreflightRequest,
     PreflightResult,
+    output_sharing,
     raise_for_preflight,
 )
+from tfplan.backends.transports.scripts import (
+    SHARED_MARKER,
+    handle_exit_file,
+    q,
+    standby_exit_file,
+)
 from tfplan.backends.transports.specs import HostTarget, LaunchSpec, ProcessInfo, is_loopback
-from tfplan.errors import BackendError, ConfigError
+from tfplan.errors import BackendError, ConfigError, PreflightError
+from tfplan.files import write_atomic
 from tfplan.planning.plan import BackendRef, Plan, Task
 from tfplan.planning.state import Allocation, TaskRecord
 from tfplan.planning.topology import Place, Target, Topology
@@ -68,13 +85,16 @@ class ProcessBackend(Backend):
     """Tasks as processes on listed hosts, over a local or an SSH transport per host."""
 
     name = "process"
-    capabilities = Capabilities(firewall=True, replace_lost_hosts=True)
+    capabilities = Capabilities(
+        firewall=True, replace_lost_hosts=True, standby=True, per_host_output=True
+    )
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
         self.hosts = [HostTarget(**h) for h in ref.config.get("hosts", [])]
         self.firewall = bool(ref.config.get("firewall", False))
         self.pool = TransportPool(self.hosts)
+        self._output: dict[tuple[str, str, tuple[str, ...]], OutputPlace] = {}
 
     # ---- plan time -----------------------------------------------------------------------
     @classmethod
@@ -117,15 +137,86 @@ class ProcessBackend(Backend):
         return tuple(f"firewall: {fw.describe()}" for fw in _firewalls(plan).values() if fw.ports)
 
     # ---- apply ---------------------------------------------------------------------------
+    def locate_output(self, plan: Plan, tasks: Sequence[Task]) -> OutputPlace:
+        """Loopback hosts only: this machine's folder. ``output_mode=per_host``: each host's
+        own. Otherwise every host of ``tasks`` writes a marker in ``output_dir`` unless one is
+        there and reads it back (:func:`output_sharing` decides); this machine only looks.
+        Asked once per plan, hosts and backend (preflight asks too).
+
+        Raises:
+            PreflightError: a host cannot be reached or cannot create the folder, or the
+                hosts share it in a way the mode does not allow.
+        """
+        hosts = tuple(sorted({t.host for t in tasks}))
+        key = (plan.output_dir, plan.output_mode, hosts)
+        if key in self._output:
+            return self._output[key]
+        chief = next((t for t in plan.tasks if t.is_chief), None)
+        if all(self.pool.targets[h].kind == "local" for h in hosts):
+            found = OutputPlace(per_host=False, launcher_sees=True)
+        elif plan.output_mode == "per_host":
+            found = OutputPlace(
+                per_host=True,
+                launcher_sees=False,
+                detail=f"output_dir {plan.output_dir}: per-host output (cluster.output_mode="
+                "per_host)",
+            )
+        else:
+            token = uuid.uuid4().hex
+            read = run_on_hosts(
+                {h: h for h in hosts}, lambda h: self.pool[h].shared_marker(plan.output_dir, token)
+            )
+            if read.failed:
+                raise PreflightError({h: str(e) for h, e in read.failed.items()})
+            local = Path(plan.output_dir) / f"{SHARED_MARKER}{token}"
+            try:
+                mine: str | None = local.read_text().strip()
+            except OSError:
+                mine = None
+            # Every host has read it: the markers can go (one round trip; a failure is harmless).
+            marker = posixpath.join(plan.output_dir, f"{SHARED_MARKER}{token}")
+            run_on_hosts(
+                {h: h for h in hosts},
+                lambda h: self.pool[h].run_script(f"rm -f {q(marker)}", f"remove {marker}"),
+            )
+            sharing = output_sharing(plan.output_mode, plan.output_dir, read.succeeded, mine)
+            found = OutputPlace(sharing.per_host, sharing.launcher_sees, sharing.detail)
+        if found.per_host and chief is not None:
+            _check_evaluator_beside(plan, chief)
+            found = replace(
+                found,
+                detail=f"{found.detail}: checkpoints stay on the chief's host {chief.host}"
+                + (
+                    ", where the evaluator runs"
+                    if any(t.role.value == "evaluator" for t in plan.tasks)
+                    else ""
+                ),
+            )
+        self._output[key] = found
+        return found
+
+    def fetch_outputs(self, folder: str, near: str | None, dest: Path) -> int:
+        """One gzipped tar of ``folder`` on ``near`` (checkpoints, markers, the ``tfplan``
+        record and files of 64 MiB or more left out), unpacked into ``dest``.
+
+        Raises:
+            BackendError: the host could not be read.
+        """
+        host = near if near in self.pool.targets else self.hosts[0].name
+        data = self.pool[host].get_tree(
+            folder, skip=FETCH_SKIP, prune=("tfplan",), max_kib=FETCH_MAX_KIB
+        )
+        return unpack_tree(data, dest) if data else 0
+
     def preflight(self, plan: Plan, tasks: Sequence[Task]) -> None:
-        """Per host: python, TensorFlow (built-in recipes), free ports, writable folders, and
-        a shared output folder when there are several hosts.
+        """Per host: python, TensorFlow (built-in recipes), free ports, writable folders; and
+        whether the hosts share the output folder as ``cluster.output_mode`` requires
+        (:meth:`locate_output`).
 
         Raises:
             PreflightError: every host's problems, in one line.
         """
-        hosts = sorted({t.host for t in tasks})
-        marker = uuid.uuid4().hex
+        self.locate_output(plan, tasks)
 
         def check(name: str) -> PreflightResult:
             mine = [t for t in tasks if t.host == name]
@@ -133,8 +224,6 @@ class ProcessBackend(Backend):
                 tf_version=plan.tf_version if plan.builtin_recipes else None,
                 ports=tuple(t.port for t in mine if t.port is not None),
                 writable_dirs=(*(t.workdir for t in mine), plan.code_dir, plan.output_dir),
-                shared_dir=plan.output_dir if len(hosts) > 1 else None,
-                marker_token=marker,
             )
             result = self.pool[name].preflight(request)
             if self.firewall:
@@ -143,6 +232,7 @@ class ProcessBackend(Backend):
                     result = replace(result, problems=(*result.problems, support.problem))
             return result
 
+        hosts = sorted({t.host for t in tasks})
         firewall_hosts = sorted({t.host for t in plan.tasks}) if self.firewall else []
         raise_for_preflight(run_on_hosts({h: h for h in sorted({*hosts, *firewall_hosts})}, check))
 
@@ -229,6 +319,7 @@ class ProcessBackend(Backend):
         )
         for path, text in delivery.files.items():
             transport.write_file(path, text.encode())
+        exit_file = standby_exit_file(request.workdir, request.attempt) if request.standby else None
         started = transport.start(
             LaunchSpec(
                 name=request.name,
@@ -236,10 +327,14 @@ class ProcessBackend(Backend):
                 env=delivery.env,
                 workdir=request.workdir,
                 log_path=request.log_path,
+                exit_file=exit_file,
             )
         )
+        handle: dict[str, object] = {"pid": started.pid, "pgid": started.pgid}
+        if exit_file is not None:
+            handle["exit_file"] = exit_file
         return Launched(
-            handle={"pid": started.pid, "pgid": started.pgid},
+            handle=handle,
             host=request.host,
             address=transport.target.address,
             started_at=started.started_at,
@@ -254,7 +349,8 @@ class ProcessBackend(Backend):
 
         def ask(mine: list[TaskRecord]) -> dict[int, ProcessInfo]:
             return self.pool[mine[0].host].status(
-                [_pid(t) for t in mine], [t.workdir for t in mine]
+                [_pid(t) for t in mine],
+                exit_files=[handle_exit_file(t.handle, t.workdir) for t in mine],
             )
 
         out: dict[str, TaskInfo] = {}
@@ -274,6 +370,13 @@ class ProcessBackend(Backend):
             return CancelResult(result.outcome, result.elapsed_secs)
 
         return dict(run_on_hosts({t.name: t for t in tasks}, stop))
+
+    def signal(self, task: TaskRecord, name: str) -> None:
+        """``kill -NAME -PGID`` on the task's host: the program gets it; the wrapper traps it."""
+        self.pool[task.host].signal(int(task.handle["pgid"]), name)
+
+    def move_logs(self, task: TaskRecord, moves: Sequence[tuple[str, str]]) -> None:
+        self.pool[task.host].move_all(moves)
 
     def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
         return self.pool[task.host].stream_log(task.log_path, _pid(task), on_line)
@@ -299,6 +402,58 @@ class ProcessBackend(Backend):
         return self.pool[host].run_script(script, what).stdout.decode(errors="replace")
 
 
+# What fetch_outputs leaves on the host: checkpoints (TF1 and TF2 names, whatever the prefix),
+# the shared-folder markers, files being written, and anything of FETCH_MAX_KIB or more.
+FETCH_SKIP = (
+    "checkpoint",
+    "*.ckpt-*",
+    "*.data-?????-of-?????",
+    "*.index",
+    "*.meta",
+    f"{SHARED_MARKER}*",
+    "*.tmp.*",
+)
+FETCH_MAX_KIB = 64 * 1024
+
+
+def unpack_tree(data: bytes, dest: Path) -> int:
+    """Unpack a gzipped tar of plain files into ``dest`` (nothing outside it); how many files."""
+    dest.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            target = (dest / member.name).resolve()
+            if not member.isfile() or not target.is_relative_to(dest.resolve()):
+                continue
+            source = tar.extractfile(member)
+            if source is None:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(target, source.read())
+            count += 1
+    return count
+
+
+def _check_evaluator_beside(plan: Plan, chief: Task) -> None:
+    """Per-host output: the evaluator reads the chief's checkpoints, so it must run on the
+    chief's host (the planner put it there unless that host was full).
+
+    Raises:
+        PreflightError: it was planned elsewhere.
+    """
+    for task in plan.tasks:
+        if task.role.value == "evaluator" and task.host != chief.host:
+            raise PreflightError(
+                {
+                    task.host: f"{task.name} is planned here and {chief.name} on "
+                    f"{chief.host}, but the hosts share no output folder and the evaluator "
+                    f"reads the chief's checkpoints: give {chief.host} a free cpu slot (it "
+                    "then runs there), mount output_dir on every host, or set "
+                    "cluster.evaluator=false"
+                }
+            )
+
+
 def _firewalls(plan: Plan) -> dict[str, HostFirewall]:
     """Each host's rules: the ports of its own tasks, open to every host of the cluster.
 
@@ -316,6 +471,14 @@ def _pid(task: TaskRecord) -> int:
 def _info(info: ProcessInfo | None, host: str) -> TaskInfo:
     if info is None:
         return TaskInfo(TaskPhase.FAILED, host=host, detail="missing")
+    if not info.alive and info.exit_code is None and info.left:
+        # The wrapper died first: no exit code will ever be recorded; the rest of the group
+        # (the program) is stopped by group before the task starts again.
+        return TaskInfo(
+            TaskPhase.FAILED,
+            host=host,
+            detail=f"wrapper gone, {info.left} process(es) of its group still running",
+        )
     if info.alive:
         return TaskInfo(
             TaskPhase.RUNNING,

@@ -23,7 +23,7 @@ from tfplan.cli.sweep import add_sweep_arguments, run_sweep_command
 from tfplan.engine.background import start_background_supervisor
 from tfplan.engine.plans import make_plan
 from tfplan.engine.refresh import refreshed_state
-from tfplan.engine.runner import ExperimentRun, result_path
+from tfplan.engine.runner import ExperimentRun
 from tfplan.engine.supervisor import Outcome
 from tfplan.engine.workspace import Workspace
 from tfplan.errors import ApplyError, TfplanError
@@ -103,7 +103,7 @@ def run_apply(args: argparse.Namespace) -> int:
             return 0
         max_steps = plan.run_config.get("trainer", {}).get("max_steps")
         outcome = _supervise(run, out, max_steps)
-    _report(outcome, plan, run.result, out)
+    _report(outcome, plan, run.result, run.result_at, out)
     return 0 if outcome.succeeded else 1
 
 
@@ -162,14 +162,16 @@ def _supervise(run: ExperimentRun, out: Console, max_steps: int | None) -> Outco
             raise
 
 
-def _report(outcome: Outcome, plan: Plan, result: dict[str, Any] | None, out: Console) -> None:
+def _report(
+    outcome: Outcome, plan: Plan, result: dict[str, Any] | None, result_at: str, out: Console
+) -> None:
     if outcome.succeeded:
         out.print(f"\n[bold green]Training complete[/]: {outcome.reason}.")
     else:
         out.print(f"\n[bold red]Training failed[/]: {outcome.reason}.")
     if isinstance(result, dict):
         fields = ", ".join(f"{k}={v}" for k, v in result.items() if k != "status")
-        out.print(f"Result ({result_path(plan.output_dir)}): {fields}")
+        out.print(f"Result ({result_at}): {fields}")
     if not outcome.succeeded:
         raise ApplyError(
             f"training failed: {outcome.reason}; see `tfplan logs -e {plan.experiment_id}`"

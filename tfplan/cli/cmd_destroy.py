@@ -17,7 +17,7 @@ from tfplan.cli.common import (
     load_experiment,
     workspace_from,
 )
-from tfplan.engine.applier import release_if_idle, stop_tasks
+from tfplan.engine.applier import release_if_idle, stop_standbys, stop_tasks
 from tfplan.engine.background import (
     start_background_supervisor,
     stop_supervisor,
@@ -25,7 +25,7 @@ from tfplan.engine.background import (
 )
 from tfplan.engine.store import StateStore
 from tfplan.errors import ApplyError
-from tfplan.planning.state import State, TaskRecord, TaskStatus
+from tfplan.planning.state import State, TaskRecord, TaskStatus, standby_name
 from tfplan.planning.targets import resolve_targets
 
 __all__ = ["add_parsers", "run_destroy"]
@@ -66,8 +66,10 @@ def run_destroy(args: argparse.Namespace) -> int:
         stop_supervisor(state.supervisor, say)  # else an attached apply holds the lock: refused
     with store.lock("destroy", wait_secs=LOCK_WAIT_SECS), backend_of(store, state) as backend:
         state = store.load() or state
+        state = stop_standbys(state, store, backend, say)
         state = stop_tasks(state, list(state.tasks), store, backend, say, forget=True)
         _check_gone(backend, running)
+        _check_no_standby(state)
         unreachable = _stop_lost(state, store, backend, say)
         state = release_if_idle(store.load() or state, store, backend, say)
         store.write(replace(state, supervisor=None))
@@ -98,6 +100,14 @@ def _check_gone(backend: Backend, tasks: list[TaskRecord]) -> None:
     if left:
         raise ApplyError(
             f"still running after destroy: {', '.join(left)}; run `tfplan destroy` again"
+        )
+
+
+def _check_no_standby(state: State) -> None:
+    if state.standbys:
+        raise ApplyError(
+            f"could not stop {', '.join(s.name for s in state.standbys)}; "
+            "run `tfplan destroy` again"
         )
 
 
@@ -154,6 +164,7 @@ def _destroy_targets(args: argparse.Namespace, store: StateStore, state: State) 
         stop_supervisor(state.supervisor, say)
     with store.lock("destroy", wait_secs=LOCK_WAIT_SECS), backend_of(store, state) as backend:
         state = store.load() or state
+        state = stop_standbys(state, store, backend, say, {standby_name(n) for n in names})
         chosen = [t for t in state.tasks if t.name in names]
         state = stop_tasks(state, chosen, store, backend, say, forget=True)
         _check_gone(backend, [t for t in chosen if t.running])

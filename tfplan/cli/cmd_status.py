@@ -13,7 +13,7 @@ from tfplan.backends.api import Backend, TaskInfo, TaskPhase
 from tfplan.cli.common import add_experiment_arguments, backend_of, console, load_experiment
 from tfplan.engine.logs import STEP_PATTERN
 from tfplan.planning.plan import ROLE_ORDER
-from tfplan.planning.state import State, TaskRecord
+from tfplan.planning.state import State, TaskRecord, standby_task
 
 __all__ = ["add_parsers", "run_status", "task_order"]
 
@@ -22,7 +22,8 @@ _TAIL_BYTES = 8192
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = subparsers.add_parser(
-        "status", help="every task: host, handle, state, CPU, memory, step; and the supervisor"
+        "status",
+        help="every task: host, handle, state, CPU, memory, step; its standby; the supervisor",
     )
     status.add_argument("--json", action="store_true", help="machine-readable, for scripts")
     add_experiment_arguments(status)
@@ -37,10 +38,15 @@ def task_order(task: TaskRecord) -> tuple[int, int]:
 def run_status(args: argparse.Namespace) -> int:
     store, state = load_experiment(args)
     with backend_of(store, state) as backend:
-        infos = backend.describe(state.running) if state.running else {}
+        observed = [*state.running, *state.standbys]
+        infos = backend.describe(observed) if observed else {}
         rows = [
             _row(backend, task, infos.get(task.name))
             for task in sorted(state.tasks, key=task_order)
+        ]
+        standbys = [
+            _row(backend, standby, infos.get(standby.name), standby=True)
+            for standby in sorted(state.standbys, key=task_order)
         ]
     supervisor = _supervisor(state)
     if args.json:
@@ -52,6 +58,7 @@ def run_status(args: argparse.Namespace) -> int:
             "allocation": state.allocation.to_dict() if state.allocation else None,
             "supervisor": supervisor,
             "tasks": rows,
+            "standbys": standbys,
             "lost": [t.to_dict() for t in state.lost],
         }
         print(json.dumps(data, indent=2, sort_keys=True))
@@ -74,8 +81,14 @@ def run_status(args: argparse.Namespace) -> int:
         "last line",
     ):
         table.add_column(column, overflow="fold")
+    by_task = {standby_task(row["task"]): row for row in standbys}
+    shown = []
     for row in rows:
-        restarts = f" ↻{row['restarts']}" if row["restarts"] else ""
+        shown.append(row)
+        if row["task"] in by_task:
+            shown.append(by_task.pop(row["task"]))
+    for row in shown + list(by_task.values()):
+        restarts = f" ↻{row['restarts']}" if row["restarts"] and not row["standby"] else ""
         table.add_row(
             row["task"],
             row["host"],
@@ -94,12 +107,17 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _row(backend: Backend, task: TaskRecord, info: TaskInfo | None) -> dict[str, Any]:
+def _row(
+    backend: Backend, task: TaskRecord, info: TaskInfo | None, standby: bool = False
+) -> dict[str, Any]:
+    """One task (or a warm standby: state ``standby`` while it waits) as status shows it."""
     status, exit_code = task.status.value, task.exit_code
     cpu = rss = None
     if info is not None:
         if info.phase is TaskPhase.RUNNING:
             cpu, rss = info.cpu_percent, info.rss_bytes
+            if standby:
+                status = "standby"
         elif info.phase is TaskPhase.PENDING:
             status = "pending"
         elif info.phase is TaskPhase.UNREACHABLE:
@@ -107,6 +125,8 @@ def _row(backend: Backend, task: TaskRecord, info: TaskInfo | None) -> dict[str,
         else:
             status, exit_code = info.phase.value, info.exit_code
     step, last = _tail(backend, task)
+    if standby:
+        step = None
     return {
         "task": task.name,
         "role": task.role,
@@ -120,12 +140,15 @@ def _row(backend: Backend, task: TaskRecord, info: TaskInfo | None) -> dict[str,
         "exit_code": exit_code,
         "restarts": task.restarts,
         "started_at": task.started_at,
-        "uptime_secs": time.time() - task.started_at if status == "running" else None,
+        "uptime_secs": (
+            time.time() - task.started_at if status in ("running", "standby") else None
+        ),
         "cpu_percent": cpu,
         "rss_bytes": rss,
         "step": step,
         "last_line": last,
         "detail": info.detail if info is not None else "",
+        "standby": standby,
     }
 
 

@@ -81,12 +81,13 @@ def run_watch(args: argparse.Namespace) -> int:
             out.print("Handed over: the tasks run on under another tfplan.")
             return 0
         close_record(
-            ExperimentFolder(state.output_dir),
+            ExperimentFolder(state.record_dir or state.output_dir),
             store,
             backend,
             "succeeded" if outcome.succeeded else "failed",
             outcome.reason,
             outcome.last_step,
+            say=lambda line: out.print(f"tfplan | {line}", highlight=False),
         )
     if not outcome.succeeded:
         raise ApplyError(

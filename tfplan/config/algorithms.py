@@ -44,6 +44,9 @@ class Algorithm:
         chief: its chief must be a task of its own (``cluster.chief=separate``).
         retry_exit_codes: exit codes below 128 that mean "restart me" rather than "I gave up"
             (the TF2 strategies exit 5 when their group lost a member).
+        ps_standby: a warm standby per ps by default (``lifecycle.ps_standby=null``): the TF1
+            recipes, whose workers wait for a restarted ps; not pss, whose coordinator exits
+            5 on a lost ps and restarts (its own import dominates the recovery).
         summary: one line for docs and error messages.
     """
 
@@ -55,6 +58,7 @@ class Algorithm:
     collective: bool = False
     chief: bool = False
     retry_exit_codes: tuple[int, ...] = ()
+    ps_standby: bool = True
 
 
 def _ps(name: str, schema: type[AlgoConfig], summary: str, sync: bool = False) -> Algorithm:
@@ -93,6 +97,7 @@ ALGORITHMS: Mapping[str, Algorithm] = {
             summary="TF2 ParameterServerStrategy: the chief coordinates, asynchronous",
             chief=True,
             retry_exit_codes=(5,),
+            ps_standby=False,
         ),
     )
 }

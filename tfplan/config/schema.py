@@ -76,7 +76,11 @@ class ClusterConfig:
     port_range: int = 100  # ports [base, base+range) are tfplan's on each host
     port_offset: int = 0  # shifts every port, so two clusters can share hosts
     workdir: str = "/tmp/tfplan/${experiment.id}"  # per-host working dir (run config, logs)
-    output_dir: str = "outputs/${experiment.id}"  # checkpoints/results; shared by all hosts
+    output_dir: str = "outputs/${experiment.id}"  # checkpoints, result.json, summaries
+    # Whether the hosts share output_dir (docs/per_host_output.md): shared (one folder every
+    # host mounts), per_host (each host has its own: checkpoints stay on the chief's host,
+    # the evaluator runs beside it, results are copied back), auto (apply checks, then says)
+    output_mode: str = "auto"
     python: str | None = None  # default: tfplan's own interpreter locally, python3 over SSH
     ssh_accept_new_host_keys: bool = False  # default: verify host keys against known_hosts
     ssh_known_hosts: str | None = None  # default: ~/.ssh/known_hosts
@@ -265,6 +269,11 @@ class LifecycleConfig:
     deadline_secs: float | None = None  # the whole job; then everything is stopped
     host_timeout_secs: float = 20.0  # a host unreachable this long has lost its tasks
     on_host_failure: str = "replace"  # replace (re-plan on the other hosts) | fail
+    # a warm standby per parameter server: a second copy of the ps that has imported TensorFlow
+    # and waits; when the ps dies it takes over in a second instead of a new process paying the
+    # import. null: on for the built-in recipes, off for recipe=command (the program must
+    # support it: docs/contract.md)
+    ps_standby: bool | None = None
 
 
 @dataclass

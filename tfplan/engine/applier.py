@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from tfplan.backends.api import Backend
+from tfplan.backends.api import Backend, CancelResult
 from tfplan.engine.launching import PlanLaunches
 from tfplan.engine.store import StateStore
 from tfplan.errors import ApplyError, TfplanError
@@ -25,7 +25,7 @@ from tfplan.planning.state import (
     check_plan_is_current,
 )
 
-__all__ = ["ApplyResult", "apply_plan", "release_if_idle", "stop_tasks"]
+__all__ = ["ApplyResult", "apply_plan", "release_if_idle", "stop_standbys", "stop_tasks"]
 
 Say = Callable[[str], None]
 
@@ -63,8 +63,11 @@ def apply_plan(plan: Plan, store: StateStore, backend: Backend, say: Say) -> App
     to_stop = [t for t in state.tasks if by_action.get(t.name) in (Action.DESTROY, Action.REPLACE)]
     state = _abandon([t for t in to_stop if t.name in unreachable], state, say)
     to_stop = [t for t in to_stop if t.name not in unreachable]
-    state = stop_tasks(state, to_stop, store, backend, say, forget=True)
     to_start = [t for t in plan.tasks if by_action.get(t.name) in (Action.CREATE, Action.REPLACE)]
+    if to_stop or to_start:
+        # a standby was started for the cluster as it was: the supervisor starts new ones
+        state = stop_standbys(state, store, backend, say)
+    state = stop_tasks(state, to_stop, store, backend, say, forget=True)
     updated = [t.name for t in plan.tasks if by_action.get(t.name) is Action.UPDATE]
     state = store.write(state)
     if to_start:
@@ -178,6 +181,10 @@ def stop_tasks(
     """Stop ``tasks`` through the backend (polite signal, then kill after the grace period),
     all at once; write the state.
 
+    Every task is cancelled whatever its recorded status: a task recorded as failed may have
+    left processes behind (its wrapper died, its program runs on), and a cancel of a task with
+    nothing left is cheap and harmless (outcome ``none``).
+
     Args:
         forget: drop the tasks from the state (destroy/replace) rather than mark them stopped.
 
@@ -189,8 +196,13 @@ def stop_tasks(
         return state
     grace = grace_secs if grace_secs is not None else state.policy.stop_grace_secs
     began = time.monotonic()
-    running = [t for t in tasks if t.running]
-    results = backend.cancel(running, grace) if running else {}
+    results = backend.cancel(list(tasks), grace)
+    stopped = [
+        t
+        for t in tasks
+        if not isinstance(r := results.get(t.name), Exception)
+        and (t.running or (r is not None and r.outcome != "none"))
+    ]
     failures: dict[str, str] = {}
     for task in tasks:
         result = results.get(task.name)
@@ -205,10 +217,46 @@ def stop_tasks(
         elif old.running:
             state = state.with_task(replace(old, status=TaskStatus.STOPPED))
     state = store.write(state)
-    names = ", ".join(t.name for t in running if not isinstance(results.get(t.name), Exception))
+    names = ", ".join(
+        t.name if t.running else f"{t.name} (left over by its {t.status.value} life)"
+        for t in stopped
+    )
     if names:
         say(f"Stopped {names} ({time.monotonic() - began:.1f}s)")
     if failures:
         detail = "; ".join(f"{h}: {why}" for h, why in sorted(failures.items()))
         raise ApplyError(f"could not stop every task: {detail}; run `tfplan destroy` again")
+    return state
+
+
+STANDBY_GRACE_SECS = 1.0  # a standby holds nothing: SIGTERM ends it at once
+
+
+def stop_standbys(
+    state: State,
+    store: StateStore,
+    backend: Backend,
+    say: Say,
+    names: set[str] | frozenset[str] | None = None,
+) -> State:
+    """Stop warm standbys (those named in ``names``, all when None) and drop them from the
+    state. One that cannot be confirmed stopped stays recorded (destroy tries again) and is
+    reported; this never raises, so that a teardown goes on."""
+    chosen = [s for s in state.standbys if names is None or s.name in names]
+    if not chosen:
+        return state
+    try:
+        results: dict[str, CancelResult | Exception] = dict(
+            backend.cancel(chosen, STANDBY_GRACE_SECS)
+        )
+    except TfplanError as error:
+        results = {s.name: error for s in chosen}
+    gone = {s.name for s in chosen if not isinstance(results.get(s.name), Exception)}
+    for standby in chosen:
+        failed = results.get(standby.name)
+        if isinstance(failed, Exception):
+            say(f"could not stop {standby.name} on {standby.host}: {failed}")
+    state = store.write(state.without_standbys(gone))
+    if gone:
+        say(f"Stopped {', '.join(sorted(gone))}")
     return state

@@ -14,7 +14,10 @@ from tfplan.planning.plan import Plan, Task, cluster_spec_of
 from tfplan.planning.state import Allocation, State, TaskRecord
 from tfplan.planning.tf_config import ClusterSpecText
 
-__all__ = ["PlanLaunches", "restart_request"]
+__all__ = ["STANDBY_ENV", "PlanLaunches", "restart_request", "standby_log", "standby_request"]
+
+# The environment variable that tells a program it is a warm standby (docs/contract.md).
+STANDBY_ENV = "TFPLAN_STANDBY"
 
 
 class PlanLaunches:
@@ -80,4 +83,30 @@ def restart_request(record: TaskRecord, state: State) -> LaunchRequest:
         keep_log_as=f"{record.log_path}.{record.restarts}",
         attempt=record.restarts + 1,
         tf_config=text.tf_config(record.role, record.index),
+    )
+
+
+def standby_log(record: TaskRecord) -> str:
+    """Where a warm standby of ``record`` writes until it takes over: beside the task's log."""
+    return f"{record.log_path}.standby"
+
+
+def standby_request(record: TaskRecord, state: State) -> LaunchRequest:
+    """A warm standby of ``record``: started as its next life would be (same host, port,
+    command, cluster), with ``TFPLAN_STANDBY=1`` so that the program prepares and waits for
+    SIGUSR1 instead of serving; its own log."""
+    text = ClusterSpecText(state.cluster_spec())
+    return LaunchRequest(
+        name=record.name,
+        role=record.role,
+        index=record.index,
+        host=record.planned_host,
+        command=record.command,
+        env={**record.env, STANDBY_ENV: "1"},
+        workdir=record.workdir,
+        log_path=standby_log(record),
+        devices=record.devices,
+        attempt=record.restarts + 1,
+        tf_config=text.tf_config(record.role, record.index),
+        standby=True,
     )

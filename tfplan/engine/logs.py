@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import re
+import threading
 import time
 from collections.abc import Callable
 
@@ -33,9 +34,13 @@ class LogFanIn:
         self.emit = emit
         self.on_step = on_step or (lambda step: None)
         self.last_step: int | None = None
+        self.step_lines = 0  # progress lines (step=N) seen, whatever their step
         self.last_line: dict[str, float] = {}  # task -> monotonic time of its last line
         self._lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self._streams: dict[str, LogStream] = {}
+        # set when a followed stream ends, which it does once its task's process is gone: the
+        # supervisor wakes on it instead of waiting for its next poll
+        self.ended = threading.Event()
 
     def follow(self, task: TaskRecord) -> None:
         """Stream ``task``'s log (a stream it had before is stopped first)."""
@@ -46,13 +51,23 @@ class LogFanIn:
             self._lines.put((name, line))
 
         try:
-            self._streams[task.name] = self.backend.stream_log(task, on_line)
+            stream = self.backend.stream_log(task, on_line)
+            self._streams[task.name] = stream
+            stream.add_done_callback(self.ended.set)
         except TfplanError as error:
             self.emit("tfplan", f"{task.name}: cannot stream its log ({error})")
 
     def stop(self, name: str) -> None:
         stream = self._streams.pop(name, None)
         if stream is not None:
+            stream.stop()
+
+    def finish(self, name: str, timeout: float) -> None:
+        """Let ``name``'s stream deliver the last lines of a life that has ended (it ends by
+        itself once the process is gone), then stop it; at most ``timeout`` seconds."""
+        stream = self._streams.pop(name, None)
+        if stream is not None:
+            stream.join(timeout)
             stream.stop()
 
     def stop_all(self) -> None:
@@ -77,6 +92,7 @@ class LogFanIn:
             self.last_line[name] = now
             match = STEP_PATTERN.search(line)
             if match:
+                self.step_lines += 1
                 step = int(match.group(1))
                 if self.last_step is None or step > self.last_step:
                     self.last_step = step

@@ -80,6 +80,14 @@ def make_plan(
             "set cluster.firewall=false and restrict the ports with what that platform offers "
             "(e.g. a NetworkPolicy on Kubernetes)",
         )
+    if cfg.cluster.output_mode == "per_host" and not backend.capabilities.per_host_output:
+        raise ConfigError(
+            "cluster.output_mode",
+            f"per_host, but the {backend.name} backend needs output_dir on one folder every "
+            "task shares",
+            "set cluster.output_mode=auto (or shared) and mount output_dir on every node"
+            + (" (cluster.options.output_volume)" if backend.name == "kubernetes" else ""),
+        )
     ctx = ctx or plan_context()
     made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx), targets)
     request = backend.dryrun(made)

@@ -21,11 +21,12 @@ import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from tfplan.backends import open_backend
-from tfplan.backends.api import Backend
+from tfplan.backends.api import Backend, OutputPlace
 from tfplan.engine.applier import ApplyResult, apply_plan
 from tfplan.engine.background import me, take_over_from_background
 from tfplan.engine.experiment import (
@@ -39,13 +40,14 @@ from tfplan.engine.plans import replan_from_state
 from tfplan.engine.store import StateStore
 from tfplan.engine.supervisor import Outcome, Supervisor
 from tfplan.engine.workspace import Workspace
-from tfplan.errors import TfplanError
-from tfplan.planning.plan import Plan
+from tfplan.errors import ConfigError, TfplanError
+from tfplan.planning.plan import Action, Plan
 from tfplan.planning.state import State
 
 __all__ = [
     "ExperimentRun",
     "close_record",
+    "fetch_outputs",
     "read_result",
     "record_dir",
     "result_path",
@@ -59,12 +61,17 @@ def result_path(output_dir: str) -> str:
     return posixpath.join(output_dir, "result.json")
 
 
-def record_dir(plan: Plan, workspace: Workspace) -> str:
+def record_dir(plan: Plan, workspace: Workspace, place: OutputPlace | None = None) -> str:
     """Where the launcher keeps the experiment's record: its output_dir when this machine
-    shares it, else the workspace (the backend's ``capabilities.shared_output``)."""
+    sees it (``place``, as the backend found it; without it, the backend's
+    ``capabilities.shared_output``), else the workspace."""
     from tfplan.backends import backend_class
 
-    if backend_class(plan.backend.name).capabilities.shared_output:
+    if place is None:
+        place = OutputPlace(
+            launcher_sees=backend_class(plan.backend.name).capabilities.shared_output
+        )
+    if place.launcher_sees:
         return plan.output_dir
     return str(workspace.root / plan.experiment_id / "output")
 
@@ -114,6 +121,21 @@ def supervise_state(
             store.write(replace(final, supervisor=None), bump=False)
 
 
+def fetch_outputs(backend: Backend, state: State, dest: Path, say: Say | None = None) -> int:
+    """Copy the chief's outputs (result.json, eval/, summaries; not checkpoints) from its
+    host's ``output_dir`` into ``dest``; how many files (0, with a warning, when its host
+    could not be read)."""
+    chief = next((t for t in state.tasks if t.is_chief), None)
+    if chief is None:
+        return 0
+    try:
+        return backend.fetch_outputs(state.output_dir, chief.planned_host, dest)
+    except (TfplanError, OSError) as error:
+        if say is not None:
+            say(f"warning: could not copy the outputs from {chief.host}: {error}")
+        return 0
+
+
 def close_record(
     folder: ExperimentFolder,
     store: StateStore,
@@ -122,9 +144,15 @@ def close_record(
     reason: str,
     last_step: int | None,
     save_logs: bool = True,
+    say: Say | None = None,
 ) -> None:
-    """Close the experiment's record: outcome, final state, and each task's log."""
+    """Close the experiment's record: outcome, final state, each task's log, and (where this
+    machine does not see output_dir: ``state.copy_back``) a copy of the chief's outputs."""
     state = store.load()
+    if state is not None and save_logs and state.copy_back:
+        copied = fetch_outputs(backend, state, folder.output_dir, say)
+        if copied and say is not None:
+            say(f"copied {copied} output file(s) from the chief's host to {folder.output_dir}")
     if state is not None and save_logs:
         for task in state.tasks:
             try:
@@ -147,6 +175,8 @@ class ExperimentRun:
         self.store = workspace.store(plan.experiment_id)
         self.record_dir = record_dir(plan, workspace)
         self.folder = ExperimentFolder(self.record_dir)
+        self.place: OutputPlace | None = None  # where output_dir is (asked when tasks start)
+        self.copy_back = False  # the chief's outputs are copied to record_dir at the end
         self.resumed_from: int | None = None
         self.applied: ApplyResult | None = None
         self.outcome: Outcome | None = None
@@ -172,15 +202,73 @@ class ExperimentRun:
             self._backend = self._stack.enter_context(
                 open_backend(self.plan.backend, self.store.scratch)
             )
+            self._locate_output()
             self.resumed_from = self._checkpoint_step()
             if self.resumed_from is not None:
                 check_resumable(
                     self.folder, self.plan.experiment_id, self.plan.run_config, self.resumed_from
                 )
+            elif self.place is not None and self.place.per_host:
+                self._refuse_moved_chief()
         except BaseException:
             self._stack.close()
             raise
         return self
+
+    def _locate_output(self) -> None:
+        """Ask the backend where output_dir is (when tasks start; otherwise keep what the
+        last apply found), and say it; the record goes where this machine sees it."""
+        starting = {
+            c.task for c in self.plan.changes if c.action in (Action.CREATE, Action.REPLACE)
+        }
+        if not starting:
+            state = self.store.load()
+            if state is not None and state.record_dir:
+                self.record_dir, self.copy_back = state.record_dir, state.copy_back
+                self.folder = ExperimentFolder(self.record_dir)
+            return
+        tasks = [t for t in self.plan.tasks if t.name in starting]
+        self.place = self.backend.locate_output(self.plan, tasks)
+        self.record_dir = record_dir(self.plan, self.workspace, self.place)
+        self.folder = ExperimentFolder(self.record_dir)
+        self.copy_back = not self.place.launcher_sees and self.backend.capabilities.per_host_output
+        if self.place.detail:
+            copied = (
+                f"; result.json, eval/ and the summaries are copied to {self.record_dir} when "
+                "the run ends"
+                if self.copy_back
+                else ""
+            )
+            self.say(f"{self.place.detail}{copied}")
+
+    def _refuse_moved_chief(self) -> None:
+        """Per-host output keeps the checkpoints on the chief's host: refuse to start afresh
+        on another host while the last apply's chief host still holds them.
+
+        Raises:
+            ConfigError: the last apply's chief ran on another host, which has a checkpoint.
+        """
+        saved = self.folder.saved_plan() or {}
+        before = next((t.get("host") for t in saved.get("tasks", []) if t.get("is_chief")), None)
+        if before == self.chief_host or before not in {h.name for h in self.plan.hosts}:
+            return  # the same host, or one no longer listed (it cannot be read)
+        try:
+            data = self.backend.read_file(
+                posixpath.join(self.plan.output_dir, "checkpoint"), near=str(before)
+            )
+        except TfplanError:
+            return
+        step = checkpoint_step(data.decode(errors="replace")) if data else None
+        if step is not None:
+            raise ConfigError(
+                "cluster.hosts",
+                f"experiment {self.plan.experiment_id!r} has checkpoints (step {step}) on "
+                f"{before}, where its chief ran, but the chief is now planned on "
+                f"{self.chief_host} and the hosts share no output folder",
+                f"keep the chief on {before} (the same hosts in the same order), copy "
+                f"{self.plan.output_dir} from {before} to {self.chief_host}, or use a new "
+                "experiment.id",
+            )
 
     def _checkpoint_step(self) -> int | None:
         if self.chief_host is None:
@@ -212,8 +300,19 @@ class ExperimentRun:
         self.folder.begin(plan.experiment_id, plan.to_json(), config_yaml, self.resumed_from)
         self._began = True
         index_output(self.workspace, plan.experiment_id, self.record_dir, "experiment")
-        self.applied = apply_plan(plan, self.store, self.backend, self.say)
+        applied = apply_plan(plan, self.store, self.backend, self.say)
+        if (self.record_dir, self.copy_back) != (applied.state.record_dir, applied.state.copy_back):
+            where = replace(applied.state, record_dir=self.record_dir, copy_back=self.copy_back)
+            applied = replace(applied, state=self.store.write(where, bump=False))
+        self.applied = applied
         return self.applied
+
+    @property
+    def result_at(self) -> str:
+        """Where the chief's result.json is, as the user can find it."""
+        if self.copy_back:
+            return f"{result_path(self.record_dir)}, copied from {self.chief_host}"
+        return result_path(self.plan.output_dir)
 
     def supervise(
         self,
@@ -248,6 +347,7 @@ class ExperimentRun:
                         reason,
                         self.outcome.last_step if self.outcome is not None else None,
                         save_logs=not self.detached,
+                        say=self.say,
                     )
                 except Exception as error:  # noqa: BLE001 - never replace the apply's own outcome
                     self.say(f"warning: could not write the experiment record: {error}")

@@ -4,7 +4,12 @@ restart tasks by their policy, detect hung tasks, and end the job the way its ro
 Lifecycle (PEERS.md: what TFJob, TonY and RiseML users expect):
 - a task that ends is restarted on its host and port when its restart policy says so
   (:mod:`tfplan.planning.policy`), after a doubling backoff; its previous log is kept as
-  ``task.log.<n>``, and every process of its previous life is stopped first;
+  ``task.log.<n>``, and every process of its previous life is stopped first, whichever of the
+  wrapper and the program died first;
+- a parameter server has a warm standby (``lifecycle.ps_standby``, where the backend can): a
+  second copy that has imported TensorFlow and waits for SIGUSR1; a restart of the ps hands
+  over to it instead of starting a new process, and a new standby starts once training goes
+  on again;
 - in a collective job (all-reduce) a training task that must restart takes the whole group with
   it: every worker restarts together from the last checkpoint;
 - a chief or worker that prints no log line for ``progress_timeout_secs`` is hung: it is killed
@@ -18,6 +23,9 @@ Lifecycle (PEERS.md: what TFJob, TonY and RiseML users expect):
   ``on_host_failure=replace`` the cluster is planned again on the other hosts;
 - ``deadline_secs`` passes: every task is stopped and the job fails;
 - Ctrl-C: every task is stopped and the state records it.
+
+When the job ends (whichever way), every process of every task is stopped, whatever its
+recorded status (a failed task whose program outlived its wrapper included), and every standby.
 """
 
 from __future__ import annotations
@@ -28,14 +36,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend, TaskInfo, TaskPhase
-from tfplan.engine.applier import apply_plan, release_if_idle, stop_tasks
-from tfplan.engine.launching import restart_request
+from tfplan.engine.applier import apply_plan, release_if_idle, stop_standbys, stop_tasks
+from tfplan.engine.launching import restart_request, standby_request
 from tfplan.engine.logs import Emit, LogFanIn
 from tfplan.engine.store import StateStore
 from tfplan.errors import TfplanError
 from tfplan.planning.plan import Plan
 from tfplan.planning.policy import ChiefFailure, HostFailure, backoff_delay, decide_restart
-from tfplan.planning.state import Allocation, State, TaskRecord, TaskStatus
+from tfplan.planning.state import (
+    Allocation,
+    State,
+    TaskRecord,
+    TaskStatus,
+    standby_name,
+    standby_task,
+)
 
 __all__ = ["HandedOver", "Outcome", "Replan", "Supervisor", "ended_status"]
 
@@ -45,6 +60,14 @@ Replan = Callable[[State], Plan | None]
 # progress timeout starts with a task's first log line; before it, this much is allowed.
 STARTUP_TIMEOUT_SECS = 120.0
 TRAINING_ROLES = ("chief", "worker")
+# Warm standbys: observed this often; started only once training goes on (a step seen since
+# the start or the last takeover) or, for programs that print no steps, after this long, so
+# that a standby importing TensorFlow does not slow the cluster's own start or recovery.
+STANDBY_CHECK_SECS = 2.0
+STANDBY_SETTLE_SECS = 30.0
+STANDBY_MAX_FAILURES = 3  # standbys of one task that ended by themselves: then none any more
+STANDBY_RETRY_SECS = 5.0  # after a standby ended by itself, times its failures so far
+PREVIOUS_LOG_SECS = 1.0  # how long the stream of a life that ended may take to deliver its end
 
 
 class HandedOver(Exception):
@@ -112,6 +135,10 @@ class Supervisor:
         self._unreachable_since: dict[str, float] = {}  # host -> first failed observation
         self._fatal: str | None = None  # the allocation ended under the job
         self._started = time.monotonic()
+        # warm standbys: task -> (not before, the step that must be passed first)
+        self._standby_after: dict[str, tuple[float, int | None]] = {}
+        self._standby_failures: dict[str, int] = {}
+        self._standby_checked = 0.0
 
     @property
     def last_step(self) -> int | None:
@@ -123,14 +150,17 @@ class Supervisor:
         """Supervise until every task has ended; Ctrl-C stops them all and re-raises."""
         for task in state.running:
             self._follow(task)
+        for standby in state.standbys:
+            self.logs.follow(standby)
         try:
             return self._loop(state)
         except KeyboardInterrupt:
             self.logs.drain()
             current = self.store.load() or state
             self._say(f"interrupted: stopping {len(current.running)} task(s)")
+            current = stop_standbys(current, self.store, self.backend, self._say)
             current = stop_tasks(
-                current, current.running, self.store, self.backend, self._say, forget=False
+                current, _reachable(current), self.store, self.backend, self._say, forget=False
             )
             release_if_idle(current, self.store, self.backend, self._say)
             raise
@@ -160,10 +190,20 @@ class Supervisor:
             state = self._observe(state)
             state = self._kill_hung(state)
             state = self._restart_due(state)
-            outcome = self._decide(state)
+            state, outcome = self._decide(state)
             if outcome is not None:
                 return outcome
-            time.sleep(self.poll_secs)
+            state = self._standbys(state)
+            self._wait()
+
+    def _wait(self) -> None:
+        """Until the next poll, a restart that is due, or a followed log ending (its task's
+        process is gone: observe it now rather than up to a poll later)."""
+        timeout = self.poll_secs
+        if self._pending:
+            timeout = max(0.0, min(timeout, min(self._pending.values()) - time.monotonic()))
+        if self.logs.ended.wait(timeout):
+            self.logs.ended.clear()
 
     def _observe(self, state: State) -> State:
         """Mark tasks whose process ended, and schedule restarts their policy asks for."""
@@ -240,6 +280,7 @@ class Supervisor:
         self._say("re-planning the cluster on the hosts that answer")
         self.logs.stop_all()
         self._pending.clear()
+        self._standby_after.clear()
         result = apply_plan(new_plan, self.store, self.backend, self._say)
         for task in result.state.running:
             self._follow(task)
@@ -344,7 +385,13 @@ class Supervisor:
         error = leftovers.get(task.name)
         if isinstance(error, Exception):
             raise TfplanError(f"its previous process could not be stopped: {error}")
+        standby = state.standby_for(task.name)
+        if standby is not None:
+            state, taken = self._takeover(state, task, standby)
+            if taken:
+                return state
         request = restart_request(task, state)
+        self.logs.finish(task.name, PREVIOUS_LOG_SECS)
         launched = self.backend.launch(request, state.allocation or Allocation())
         new = replace(
             task,
@@ -364,8 +411,156 @@ class Supervisor:
         self._follow(new)
         return state
 
-    def _decide(self, state: State) -> Outcome | None:
-        """The job-level lifecycle: None while the job goes on, else how it ended."""
+    def _takeover(self, state: State, task: TaskRecord, standby: TaskRecord) -> tuple[State, bool]:
+        """Make ``task``'s warm standby its next life (its previous life is already gone):
+        the go signal first (it starts serving at once), then its log becomes the task's, the
+        previous one kept as ``<log>.<n>``. (state, False), the standby dropped, when it
+        cannot take over."""
+        why = None
+        try:
+            self.backend.signal(standby, "USR1")  # raises when it has no live process
+        except TfplanError as error:
+            why = f"it could not be signalled: {error}"
+        if why is not None:
+            self._say(f"{task.name}: its standby cannot take over ({why}); starting a new process")
+            return stop_standbys(state, self.store, self.backend, self._say, {standby.name}), False
+        keep = f"{task.log_path}.{task.restarts}"
+        log_path = task.log_path
+        self.logs.stop(standby.name)  # its lines so far come again from the task's log
+        self.logs.finish(task.name, PREVIOUS_LOG_SECS)
+        try:
+            self.backend.move_logs(standby, [(task.log_path, keep), (standby.log_path, log_path)])
+        except TfplanError as error:
+            self._say(f"{task.name}: its log stays {standby.log_path} ({error})")
+            log_path = standby.log_path
+        new = replace(
+            task,
+            handle=standby.handle,
+            host=standby.host,
+            address=standby.address or task.address,
+            log_path=log_path,
+            started_at=time.time(),
+            status=TaskStatus.RUNNING,
+            exit_code=None,
+            restarts=task.restarts + 1,
+        )
+        state = self.store.write(state.with_task(new).without_standbys({standby.name}))
+        self._say(
+            f"{task.name}: restarted on {new.host} by its warm standby "
+            f"({self.backend.handle_text(new)}; restart {new.restarts}; previous log kept as "
+            f"{keep})"
+        )
+        self._follow(new)
+        self._standby_after[task.name] = (
+            time.monotonic() + STANDBY_SETTLE_SECS,
+            self.logs.step_lines,
+        )
+        return state, True
+
+    # -- warm standbys --------------------------------------------------------------------
+
+    def _standby_wanted(self, state: State) -> bool:
+        return (
+            state.policy.ps_standby
+            and self.backend.capabilities.standby
+            and self._done_at is None
+            and self._fatal is None
+        )
+
+    def _standbys(self, state: State) -> State:
+        """Observe the standbys now and then, drop those that ended or lost their task, and
+        start one for each running ps that has none (once training goes on)."""
+        now = time.monotonic()
+        if state.standbys and now - self._standby_checked >= STANDBY_CHECK_SECS:
+            self._standby_checked = now
+            state = self._check_standbys(state)
+        if not self._standby_wanted(state):
+            return state
+        for task in state.running:
+            if task.role != "ps" or task.name in self._pending:
+                continue
+            if state.standby_for(task.name) is not None or not self._standby_due(task, now):
+                continue
+            state = self._start_standby(state, task)
+        return state
+
+    def _standby_due(self, task: TaskRecord, now: float) -> bool:
+        """Whether to start ``task``'s standby now: not while the cluster starts or recovers
+        (its TensorFlow import would take CPU from them), so only once a training step was
+        seen since the start or the last takeover (or after a while, for programs that print
+        no steps), and not too soon after one ended by itself."""
+        if self._standby_failures.get(task.name, 0) >= STANDBY_MAX_FAILURES:
+            return False
+        after = self._standby_after.get(task.name)
+        if after is None:
+            return self.logs.step_lines > 0 or now - self._started >= STANDBY_SETTLE_SECS
+        not_before, past_lines = after
+        if past_lines is not None and self.logs.step_lines > past_lines:
+            return True
+        return now >= not_before
+
+    def _start_standby(self, state: State, task: TaskRecord) -> State:
+        try:
+            request = standby_request(task, state)
+            launched = self.backend.launch(request, state.allocation or Allocation())
+        except TfplanError as error:
+            self._standby_failed(task.name, f"could not start ({error})")
+            return state
+        standby = replace(
+            task,
+            name=standby_name(task.name),
+            handle=launched.handle,
+            host=launched.host,
+            address=launched.address or task.address,
+            log_path=request.log_path,
+            started_at=launched.started_at,
+            status=TaskStatus.RUNNING,
+            exit_code=None,
+        )
+        # recorded at once: whatever happens next (Ctrl-C, a teardown), it is in the state, so
+        # the end of the run or destroy stops it
+        state = self.store.write(state.with_standby(standby))
+        self._say(
+            f"{task.name}: warm standby started on {launched.host} "
+            f"({self.backend.handle_text(standby)})"
+        )
+        self.logs.follow(standby)
+        return state
+
+    def _check_standbys(self, state: State) -> State:
+        """Drop standbys that ended by themselves (counted: after a few, none any more) or
+        whose task no longer runs (and is not about to restart)."""
+        infos = self.backend.describe(list(state.standbys))
+        drop: set[str] = set()
+        for standby in state.standbys:
+            task = state.task(standby_task(standby.name))
+            info = infos.get(standby.name)
+            if task is None or not (task.running or task.name in self._pending):
+                drop.add(standby.name)
+            elif info is not None and info.phase.ended:
+                code = "killed or vanished" if info.exit_code is None else info.exit_code
+                self._standby_failed(task.name, f"ended ({code})")
+                drop.add(standby.name)
+        if drop:
+            state = stop_standbys(state, self.store, self.backend, self._say, drop)
+        return state
+
+    def _standby_failed(self, task: str, why: str) -> None:
+        failures = self._standby_failures.get(task, 0) + 1
+        self._standby_failures[task] = failures
+        if failures >= STANDBY_MAX_FAILURES:
+            self._say(
+                f"{task}: its warm standby {why}, {failures} times: no standby any more "
+                "(a restart starts a new process)"
+            )
+            return
+        retry = STANDBY_RETRY_SECS * failures
+        self._standby_after[task] = (time.monotonic() + retry, None)
+        self._say(f"{task}: its warm standby {why}; another one in {retry:.0f}s")
+
+    def _decide(self, state: State) -> tuple[State, Outcome | None]:
+        """The job-level lifecycle: (the state, None) while the job goes on, else how it ended.
+        The state comes back: deciding may stop tasks and standbys."""
         now = time.monotonic()
         running = state.running
         chief = next((t for t in state.tasks if t.is_chief), None)
@@ -373,6 +568,7 @@ class Supervisor:
         if chief is not None and chief.status is TaskStatus.SUCCEEDED and self._done_at is None:
             self._done_at = now
             self._pending.clear()
+            state = stop_standbys(state, self.store, self.backend, self._say)
         if self._done_at is not None:
             overdue = [
                 t for t in running if now - self._done_at >= policy.grace_after_chief(t.role)
@@ -385,8 +581,10 @@ class Supervisor:
                 )
                 running = [t for t in running if t not in overdue]
             if not running:
-                return self._finish(state, True, f"{chief.name if chief else 'chief'} succeeded")
-            return None
+                return state, self._finish(
+                    state, True, f"{chief.name if chief else 'chief'} succeeded"
+                )
+            return state, None
         final = [
             t
             for t in state.tasks
@@ -401,7 +599,7 @@ class Supervisor:
         elif failed_chief is not None:
             reason = f"{failed_chief.name} failed ({_exit(failed_chief)})"
             if policy.on_chief_failure is ChiefFailure.KEEP:
-                return self._finish(state, False, reason)
+                return state, self._finish(state, False, reason, keep_running=True)
         elif failed_ps is not None:
             reason = f"{failed_ps.name} failed ({_exit(failed_ps)}) and is not restarted"
         elif policy.deadline_secs is not None and now - self._started > policy.deadline_secs:
@@ -409,16 +607,30 @@ class Supervisor:
         if reason is not None:
             if running:
                 self._say(f"{reason}: tearing down the cluster")
-                state = stop_tasks(
-                    state, running, self.store, self.backend, self._say, forget=False
-                )
-            return self._finish(state, False, reason)
+            return state, self._finish(state, False, reason)
         if not running and not self._pending:
-            return self._finish(state, False, "every task ended but the chief never succeeded")
-        return None
+            return state, self._finish(
+                state, False, "every task ended but the chief never succeeded"
+            )
+        return state, None
 
-    def _finish(self, state: State, ok: bool, reason: str) -> Outcome:
+    def _finish(self, state: State, ok: bool, reason: str, keep_running: bool = False) -> Outcome:
+        """The end, whichever way: every standby and every process of every task is stopped
+        (a running task is torn down, unless ``keep_running``; an ended one may have left its
+        program behind), then the allocation is given back."""
+        state = stop_standbys(state, self.store, self.backend, self._say)
+        sweep = [t for t in _reachable(state) if not (keep_running and t.running)]
+        try:
+            state = stop_tasks(state, sweep, self.store, self.backend, self._say, forget=False)
+        except TfplanError as error:
+            self._say(str(error))
         time.sleep(0.2)  # the last lines of the logs
         self.logs.drain()
         state = release_if_idle(state, self.store, self.backend, self._say)
         return Outcome(ok, reason, state, self.last_step)
+
+
+def _reachable(state: State) -> list[TaskRecord]:
+    """The tasks a teardown can reach: all but those on hosts that stopped answering (kept in
+    the state for destroy)."""
+    return [t for t in state.tasks if t.status is not TaskStatus.UNREACHABLE]

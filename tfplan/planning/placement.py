@@ -4,7 +4,9 @@ Deterministic: the same config and the same held ports always give the same plac
 Parameter servers are spread first (round-robin over the hosts; a full host passes its ps to
 the least used host with a free slot), then the chief, the workers and
 the evaluator each go to the host with the fewest tasks so far (ties to the earlier host), within
-each host's ``cpu_slots``. Workers on a host with GPUs take that host's next free GPU.
+each host's ``cpu_slots``. Workers on a host with GPUs take that host's next free GPU. Where the
+hosts may not share the output folder, the evaluator goes to the chief's host instead: it reads
+the chief's checkpoints there (docs/per_host_output.md).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def place(
     places: Sequence[Place],
     counts: RoleCounts,
     keys: tuple[str, str] = ("cluster.hosts", "cluster.hosts[i].cpu_slots"),
+    evaluator_with_chief: str = "",
 ) -> tuple[Slot, ...]:
     """Every task's slot, in start order: ps, chief, workers, evaluator.
 
@@ -99,9 +102,13 @@ def place(
         places: where tasks can go.
         counts: how many of each role.
         keys: the config keys of the places and of their slots, for the error message.
+        evaluator_with_chief: "" (the evaluator goes where there is most room), "prefer" (on
+            the chief's host while it has a free slot) or "require" (on the chief's host, or
+            a PlanError).
 
     Raises:
-        PlanError: the places have too few slots for the tasks asked for.
+        PlanError: the places have too few slots for the tasks asked for, or (``require``)
+            the chief's host has no slot left for the evaluator.
     """
     hosts = _Hosts(places, keys)
     slots: list[Slot] = []
@@ -122,7 +129,22 @@ def place(
         for index in range(counts.workers):
             slots.append(hosts.take(Role.WORKER, index))
     if counts.evaluator:
-        slots.append(hosts.take(Role.EVALUATOR, 0))
+        chief = next((s for s in slots if s.role is Role.CHIEF), None) or next(
+            (s for s in slots if s.role is Role.WORKER and s.index == 0), None
+        )
+        if not evaluator_with_chief or chief is None:
+            slots.append(hosts.take(Role.EVALUATOR, 0))
+        elif evaluator_with_chief == "prefer":
+            slots.append(hosts.take(Role.EVALUATOR, 0, host=chief.host, fallback=True))
+        else:
+            if hosts.used[chief.host] >= places[chief.host].cpu_slots:
+                name = places[chief.host].name
+                raise PlanError(
+                    f"{keys[1].replace('[i]', f'[{chief.host}]')}: no free slot for evaluator/0 "
+                    f"on {name}, the chief's host: with cluster.output_mode=per_host the "
+                    f"evaluator reads the chief's checkpoints there; give {name} one more slot"
+                )
+            slots.append(hosts.take(Role.EVALUATOR, 0, host=chief.host))
     return tuple(slots)
 
 

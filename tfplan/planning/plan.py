@@ -265,6 +265,9 @@ class Plan:
     # the changes of the other tasks that this plan does not make.
     targets: tuple[str, ...] = ()
     left_out: dict[str, int] = field(default_factory=dict)
+    # cluster.output_mode: "shared", "per_host" or "auto" (apply finds out; the backend's
+    # locate_output). Not "shared": the evaluator was placed beside the chief.
+    output_mode: str = "shared"
 
     # Lookups by name, built once: a plan of 9,000 tasks is asked for each of them.
     @cached_property
@@ -353,6 +356,7 @@ class Plan:
             "run_config": self.run_config,
             "config_digest": self.config_digest,
             "output_dir": self.output_dir,
+            "output_mode": self.output_mode,
             "code_dir": self.code_dir,
             "builtin_recipes": self.builtin_recipes,
             "tf_version": self.tf_version,
@@ -395,6 +399,7 @@ class Plan:
             source_config=dict(data.get("source_config", {})),
             targets=tuple(data.get("targets", ())),
             left_out={str(k): int(v) for k, v in dict(data.get("left_out") or {}).items()},
+            output_mode=str(data.get("output_mode", "shared")),
         )
 
     def to_json(self, indent: int | None = 2) -> str:

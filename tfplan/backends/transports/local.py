@@ -52,7 +52,7 @@ class LocalTransport(Transport):
         try:
             os.makedirs(spec.workdir, exist_ok=True)
             os.makedirs(os.path.dirname(spec.log_path) or "/", exist_ok=True)
-            exit_file = _scripts.exit_file(spec.workdir)
+            exit_file = spec.exit_file or _scripts.exit_file(spec.workdir)
             if os.path.lexists(exit_file):
                 os.remove(exit_file)
             env = {**os.environ, **spec.env, "TFPLAN_EXIT_FILE": exit_file}

@@ -20,9 +20,11 @@ from tfplan.errors import PreflightError
 
 __all__ = [
     "PREFLIGHT_SNIPPET",
+    "OutputSharing",
     "PreflightRequest",
     "PreflightResult",
     "check_shared_dir",
+    "output_sharing",
     "parse_preflight_output",
     "raise_for_preflight",
 ]
@@ -231,3 +233,75 @@ def raise_for_preflight(results: Mapping[str, PreflightResult | BaseException]) 
         failures[host] = f"{failures[host]}; {why}" if host in failures else why
     if failures:
         raise PreflightError(failures)
+
+
+@dataclass(frozen=True)
+class OutputSharing:
+    """What the output-folder markers say (:func:`output_sharing`)."""
+
+    per_host: bool  # every host has its own folder
+    launcher_sees: bool  # this machine sees the folder the hosts share
+    detail: str  # one line: what was found
+
+
+def _names(hosts: list[str]) -> str:
+    return ", ".join(hosts[:-1]) + f" and {hosts[-1]}" if len(hosts) > 1 else hosts[0]
+
+
+def output_sharing(
+    mode: str, folder: str, markers: Mapping[str, str], launcher_marker: str | None
+) -> OutputSharing:
+    """Decide from the marker each host read in ``folder`` (``Transport.shared_marker``, one
+    token for all) whether the hosts share it, and whether this machine does.
+
+    Every host creates the marker only if it is missing and reads it back, so hosts that share
+    the folder read the same content, and hosts with their own folder read their own.
+
+    Args:
+        mode: ``cluster.output_mode``: ``shared`` (the hosts must share it), ``auto`` (all
+            share it, or none does: per-host output) or ``per_host`` (not asked: no markers).
+        markers: host name -> what it read.
+        launcher_marker: what this machine reads at the same path (None: no such file).
+
+    Raises:
+        PreflightError: the hosts do not share the folder as ``mode`` requires, naming the
+            hosts that differ from the others.
+    """
+    groups: dict[str, list[str]] = {}
+    for host, marker in sorted(markers.items()):
+        groups.setdefault(marker, []).append(host)
+    hosts = sorted(markers)
+    if len(groups) <= 1:
+        sees = launcher_marker is not None and launcher_marker in groups
+        if len(hosts) == 1:  # one host: nothing to share, only whether this machine sees it
+            seen = "this machine sees it too" if sees else "this machine does not see it"
+            return OutputSharing(False, sees, f"output_dir {folder} on {hosts[0]}: {seen}")
+        where = "and this machine" if sees else "(not this machine)"
+        return OutputSharing(
+            False, sees, f"output_dir {folder} is shared by {_names(hosts)} {where}"
+        )
+    if mode == "auto" and all(len(g) == 1 for g in groups.values()):
+        return OutputSharing(
+            True,
+            False,
+            f"output_dir {folder} is not shared: {_names(hosts)} each have their own "
+            "(per-host output)",
+        )
+    # The largest group is taken as the shared folder (ties: the one of the first host).
+    shared = max(groups.values(), key=len)
+    odd = {h: m for h, m in markers.items() if h not in shared}
+    if mode == "auto":
+        why = (
+            f"sees its own {folder}, not the one {_names(shared)} share: mount it here too, or "
+            "set cluster.output_mode=per_host (then each host keeps its own)"
+        )
+        raise PreflightError({h: why for h in odd})
+    writer = markers[shared[0]].split(" ", 1)[0]
+    raise PreflightError(
+        {
+            h: f"does not see the shared dir of the other hosts (its marker was written by "
+            f"{m.split(' ', 1)[0]}, theirs by {writer}): mount the same folder on every host, "
+            "or set cluster.output_mode=per_host (each host keeps its own)"
+            for h, m in odd.items()
+        }
+    )

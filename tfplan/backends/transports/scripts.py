@@ -17,7 +17,11 @@ __all__ = [
     "TASK_WRAPPER",
     "prepare_start_script",
     "put_tree_script",
+    "handle_exit_file",
     "move_script",
+    "moves_script",
+    "standby_exit_file",
+    "signal_script",
     "read_script",
     "remote_start_script",
     "status_script",
@@ -32,10 +36,11 @@ STREAM_POLL_SECS = 0.2
 # Runs the task's argv ("$@") and records its exit status atomically in $TFPLAN_EXIT_FILE.
 # The TERM/INT/HUP traps only make the wrapper *wait*: a trap runs after the foreground command
 # has finished, so a stop (SIGTERM to the whole group) still records the task's own status (143
-# for a task that dies of SIGTERM). Traps with a command (not '') are reset in children, so the
-# task still receives the signals normally.
+# for a task that dies of SIGTERM). USR1 is trapped the same way: it is the go signal of a warm
+# standby (sent to the whole group), and must not end the wrapper (its default action). Traps
+# with a command (not '') are reset in children, so the task still receives the signals normally.
 TASK_WRAPPER = (
-    "trap 'true' TERM INT HUP; "
+    "trap 'true' TERM INT HUP USR1; "
     '"$@"; rc=$?; '
     'printf "%s\\n" "$rc" > "$TFPLAN_EXIT_FILE.tmp.$$" '
     '&& mv -f "$TFPLAN_EXIT_FILE.tmp.$$" "$TFPLAN_EXIT_FILE"; '
@@ -67,16 +72,31 @@ def exit_file(workdir: str) -> str:
     return workdir.rstrip("/") + "/" + EXIT_CODE_FILE
 
 
-def prepare_start_script(workdir: str, log_path: str) -> str:
-    """Create the workdir and the log's folder; drop a stale exit code from an earlier run."""
+def standby_exit_file(workdir: str, attempt: int) -> str:
+    """A warm standby's exit record: beside its task's, named by the life it will become."""
+    return f"{exit_file(workdir)}.{attempt}"
+
+
+def handle_exit_file(handle: Mapping[str, object], workdir: str) -> str:
+    """Where the wrapper of the task with this handle records its exit status: the handle's
+    ``exit_file`` (a task that started as a standby), else ``<workdir>/exit_code``."""
+    return str(handle.get("exit_file") or exit_file(workdir))
+
+
+def prepare_start_script(workdir: str, log_path: str, exit_path: str | None = None) -> str:
+    """Create the workdir and the log's folder; drop a stale exit code from an earlier run
+    (``exit_path``: the task's own, by default ``<workdir>/exit_code``)."""
     log_dir = log_path.rsplit("/", 1)[0] or "/"
-    return (
-        f"mkdir -p {q(workdir)} {q(log_dir)} && rm -f {q(exit_file(workdir))} && : > {q(log_path)}"
-    )
+    exit_path = exit_path or exit_file(workdir)
+    return f"mkdir -p {q(workdir)} {q(log_dir)} && rm -f {q(exit_path)} && : > {q(log_path)}"
 
 
 def remote_start_script(
-    command: Sequence[str], env: Mapping[str, str], workdir: str, log_path: str
+    command: Sequence[str],
+    env: Mapping[str, str],
+    workdir: str,
+    log_path: str,
+    exit_path: str | None = None,
 ) -> str:
     """Start the wrapped command detached in its own session and print its PID.
 
@@ -88,20 +108,25 @@ def remote_start_script(
     check_env_names(env)
     exports = "".join(f"export {name}={q(value)}; " for name, value in env.items())
     argv = " ".join(q(word) for word in command)
+    exit_path = exit_path or exit_file(workdir)
     return (
-        f"{prepare_start_script(workdir, log_path)} || exit 97; cd {q(workdir)} || exit 98; "
-        f"{exports}export TFPLAN_EXIT_FILE={q(exit_file(workdir))}; "
+        f"{prepare_start_script(workdir, log_path, exit_path)} || exit 97; "
+        f"cd {q(workdir)} || exit 98; "
+        f"{exports}export TFPLAN_EXIT_FILE={q(exit_path)}; "
         f"setsid sh -c {q(TASK_WRAPPER)} tfplan-task {argv} "
         f"> {q(log_path)} 2>&1 < /dev/null & echo $!"
     )
 
 
 def _group_alive_fn(pgid: int) -> str:
-    # Counts the group's processes that are not zombies; a zombie is dead for our purposes
-    # (PID 1 may reap it late).
+    # Counts the group's live processes. A zombie is dead for our purposes (PID 1 may reap it
+    # late), unless other threads of it still run (``Zl``): a multi-threaded program's main
+    # thread is a zombie as soon as it has exited, while its last thread still unmaps the
+    # memory and only then closes the files, its listening socket among them (a TensorFlow ps
+    # holds its port for tens of milliseconds after its leader shows ``Z``).
     return (
         "left() { ps -e -o pgid=,stat= | "
-        f"awk -v g={pgid} '$1==g && $2 !~ /^Z/ {{c++}} END {{print c+0}}'; }}; "
+        f"awk -v g={pgid} '$1==g && ($2 !~ /^Z/ || $2 ~ /l/) {{c++}} END {{print c+0}}'; }}; "
     )
 
 
@@ -124,11 +149,27 @@ def stop_script(pgid: int, grace_secs: float) -> str:
     )
 
 
-def status_script(pids: Sequence[int], workdirs: Sequence[str | None]) -> str:
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "KILL", "STOP", "CONT")
+
+
+def signal_script(pgid: int, name: str) -> str:
+    """Send signal ``name`` to every process of group ``pgid``; prints how many got it.
+
+    Exits 3 when the group has no live process (nothing to signal; zombies do not count).
+    """
+    if name not in SIGNALS:
+        raise ValueError(f"signal {name!r} is not one of {', '.join(SIGNALS)}")
+    return (
+        _group_alive_fn(pgid) + f'n=$(left); [ "$n" -eq 0 ] && {{ echo 0; exit 3; }}; '
+        f"kill -{name} -{pgid} 2>/dev/null || exit 3; echo $n"
+    )
+
+
+def status_script(pids: Sequence[int], exit_files: Sequence[str | None]) -> str:
     """One ``ps`` over the processes of the given groups, then each task's recorded exit code.
 
     Output lines: ``P <pid> <pgid> <stat> <pcpu> <rss_kib>`` for every process whose PID or
-    PGID is one of ``pids``, then ``E <pid> <exit code or empty>`` per task with a workdir.
+    PGID is one of ``pids``, then ``E <pid> <exit code or empty>`` per task with an exit file.
     """
     wanted = " ".join(str(pid) for pid in pids)
     lines = [
@@ -137,9 +178,9 @@ def status_script(pids: Sequence[int], workdirs: Sequence[str | None]) -> str:
         + ' \'BEGIN {n=split(w,a," "); for (i=1;i<=n;i++) k[a[i]]=1} '
         '($1 in k) || ($2 in k) {print "P", $1, $2, $3, $4, $5}\''
     ]
-    for pid, workdir in zip(pids, workdirs, strict=True):
-        if workdir:
-            lines.append(f'printf "E {pid} %s\\n" "$(cat {q(exit_file(workdir))} 2>/dev/null)"')
+    for pid, path in zip(pids, exit_files, strict=True):
+        if path:
+            lines.append(f'printf "E {pid} %s\\n" "$(cat {q(path)} 2>/dev/null)"')
     return "; ".join(lines) + "; exit 0"
 
 
@@ -178,6 +219,11 @@ def write_file_script(path: str) -> str:
 def move_script(source: str, target: str) -> str:
     """Rename ``source`` to ``target`` when it exists (a missing source is not an error)."""
     return f"if [ -e {q(source)} ]; then mv -f {q(source)} {q(target)}; fi"
+
+
+def moves_script(moves: Sequence[tuple[str, str]]) -> str:
+    """Several renames, in order, each as :func:`move_script`; stops at the first failure."""
+    return " && ".join(f"{{ {move_script(s, t)}; }}" for s, t in moves) or "true"
 
 
 def put_tree_script(remote_dir: str) -> str:
@@ -227,3 +273,35 @@ def _dq(value: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+SHARED_MARKER = ".tfplan-shared-"
+
+
+def marker_script(folder: str, token: str, content: str) -> str:
+    """Create ``<folder>/.tfplan-shared-<token>`` holding ``content`` unless it exists, then
+    print what it holds. On a folder several hosts share, each prints the first writer's.
+
+    ``set -C`` (noclobber) creates with ``O_EXCL``; a host that lost the race may find the file
+    still empty, so it waits (up to 5 s) for the winner's content.
+    """
+    marker = f"{folder.rstrip('/')}/{SHARED_MARKER}{token}"
+    return (
+        f"mkdir -p {q(folder)} || exit 1; "
+        f"( set -C; printf '%s' {q(content)} > {q(marker)} ) 2>/dev/null; "
+        f"i=0; while [ ! -s {q(marker)} ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
+        f"cat {q(marker)}"
+    )
+
+
+def pack_tree_script(folder: str, skip: Sequence[str], prune: Sequence[str], max_kib: int) -> str:
+    """A gzipped tar (base64) of the files under ``folder``, leaving out names matching a
+    ``skip`` pattern, the subfolders ``prune`` and files of ``max_kib`` KiB or more. A missing
+    folder exits with status 3."""
+    pruned = " ".join(f"-path {q('./' + p)} -prune -o" for p in prune)
+    names = " ".join(f"! -name {q(p)}" for p in skip)
+    return (
+        f"[ -d {q(folder)} ] || exit 3; cd {q(folder)} || exit 1; "
+        f"find . {pruned} -type f {names} -size -{max_kib}k -print0 "
+        "| tar --null -czf - -T - 2>/dev/null | base64"
+    )

@@ -51,13 +51,18 @@ class HostTarget:
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One process to start. ``workdir`` is the task's own folder (it holds ``exit_code``)."""
+    """One process to start. ``workdir`` is the task's own folder (it holds ``exit_code``).
+
+    ``exit_file``: where the wrapper records the exit status, when not ``<workdir>/exit_code``
+    (a warm standby shares its task's workdir but must not share its exit record).
+    """
 
     name: str
     command: tuple[str, ...]
     env: dict[str, str]
     workdir: str
     log_path: str
+    exit_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,9 @@ class ProcessInfo:
     cpu_percent: float | None  # ps %CPU: CPU time / elapsed time since start
     rss_bytes: int | None
     exit_code: int | None  # known once the task ended by itself (or on SIGTERM)
+    # live processes of the task's group: > 0 with a dead leader means the wrapper died and
+    # the program (or a child of it) runs on, orphaned; a stop still reaches it by group
+    left: int = 0
 
 
 @dataclass(frozen=True)

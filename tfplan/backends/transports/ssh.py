@@ -232,7 +232,9 @@ class SSHTransport(Transport):
 
     def _start(self, spec: LaunchSpec) -> Launched:
         began = time.time()
-        script = _scripts.remote_start_script(spec.command, spec.env, spec.workdir, spec.log_path)
+        script = _scripts.remote_start_script(
+            spec.command, spec.env, spec.workdir, spec.log_path, spec.exit_file
+        )
         result = self.run_script(script, f"start task {spec.name} in {spec.workdir}", timeout=30)
         last = result.stdout.decode().strip().splitlines()[-1:] or [""]
         if not last[0].isdigit():

@@ -1,0 +1,80 @@
+"""Warm standbys with the real recipes: a parameter server killed mid-training is replaced by its
+standby (TensorFlow already imported) and training goes on from the last checkpoint at worst.
+
+One run, two faults: first the ps's program is killed (its wrapper lives on), then, once a fresh
+standby is ready, the ps's wrapper (its program lives on). Each time the standby takes over
+after every process of the previous life is gone, the workers train again, no step goes back
+beyond the checkpoint taken before the fault, and a new standby starts. Ctrl-C then stops
+everything: no process of any life and no standby is left. Waits are on log lines; the run has
+no step limit that could race them (training ends with the Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apply_helpers import base_overrides, free_port_base, kill_groups, recorded_groups, state_of
+from chaos_helpers import ApplyRun, checkpoint_steps
+from test_kill_matrix import Lives, _group, _standby_groups
+
+pytestmark = [pytest.mark.cluster, pytest.mark.full]
+
+READY = r"^ps/0~standby\s+\| standby for ps/0: ready"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    kill_groups(recorded_groups(tmp_path) + _standby_groups(tmp_path))
+
+
+def _ps(ws: Path) -> tuple[int, int]:
+    """(wrapper pid, program pid) of the live ps."""
+    task = next(t for t in state_of(ws)["tasks"] if t["name"] == "ps/0")
+    wrapper = int(task["handle"]["pid"])
+    programs = [p for p in _group(wrapper) if p != wrapper]
+    assert len(programs) == 1, programs
+    return wrapper, programs[0]
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_ps_is_replaced_by_its_standby_and_training_goes_on(ws: Path) -> None:
+    run = ApplyRun(
+        ws,
+        [
+            *base_overrides(ws, free_port_base()),
+            "trainer.max_steps=100000000",
+            "trainer.log_steps=25",
+            "trainer.checkpoint_steps=100",
+            "lifecycle.restart.backoff_secs=0.2",
+        ],
+    )
+    lives = Lives(ws)
+    mark = run.wait_for(r"^worker/0\s+\| step=", 300)
+    for first in ("program", "tracked"):
+        mark = run.wait_for(READY, 300, mark)
+        lives.note()
+        last_ckpt = max(checkpoint_steps(ws / "out"), default=0)
+        wrapper, program = _ps(ws)
+        os.kill(program if first == "program" else wrapper, signal.SIGKILL)
+        taken = run.wait_for(r"ps/0: restarted on localhost by its warm standby", 60, mark)
+        assert _group(wrapper) == [], f"{first} killed first: the previous life outlived it"
+        serving = run.wait_for(r"^ps/0\s+\| ps/0 serving on", 60, taken)
+        for worker in ("worker/0", "worker/1"):
+            run.wait_for(rf"^{worker}\s+\| step=", 120, serving)
+        after = [step for _, step in run.steps(serving + 1)]
+        assert min(after) >= last_ckpt, (first, min(after), last_ckpt)
+        mark = run.wait_for(r"ps/0: warm standby started on localhost", 300, taken)
+        lives.note()
+    assert re.search(r"ps/0: restarted .* restart 2;", run.text())
+    run.proc.send_signal(signal.SIGINT)
+    run.finish(timeout=120)
+    assert "interrupted: stopping" in run.text()
+    state = state_of(ws)
+    assert state["standbys"] == [] and all(t["status"] != "running" for t in state["tasks"])
+    lives.assert_nothing_left()
