@@ -170,8 +170,21 @@ def final_checkpoint_step(output_dir: Path) -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def assert_nothing_left(cwd: Path, experiment: str = "t") -> None:
+def assert_nothing_left(cwd: Path, experiment: str = "t", log: str = "") -> None:
+    """No task recorded as running and no task process alive; ``log`` (the supervisor's
+    output) goes into the failure message."""
     state = state_of(cwd, experiment)
-    assert all(t["status"] != "running" for t in state["tasks"]), state["tasks"]
-    left = [t["name"] for t in state["tasks"] if alive(t["handle"]["pid"])]
-    assert not left, f"still running: {left}"
+    assert all(t["status"] != "running" for t in state["tasks"]), f"{state['tasks']}\n{log}"
+    left = {
+        t["name"]: f"recorded {t['status']}, /proc: {_proc_stat(t['handle']['pid'])}"
+        for t in state["tasks"]
+        if alive(t["handle"]["pid"])
+    }
+    assert not left, f"still running: {left}\n{log}"
+
+
+def _proc_stat(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().strip()[:120]
+    except OSError:
+        return "gone"

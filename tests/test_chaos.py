@@ -79,7 +79,7 @@ def _finish_and_check(run: ApplyRun, ws: Path) -> dict[str, object]:
     result = json.loads((ws / "out" / "result.json").read_text())
     assert result["global_step"] >= MAX_STEPS
     assert final_checkpoint_step(ws / "out") == result["global_step"]
-    assert_nothing_left(ws)
+    assert_nothing_left(ws, log=run.text()[-6000:])
     return result
 
 
