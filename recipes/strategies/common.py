@@ -236,7 +236,7 @@ class Progress:
         self.writer = tf.summary.create_file_writer(cfg.output_dir) if is_chief else None
         self.recent: deque[float] = deque(maxlen=20)
         self.first_gs: Optional[int] = None
-        self.t_start = time.monotonic()
+        self.t_start = self.t_last = time.monotonic()
         self._log_gs = self._sum_gs = 0
         self._log_t = self._sum_t = self.t_start
 
@@ -244,7 +244,7 @@ class Progress:
         """Record the global step ``gs`` reached and the minibatch losses since the last call."""
         losses, accuracies = list(losses), list(accuracies)
         self.recent.extend(losses)
-        now = time.monotonic()
+        now = self.t_last = time.monotonic()
         t = self.cfg.trainer
         if self.first_gs is None:
             self.first_gs, self.t_start = gs, now
@@ -274,6 +274,12 @@ class Progress:
     @property
     def wall(self) -> float:
         return time.monotonic() - self.t_start if self.first_gs is not None else 0.0
+
+    @property
+    def train_secs(self) -> float:
+        """From the first to the last step recorded (the TF1 recipes' wall time): not the end
+        barrier, the final checkpoint or its scoring, which come after."""
+        return self.t_last - self.t_start if self.first_gs is not None else 0.0
 
     def close(self) -> None:
         if self.writer is not None:
@@ -306,7 +312,7 @@ def write_result(
     finally:
         scorer.close()
     first = progress.first_gs if progress.first_gs is not None else gs
-    wall = progress.wall
+    wall = progress.train_secs
     result = {
         "status": "succeeded",
         "global_step": gs,
