@@ -184,21 +184,26 @@ def test_evaluator_killed_is_restarted(ws: Path) -> None:
 def test_killing_tfplan_leaves_tasks_running_and_watch_takes_over(ws: Path) -> None:
     """tfplan dies; the tasks run on; worker/1 dies while nobody supervises; `tfplan watch`
     restarts it and sees training to its end. Both workers are held while tfplan is dead, so
-    the job cannot end before watch has taken over, on any machine speed."""
+    the job cannot end before watch has taken over, and the chief stays held until the
+    restarted worker/1 trains again: released at watch's restart line, the chief once trained
+    the 1,200 steps left alone while worker/1 was still starting (its new log had no line; load
+    about 20), gave up waiting for its done token after 10 s, and watch stopped worker/1 before
+    its first step."""
     run = ApplyRun(ws, _args(ws))
     run.wait_step(FAULT_AT, timeout=120, task="worker/0")
-    with held(ws, "worker/0"), held(ws, "worker/1"):
-        last_ckpt = max(checkpoint_steps(ws / "out"), default=0)
-        run.proc.send_signal(signal.SIGKILL)
-        run.finish(timeout=10)
-        tasks = state_of(ws)["tasks"]
-        assert all(alive(t["handle"]["pid"]) for t in tasks), "tasks must outlive tfplan"
-        status = tfplan(ws, "status", check=True)
-        assert status.stdout.count("running") >= 3
-        kill_task(ws, "worker/1")
-        watch = ApplyRun(ws, [], verb=("watch",))
-        recovered = watch.wait_for(r"worker/1: restarted on localhost", timeout=120)
-    rejoined = watch.wait_for(_first_step("worker/1"), timeout=120, after=recovered)
+    with held(ws, "worker/0"):
+        with held(ws, "worker/1"):
+            last_ckpt = max(checkpoint_steps(ws / "out"), default=0)
+            run.proc.send_signal(signal.SIGKILL)
+            run.finish(timeout=10)
+            tasks = state_of(ws)["tasks"]
+            assert all(alive(t["handle"]["pid"]) for t in tasks), "tasks must outlive tfplan"
+            status = tfplan(ws, "status", check=True)
+            assert status.stdout.count("running") >= 3
+            kill_task(ws, "worker/1")
+            watch = ApplyRun(ws, [], verb=("watch",))
+            recovered = watch.wait_for(r"worker/1: restarted on localhost", timeout=120)
+        rejoined = watch.wait_for(_first_step("worker/1"), timeout=120, after=recovered)
     _finish_and_check(watch, ws)
     _no_step_below(watch, "worker/1", rejoined, last_ckpt)  # it joined the live values
 
