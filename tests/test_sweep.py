@@ -8,7 +8,6 @@ import csv
 import json
 import os
 import signal
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,6 +196,9 @@ def test_optuna_sweeper_maximises_the_held_out_accuracy(ws: Path) -> None:
 
 @pytest.mark.cluster
 @pytest.mark.full
+# Each step has its own deadline (apply 400 s, TensorBoard's start 120 s, its runs 60 s, its
+# exit 240 s); the whole took 235 s on 2 cores at load 27, near the 300 s default.
+@pytest.mark.timeout(900)
 def test_real_two_point_sweep_end_to_end_with_report_and_tensorboard(ws: Path) -> None:
     port = free_port_base(30)
     proc = tfplan(
@@ -255,10 +257,21 @@ def _tensorboard_shows_both_points(ws: Path) -> None:
         assert "0/eval" in runs and "1/eval" in runs
     finally:
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _pid_alive(pid):
-            time.sleep(0.1)
-    assert not _pid_alive(pid)
+        try:
+            # The events: TensorBoard's own line for the signal, then its exit. The exit is
+            # Python's finalization of an interpreter with TensorFlow loaded (a stack dump shows
+            # "Garbage-collecting", no Python frame): 10-25 s on 2 busy cores (load about 20),
+            # where the old 10 s deadline failed. The bounds only guard against a hang.
+            logs = ws / ".tfplan" / "tensorboard"
+            wait_until(
+                lambda: any("caught SIGTERM" in p.read_text() for p in logs.glob("*.log")),
+                60,
+                "TensorBoard to take the SIGTERM",
+            )
+            wait_until(lambda: not _pid_alive(pid), 180, "TensorBoard to exit after SIGTERM")
+        finally:
+            if _pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)  # ours, by PID: leave nothing behind
 
 
 def _pid_alive(pid: int) -> bool:
