@@ -221,6 +221,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
     recent: deque[float] = deque(maxlen=20)
     i, gs, prev_gs, first_gs, t_start = 0, 0, 0, None, time.monotonic()
+    t_last = t_start  # the last step's end: the wall time stops there, not at the session's close
     last_log_gs, last_log_t = 0, t_start
     try:
         with v1.train.MonitoredSession(
@@ -255,7 +256,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                     gs = int(gs)
                 i += 1
                 recent.append(float(loss))
-                now = time.monotonic()
+                now = t_last = time.monotonic()
                 if first_gs is None:
                     first_gs, t_start, last_log_gs, last_log_t = gs, now, gs, now
                     log(
@@ -284,7 +285,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
             "probably down",
             4,
         ) from None
-    wall = time.monotonic() - t_start
+    wall = t_last - t_start
     if task.is_chief:
         final = _final_checkpoint(cfg, task, server, g, scaffold, log)
         _write_result(cfg, task, g, ds, final, result_path, recent, first_gs or 0, wall, log)
