@@ -54,6 +54,9 @@ name = f"{task['type']}/{task['index']}"
 stop = pathlib.Path(sys.argv[1])
 jobs = config["cluster"]
 if os.environ.get("TFPLAN_STANDBY") == "1":
+    gate = stop.parent / "standby_gate"  # a slow start: nothing blocked, nothing printed yet
+    while gate.exists():
+        time.sleep(0.05)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     print(f"standby for {name}: ready", flush=True)
     signal.sigwait({signal.SIGUSR1})
@@ -235,6 +238,37 @@ def test_a_restart_starts_after_every_process_of_the_previous_life_is_gone(
     code = run.finish(timeout=120)
     assert code == 0, run.text()[-3000:]
     assert "cannot bind" not in run.text()
+    lives.assert_nothing_left()
+
+
+def test_a_restart_waits_for_a_standby_that_is_still_starting(ws: Path) -> None:
+    """The ps dies while its standby has printed nothing yet (it may not have blocked SIGUSR1:
+    the go signal would end it, exit 138, seen on Slurm when a ps died a second after its
+    standby started). The restart waits for the standby's first line, then hands over to it:
+    one restart, no cold start, no standby killed by its own go signal."""
+    gate = ws / "standby_gate"
+    gate.touch()
+    run = ApplyRun(ws, _args(ws, "lifecycle.ps_standby=true"))
+    lives = Lives(ws)
+    up, program = _up(run, "ps/0")
+    started = run.wait_for(r"ps/0: warm standby started on localhost", 60, up)
+    standby = next(s for s in state_of(ws)["standbys"] if s["name"] == "ps/0~standby")
+    lives.note()
+    _kill(ws, "ps/0", program, "program")
+    waiting = run.wait_for(r"ps/0: waiting for its warm standby to be ready", 60, started)
+    assert _group(int(standby["handle"]["pgid"])), "the standby must not have been signalled"
+    assert "by its warm standby" not in run.text()
+    gate.unlink()
+    taken = run.wait_for(r"ps/0: restarted on localhost by its warm standby", 60, waiting)
+    _, again = _up(run, "ps/0", taken)
+    record = _record(ws, "ps/0")
+    assert record["handle"] == standby["handle"] and record["restarts"] == 1
+    assert again in _group(int(standby["handle"]["pgid"]))
+    lives.note()
+    (ws / "stop").touch()
+    code = run.finish(timeout=120)
+    assert code == 0, run.text()[-3000:]
+    assert "exit code 138" not in run.text() and "starting a new process" not in run.text()
     lives.assert_nothing_left()
 
 

@@ -67,6 +67,10 @@ STANDBY_CHECK_SECS = 2.0
 STANDBY_SETTLE_SECS = 30.0
 STANDBY_MAX_FAILURES = 3  # standbys of one task that ended by themselves: then none any more
 STANDBY_RETRY_SECS = 5.0  # after a standby ended by itself, times its failures so far
+# A standby that has printed nothing yet may not have blocked SIGUSR1 yet (the go signal would
+# end it): a restart due then waits for its first line, polling this often, at most this long.
+STANDBY_READY_POLL_SECS = 0.1
+STANDBY_READY_WAIT_SECS = 60.0
 PREVIOUS_LOG_SECS = 1.0  # how long the stream of a life that ended may take to deliver its end
 
 
@@ -139,6 +143,7 @@ class Supervisor:
         self._standby_after: dict[str, tuple[float, int | None]] = {}
         self._standby_failures: dict[str, int] = {}
         self._standby_checked = 0.0
+        self._awaiting_standby: dict[str, float] = {}  # task -> when its restart began to wait
 
     @property
     def last_step(self) -> int | None:
@@ -372,6 +377,9 @@ class Supervisor:
             del self._pending[name]
             if self._done_at is not None:
                 continue
+            if self._await_standby(state, task, now):
+                self._pending[name] = now + STANDBY_READY_POLL_SECS
+                continue
             try:
                 state = self._restart(state, task)
             except TfplanError as error:
@@ -386,7 +394,13 @@ class Supervisor:
         if isinstance(error, Exception):
             raise TfplanError(f"its previous process could not be stopped: {error}")
         standby = state.standby_for(task.name)
-        if standby is not None:
+        if standby is not None and not self._standby_ready(standby):
+            self._say(
+                f"{task.name}: its standby printed nothing in {STANDBY_READY_WAIT_SECS:.0f}s "
+                "(not ready); starting a new process"
+            )
+            state = stop_standbys(state, self.store, self.backend, self._say, {standby.name})
+        elif standby is not None:
             state, taken = self._takeover(state, task, standby)
             if taken:
                 return state
@@ -410,6 +424,28 @@ class Supervisor:
         )
         self._follow(new)
         return state
+
+    def _standby_ready(self, standby: TaskRecord) -> bool:
+        """Whether the standby has printed a line: the contract has it block SIGUSR1 before
+        anything else, so after its first line the go signal can no longer end it."""
+        return standby.name in self.logs.last_line
+
+    def _await_standby(self, state: State, task: TaskRecord, now: float) -> bool:
+        """Whether ``task``'s restart should wait a little longer for its standby to be ready.
+        Waiting is never slower than a cold start: the standby is already importing what a new
+        process would import. Seen on Slurm: a ps killed 1 s after its standby's step started,
+        the go signal ended the standby (exit 138) and a cold start followed anyway."""
+        standby = state.standby_for(task.name)
+        if standby is None or self._standby_ready(standby):
+            self._awaiting_standby.pop(task.name, None)
+            return False
+        began = self._awaiting_standby.setdefault(task.name, now)
+        if began == now:
+            self._say(f"{task.name}: waiting for its warm standby to be ready (still starting)")
+        if now - began < STANDBY_READY_WAIT_SECS:
+            return True
+        self._awaiting_standby.pop(task.name, None)
+        return False
 
     def _takeover(self, state: State, task: TaskRecord, standby: TaskRecord) -> tuple[State, bool]:
         """Make ``task``'s warm standby its next life (its previous life is already gone):
