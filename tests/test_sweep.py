@@ -52,19 +52,26 @@ def test_plan_m_is_a_dry_run_of_every_point_with_the_total(ws: Path) -> None:
     lines = proc.stdout.splitlines()
     points = [line for line in lines if line.lstrip().startswith("#")]
     assert len(points) == 4
-    assert points[0].split() == [
+    first = points[0].split()
+    assert first[:6] + first[7:] == [
         "#0",
         "algo=hogwild",
         "algo.lr=0.01",
         "3",
         "tasks",
         "ports",
-        f"{port}-{port + 2}",
         "experiment",
         "s-0",
     ]
-    # Each point gets its own window of cluster.port_range ports.
-    assert f"ports {port + 20}-{port + 22}" in points[2]
+    # Each point gets its own window of cluster.port_range (10) ports. Which window is a race
+    # between the two threads of --concurrency 2 (a failed point gives its window back at once,
+    # and the next two points take windows in whatever order their threads get there), so the
+    # promise is: a window of the pool, and never one that a point running beside it holds.
+    windows = [f"{port + 10 * k}-{port + 10 * k + 2}" for k in range(4)]
+    assert first[6] in windows, first
+    third = points[2].split()
+    assert third[third.index("ports") + 1] in windows, third
+    assert third[third.index("ports") + 1] != first[6]
     assert "#1" in points[1] and "error: algo.lr: -1.0 is not positive" in points[1]
     assert (
         "Sweep: 4 points, 6 tasks in all; concurrency 2: at most 6 tasks at once. "
