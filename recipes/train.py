@@ -79,13 +79,26 @@ def _stand_by(config_path: str) -> None:
     """Prepare everything that does not bind the port, then wait for SIGUSR1 (the go signal).
 
     Why block first: every thread TensorFlow starts inherits the mask, so a SIGUSR1 that comes
-    while TensorFlow is still importing stays pending for ``sigwait`` instead of ending the
-    process (its default action). Waiting in ``sigwait`` costs no CPU.
+    while TensorFlow is still importing stays pending for the wait instead of ending the
+    process (its default action). Waiting in ``sigtimedwait`` (woken twice a second to let a
+    SIGTERM handler run) costs no measurable CPU.
     """
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     began = time.monotonic()
     cfg = load_run_config(config_path)
     task = task_from_env()
+    name = f"{task.type}/{task.index}"
+
+    def stopped(signum: int, frame: object) -> None:
+        # Stopped without ever serving (the end of a run, often while still importing): a line
+        # of its own and exit 0 at once, instead of dying of SIGTERM (its shell wrapper printed
+        # "Terminated" into the run's output) or the interpreter's teardown of TensorFlow.
+        os.write(
+            sys.stdout.fileno(), f"standby for {name}: stopped before it was needed\n".encode()
+        )
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stopped)
     import tensorflow as tf
 
     from recipes.strategies import is_strategy
@@ -100,12 +113,14 @@ def _stand_by(config_path: str) -> None:
             import recipes.evaluator  # noqa: F401
         else:
             import recipes.replica  # noqa: F401
-    name = f"{task.type}/{task.index}"
     _log(
         f"standby for {name}: ready in {time.monotonic() - began:.1f}s (TensorFlow imported); "
         "waiting for SIGUSR1"
     )
-    signal.sigwait({signal.SIGUSR1})
+    # sigtimedwait, not sigwait: the SIGTERM handler can only run between two waits
+    while signal.sigtimedwait({signal.SIGUSR1}, 0.5) is None:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # from here on stopped as any task is
     os.environ.pop(STANDBY_ENV, None)
     _log(f"standby for {name}: taking over")
 
