@@ -153,8 +153,13 @@ def kill_groups(pgids: list[int]) -> None:
 
 
 def recorded_groups(cwd: Path) -> list[int]:
+    """The process groups of every task and warm standby the experiments' states record (a
+    test that failed half-way leaves its standbys too: on Slurm their srun clients)."""
     groups: list[int] = []
     for path in (cwd / ".tfplan").glob("*/state.json"):
-        for task in json.loads(path.read_text())["tasks"]:
-            groups.append(int(task["handle"]["pgid"]))
+        state = json.loads(path.read_text())
+        for task in [*state["tasks"], *state.get("standbys", [])]:
+            pgid = task.get("handle", {}).get("pgid")
+            if pgid is not None:
+                groups.append(int(pgid))
     return groups
