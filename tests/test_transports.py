@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -329,6 +330,21 @@ class TestConformance:
         again = transport.preflight(req)  # a second host on the same folder reads the same marker
         assert again.shared_marker == result.shared_marker
         raise_for_preflight({"a": result, "b": again})
+
+    def test_preflight_of_hosts_sharing_a_new_folder_at_once(
+        self, transport: Transport, tmp_path: Path
+    ) -> None:
+        """Hosts on one file system (NFS; network namespaces here) check the same folders at
+        the same time: creating them must not fail for the hosts that lose the race ("File
+        exists" once failed the three-namespace apply)."""
+        deep = "/".join(f"d{i}" for i in range(40))  # a long makedirs: a wide window for the race
+        req = PreflightRequest(
+            writable_dirs=(f"{tmp_path}/{deep}",), shared_dir=f"{tmp_path}/{deep}/shared"
+        )
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda _: transport.preflight(req), range(8)))
+        assert [r.problems for r in results] == [()] * 8
+        assert len({r.shared_marker for r in results}) == 1
 
     def test_preflight_failures(self, transport: Transport, tmp_path: Path) -> None:
         (tmp_path / "a-file").write_text("")

@@ -109,9 +109,10 @@ for port in req["ports"]:
         s.close()
 for d in req["writable_dirs"]:
     try:
-        if not os.path.isdir(d):
-            os.makedirs(d)
-        probe = os.path.join(d, ".tfplan-probe-%d" % os.getpid())
+        # exist_ok: hosts sharing the folder (NFS) run this at the same time, and a check-then-
+        # create lost that race with "File exists" (seen with three hosts on one file system)
+        os.makedirs(d, exist_ok=True)
+        probe = os.path.join(d, ".tfplan-probe-%d-%s" % (os.getpid(), uuid.uuid4().hex))
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)
@@ -121,8 +122,7 @@ for d in req["writable_dirs"]:
 if req["shared_dir"]:
     path = os.path.join(req["shared_dir"], ".tfplan-shared-" + req["marker_token"])
     try:
-        if not os.path.isdir(req["shared_dir"]):
-            os.makedirs(req["shared_dir"])
+        os.makedirs(req["shared_dir"], exist_ok=True)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             os.write(fd, ("%s %s" % (out["hostname"], uuid.uuid4().hex)).encode())
