@@ -90,7 +90,7 @@ print(f"{name} done", flush=True)
 @pytest.fixture
 def ws(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
-    kill_groups(recorded_groups(tmp_path) + _standby_groups(tmp_path))
+    kill_groups(recorded_groups(tmp_path))
     supervisor = _state(tmp_path).get("supervisor")
     if supervisor and alive(supervisor["pid"]):
         os.kill(supervisor["pid"], signal.SIGKILL)
@@ -185,7 +185,7 @@ class Lives:
         self.groups: set[int] = set()
 
     def note(self) -> None:
-        self.groups.update(recorded_groups(self.ws) + _standby_groups(self.ws))
+        self.groups.update(recorded_groups(self.ws))
 
     def assert_nothing_left(self) -> None:
         self.note()

@@ -21,7 +21,7 @@ import pytest
 from apply_helpers import alive, kill_groups, recorded_groups, state_of, wait_until
 from chaos_helpers import ApplyRun
 from slurm_testbed import SlurmTestbed
-from test_kill_matrix import PROGRAM, Lives, _group, _standby_groups, _up
+from test_kill_matrix import PROGRAM, Lives, _group, _up
 from test_slurm import _args, _env, _squeue
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns]
@@ -31,7 +31,7 @@ FULL = pytest.mark.full
 @pytest.fixture
 def ws(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
-    kill_groups(recorded_groups(tmp_path) + _standby_groups(tmp_path))
+    kill_groups(recorded_groups(tmp_path))
 
 
 def _program(ws: Path, *extra: str) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from apply_helpers import base_overrides, free_port_base, kill_groups, recorded_groups, state_of
 from chaos_helpers import ApplyRun, checkpoint_steps
-from test_kill_matrix import Lives, _group, _standby_groups
+from test_kill_matrix import Lives, _group
 
 pytestmark = [pytest.mark.cluster, pytest.mark.full]
 
@@ -30,7 +30,7 @@ READY = r"^ps/0~standby\s+\| standby for ps/0: ready"
 @pytest.fixture
 def ws(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
-    kill_groups(recorded_groups(tmp_path) + _standby_groups(tmp_path))
+    kill_groups(recorded_groups(tmp_path))
 
 
 def _ps(ws: Path) -> tuple[int, int]:
