@@ -308,7 +308,10 @@ def _final_checkpoint(
     saved = _stored_step(latest) if latest else None
     with v1.Session(server.target, config=config) as sess:
         gs = int(sess.run(g.global_step))
-        if gs != saved:
+        # Saved again also when the name says another step than the one stored (a step landed
+        # between the hook's read and its save): the final checkpoint's name, result.json and
+        # what tfplan says when it resumes then name one step.
+        if gs != saved or not (latest or "").endswith(f"-{gs}"):
             latest = scaffold.saver.save(
                 sess,
                 os.path.join(cfg.output_dir, "model.ckpt"),
