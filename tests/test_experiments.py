@@ -105,7 +105,7 @@ def test_applying_an_existing_id_resumes_from_its_last_checkpoint(ws: Path) -> N
     assert "resuming" not in first.stdout  # a new id starts fresh
     assert _first_step(first.stdout) < 20
     assert json.loads((ws / "out" / "result.json").read_text())["global_step"] >= 40
-    # The last checkpoint's step (result.json's can be one more: the other worker is async).
+    # tfplan names the step of the checkpoint the `checkpoint` file points at: read it there.
     step = checkpoint_step((ws / "out" / "checkpoint").read_text())
     assert step is not None and step >= 40
 

@@ -138,8 +138,7 @@ def test_tf1_per_host_output_keeps_checkpoints_on_the_chief_and_copies_results_b
     _nothing_left(ws)
 
     # Resume: the chief's host still holds the checkpoint of the last step.
-    # The checkpoint's step, not result.json's: with two asynchronous workers, the other one
-    # can step once after the chief's last save (result.json said 1601, the checkpoint 1600).
+    # tfplan names the step of the checkpoint it finds on the chief's host: read it there.
     step = max(_checkpoint_steps(bed.host_files(3, out)))
     assert step >= 1500
     more = [a.replace("max_steps=1500", "max_steps=1600") for a in args]
