@@ -36,6 +36,11 @@ v1 = tf.compat.v1
     ],
 )
 def test_model_shapes_names_and_learning(cfg: ModelConf, names: set[str]) -> None:
+    # 150 steps, not 60: the cnn's loss sits on a plateau until about step 60 and then drops, and
+    # where it leaves the plateau moves with the last bits of the float sums (a 1e-6 change of the
+    # input moved the step-60 ratio between 0.54 and 0.72; another CPU's kernels do the same). At
+    # step 150 the ratio was 0.016-0.034 under those perturbations: far from the bar, which a
+    # model that does not learn (ratio about 1) still fails.
     ds = load(DataConf(name="digits"))
     with tf.Graph().as_default():
         v1.set_random_seed(0)
@@ -52,10 +57,10 @@ def test_model_shapes_names_and_learning(cfg: ModelConf, names: set[str]) -> Non
             sess.run(v1.global_variables_initializer())
             assert sess.run(logits, feed).shape == (256, 10)
             first = sess.run(loss, feed)
-            for _ in range(60):
+            for _ in range(150):
                 sess.run(step, feed)
-            assert sess.run(loss, feed) < 0.6 * first
-            assert sess.run(acc, feed) > 0.6
+            assert sess.run(loss, feed) < 0.3 * first
+            assert sess.run(acc, feed) > 0.9
 
 
 def test_unknown_model_is_rejected_with_the_valid_names() -> None:
