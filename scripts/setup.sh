@@ -32,9 +32,13 @@ fi
 
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[dev]'
+# constraints.txt is the lock (scripts/lock.sh makes it): every package at the version CI tested,
+# whatever the registry serves today. pyproject.toml's own ranges stay loose for people who
+# install tfplan into their own environment.
+lock=(-c constraints.txt)
+.venv/bin/python -m pip install -q "${lock[@]}" --upgrade pip setuptools wheel >/dev/null
+.venv/bin/python -m pip install -q "${lock[@]}" -e '.[dev]'
 # training-operator v1's SDK, for its TFJob model types only (tests/k8s_helpers.py); without its
 # dependencies: it pins kubernetes<36, the client tfplan uses is newer.
-.venv/bin/python -m pip install -q --no-deps 'kubeflow-training>=1.9,<2'
+.venv/bin/python -m pip install -q "${lock[@]}" --no-deps 'kubeflow-training>=1.9,<2'
 .venv/bin/tfplan --version
