@@ -72,6 +72,11 @@ def _nothing_left(ws: Path) -> None:
 
 
 @pytest.mark.cluster
+# Full tier: the fast tier's longest test (about 100 s quiet; a ps restart and a resume across
+# three namespace hosts). Per-host output itself runs end to end in the fast tier below
+# (test_a_program_of_ones_own_gets_its_chiefs_outputs_back[attached]); ps restarts in
+# test_kill_matrix, resume in test_experiments.
+@pytest.mark.full
 def test_tf1_per_host_output_keeps_checkpoints_on_the_chief_and_copies_results_back(
     ws: Path, netns_testbed: NetnsTestbed
 ) -> None:
