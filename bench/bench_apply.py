@@ -1,22 +1,24 @@
 """Benchmark `tfplan apply` against starting the same processes from a shell script.
 
-    .venv/bin/python bench/bench_apply.py [--repeats 3]
+    .venv/bin/python bench/bench_apply.py [--repeats 3] [--out docs/bench_apply.md]
 
 Measured side by side, alternating, on cluster=local (1 ps + 2 workers, MLP on digits):
-- launch -> first training step of every worker: tfplan apply vs a shell script with the
-  same commands and environment (ratio of medians; target <= 1.2x);
+- launch -> first training step of every worker: tfplan apply vs a shell script that starts
+  the same tasks (each one's command, workdir, environment and TF_CONFIG as the saved plan and
+  `tfplan show --task NAME --json` give them, run.yaml and recipes staged beforehand; ratio of
+  medians; target <= 1.2x);
 - training done (result.json written) -> every task exited and apply returned (target <= 1 s);
 - `tfplan destroy` of a running cluster (target <= 2 s, zero processes left).
-Writes docs/bench_apply.md.
+Writes docs/bench_apply.md (or --out); `--repeats 1` is the quickest run to the end.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -24,9 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from _planned import planned_tasks, stage, tf_config_text
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from apply_helpers import alive, free_port_base  # noqa: E402
+from apply_helpers import free_port_base, kill_groups, recorded_groups  # noqa: E402
 
 TFPLAN = [sys.executable, "-m", "tfplan"]
 ENV = {**os.environ, "TFPLAN_CONF": str(REPO / "conf")}
@@ -55,70 +59,58 @@ def wait_first_steps(tmp: Path, started: float, timeout: float = 180) -> float:
     raise RuntimeError(f"no first step within {timeout}s in {tmp}")
 
 
-def run_tfplan_launch(tmp: Path) -> float:
-    args = overrides(tmp, 100000)
-    started = time.monotonic()
-    subprocess.run(
-        [*TFPLAN, "apply", "--auto-approve", "--detach", *args],
-        cwd=tmp,
-        env=ENV,
-        check=True,
-        capture_output=True,
-    )
-    elapsed = wait_first_steps(tmp, started)
+def destroy(tmp: Path) -> None:
     subprocess.run(
         [*TFPLAN, "destroy", "--auto-approve"], cwd=tmp, env=ENV, check=True, capture_output=True
     )
-    return elapsed
 
 
-def run_shell_launch(tmp: Path) -> float:
-    """The same tasks (commands, env, run.yaml, code) started by a plain shell script."""
+def run_tfplan_launch(tmp: Path) -> float:
     args = overrides(tmp, 100000)
-    subprocess.run(
-        [*TFPLAN, "plan", "--no-save", "--json", *args],
-        cwd=tmp,
-        env=ENV,
-        check=True,
-        capture_output=True,
-    )
-    plan = json.loads(
+    started = time.monotonic()
+    try:
         subprocess.run(
-            [*TFPLAN, "plan", "--json", "--no-save", *args],
+            [*TFPLAN, "apply", "--auto-approve", "--detach", *args],
             cwd=tmp,
             env=ENV,
             check=True,
             capture_output=True,
-            text=True,
-        ).stdout
-    )
-    import yaml
+        )
+        return wait_first_steps(tmp, started)
+    finally:
+        destroy(tmp)
 
-    code = Path(plan["code_dir"])
-    code.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cp", "-r", str(REPO / "recipes"), str(code)], check=True)
+
+def run_shell_launch(tmp: Path) -> float:
+    """The same tasks started by a plain shell script: each one's command, workdir, whole
+    environment and TF_CONFIG as the saved plan and `tfplan show --task NAME --json` give them,
+    with what `tfplan apply` stages for them (the recipes under code_dir, each task's
+    run.yaml) written before the clock starts."""
+    plan, tasks = planned_tasks(tmp, ENV, overrides(tmp, 100000))
+    stage(plan)
     lines = ["#!/bin/sh"]
-    for task in plan["tasks"]:
-        workdir = Path(task["workdir"])
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "run.yaml").write_text(yaml.safe_dump(plan["run_config"]))
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in task["env"].items())
+    for task in tasks:
+        if task["tf_config"] is None:
+            raise RuntimeError(f"{task['name']}: no TF_CONFIG before apply (addresses unknown)")
+        env = {**task["env"], "TF_CONFIG": tf_config_text(task["tf_config"])}
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         cmd = " ".join(shlex.quote(c) for c in task["command"])
         lines.append(
-            f"cd {shlex.quote(str(workdir))}; env {env} setsid {cmd} > "
+            f"cd {shlex.quote(task['workdir'])}; env {exports} setsid {cmd} > "
             f"{shlex.quote(task['log_path'])} 2>&1 < /dev/null & echo $!"
         )
     script = tmp / "start.sh"
     script.write_text("\n".join(lines) + "\n")
     started = time.monotonic()
     out = subprocess.run(["sh", str(script)], check=True, capture_output=True, text=True).stdout
-    elapsed = wait_first_steps(tmp, started)
-    for pid in (int(p) for p in out.split()):
-        try:
-            os.killpg(pid, 9)
-        except ProcessLookupError:
-            pass
-    return elapsed
+    try:
+        return wait_first_steps(tmp, started)
+    finally:
+        for pid in (int(p) for p in out.split()):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def run_teardown(tmp: Path) -> float:
@@ -131,40 +123,64 @@ def run_teardown(tmp: Path) -> float:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    result = tmp / "out" / "result.json"
-    while not result.exists():
-        if proc.poll() is not None:
-            raise RuntimeError("apply ended before result.json appeared")
-        time.sleep(0.01)
-    seen = time.monotonic()
-    proc.wait(timeout=120)
-    return time.monotonic() - seen
+    try:
+        result = tmp / "out" / "result.json"
+        while not result.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"apply ended (exit {proc.returncode}) before result.json")
+            time.sleep(0.01)
+        seen = time.monotonic()
+        proc.wait(timeout=120)
+        return time.monotonic() - seen
+    finally:
+        if proc.poll() is None:  # it failed half-way: stop it and its tasks
+            proc.kill()
+            proc.wait()
+            kill_groups(recorded_groups(tmp))
+
+
+def processes_in(groups: list[int]) -> int:
+    """Live (not zombie) processes in these process groups, from /proc."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            count += fields[0] != "Z" and int(fields[2]) in groups
+    return count
 
 
 def run_destroy(tmp: Path) -> tuple[float, int]:
+    """Seconds `tfplan destroy` takes on a running cluster, and the processes of its tasks
+    (and warm standbys) still alive after it."""
     args = overrides(tmp, 100000)
-    subprocess.run(
-        [*TFPLAN, "apply", "--auto-approve", "--detach", *args],
-        cwd=tmp,
-        env=ENV,
-        check=True,
-        capture_output=True,
-    )
-    wait_first_steps(tmp, time.monotonic())
-    state = json.loads((tmp / ".tfplan" / "bench" / "state.json").read_text())
-    pids = [t["pid"] for t in state["tasks"]]
-    started = time.monotonic()
-    subprocess.run(
-        [*TFPLAN, "destroy", "--auto-approve"], cwd=tmp, env=ENV, check=True, capture_output=True
-    )
-    return time.monotonic() - started, sum(1 for p in pids if alive(p))
+    try:
+        subprocess.run(
+            [*TFPLAN, "apply", "--auto-approve", "--detach", *args],
+            cwd=tmp,
+            env=ENV,
+            check=True,
+            capture_output=True,
+        )
+        wait_first_steps(tmp, time.monotonic())
+        groups = recorded_groups(tmp)
+        started = time.monotonic()
+        destroy(tmp)
+        return time.monotonic() - started, processes_in(groups)
+    finally:
+        destroy(tmp)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    repeats = parser.parse_args().repeats
-    tfplan_launch, shell_launch, teardown, destroy, left = [], [], [], [], []
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_apply.md")
+    options = parser.parse_args()
+    repeats = options.repeats
+    load_start = os.getloadavg()
+    tfplan_launch, shell_launch, teardown, destroyed, left = [], [], [], [], []
     for i in range(repeats):
         for kind in ("tfplan", "shell") if i % 2 == 0 else ("shell", "tfplan"):
             with tempfile.TemporaryDirectory() as tmp:
@@ -176,13 +192,14 @@ def main() -> None:
             teardown.append(run_teardown(Path(tmp)))
         with tempfile.TemporaryDirectory() as tmp:
             secs, remaining = run_destroy(Path(tmp))
-            destroy.append(secs)
+            destroyed.append(secs)
             left.append(remaining)
         print(
             f"round {i + 1}: tfplan {tfplan_launch[-1]:.2f}s shell {shell_launch[-1]:.2f}s "
-            f"teardown {teardown[-1]:.2f}s destroy {destroy[-1]:.2f}s left {left[-1]}",
+            f"teardown {teardown[-1]:.2f}s destroy {destroyed[-1]:.2f}s left {left[-1]}",
             flush=True,
         )
+    load_end = os.getloadavg()
     med = statistics.median
     ratio = med(tfplan_launch) / med(shell_launch)
     rows = [
@@ -200,8 +217,8 @@ def main() -> None:
         ),
         (
             "tfplan destroy of a running cluster (target <= 2 s)",
-            f"{med(destroy):.2f} s",
-            "pass" if med(destroy) <= 2 else "MISS",
+            f"{med(destroyed):.2f} s",
+            "pass" if med(destroyed) <= 2 else "MISS",
         ),
         (
             "processes left after destroy (all rounds)",
@@ -214,7 +231,12 @@ def main() -> None:
         "",
         f"`.venv/bin/python bench/bench_apply.py --repeats {repeats}` on {platform.node()} "
         f"({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}. cluster=local (1 ps + 2 "
-        "workers), MLP on digits. Medians of the rounds; tfplan and the shell script alternate.",
+        "workers), MLP on digits. Medians of the rounds; tfplan and the shell script alternate. "
+        "Load average (1/5/15 min) at the start "
+        + "/".join(f"{x:.1f}" for x in load_start)
+        + ", at the end "
+        + "/".join(f"{x:.1f}" for x in load_end)
+        + " (the cluster itself runs 3 TensorFlow processes on these cores).",
         "",
         "| measure | median | target |",
         "|---|---|---|",
@@ -227,15 +249,16 @@ def main() -> None:
         + "; teardown "
         + ", ".join(f"{x:.2f}" for x in teardown)
         + "; destroy "
-        + ", ".join(f"{x:.2f}" for x in destroy),
+        + ", ".join(f"{x:.2f}" for x in destroyed),
         "",
-        "The shell script starts the very same commands with the same environment, run.yaml and "
-        "code (taken from `tfplan plan --json`), so the ratio is tfplan's own overhead: composing "
-        "the config, preflight, shipping files, and recording PIDs.",
+        "The shell script starts the very same commands in the same folders with the same "
+        "environment (`{**plan.env, **task.env}` from the saved plan, and each task's TF_CONFIG "
+        "from `tfplan show --task NAME --json`), run.yaml and code, all written before its clock "
+        "starts, so the ratio is tfplan's own overhead: composing the config, preflight, "
+        "shipping files, and recording PIDs.",
         "",
     ]
-    out = REPO / "docs" / "bench_apply.md"
-    out.write_text("\n".join(text))
+    options.out.write_text("\n".join(text))
     print("\n".join(text))
 
 

@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python bench/bench_plan.py [--runs N] [--baseline DIR] [--no-write]
+    .venv/bin/python bench/bench_plan.py [--runs N] [--baseline DIR] [--no-write | --out FILE]
 
 1. `tfplan plan` as a user runs it (a subprocess, its own config tree) for 300 and 1,000 hosts x
    8 GPUs (ps=per_host, workers=per_gpu: 2,701 and 9,001 tasks): wall time, peak memory (the
@@ -16,8 +16,9 @@ Run from the repository root:
 ``--baseline DIR`` runs the CLI figures of 1 (and 3) again with an older checkout in DIR (e.g.
 ``git archive <commit> | tar -x -C DIR``), alternated with this one, so before and after are
 measured on the same machine at the same time; its 1,000-host runs take minutes each, so they
-are repeated ``--baseline-runs`` times (default 1). Writes docs/bench_plan.md (unless
---no-write) and prints the same text.
+are repeated ``--baseline-runs`` times (default 1). Writes docs/bench_plan.md (or ``--out``;
+nothing with --no-write) and prints the same text. ``--hosts 3,4 --runs 1 --small-runs 1``
+runs every part at a tiny size, in seconds (a check that it works, not a measure).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from tfplan.planning.topology import Target  # noqa: E402
 
 CTX = PlanContext(cwd="/tmp/bench", local_python=sys.executable, tf_version="2.21.0")
 SMALL_ARGS = ["plan", "cluster=3node", "algo=downpour"]
-SIZES = (300, 1000)
+SIZES = (300, 1000)  # hosts x 8 GPUs; the largest is the one the targets are for (--hosts)
 BARE_COMPOSE = """
 import sys
 from hydra import compose, initialize_config_dir
@@ -125,11 +126,16 @@ def wall_of(cmd: list[str], cwd: Path, checkout: Path | None = None) -> float:
     return elapsed
 
 
-def make_conf(folder: Path) -> Path:
+def tasks_of(hosts: int) -> int:
+    """Tasks of cluster=bench<hosts>: a ps per host, a worker per GPU, one evaluator."""
+    return hosts * 9 + 1
+
+
+def make_conf(folder: Path, sizes: tuple[int, ...]) -> Path:
     """The project's config tree plus cluster=bench<N>: N hosts x 8 GPUs, 10 slots each."""
     conf = folder / "conf"
     shutil.copytree(ROOT / "conf", conf)
-    for hosts in (3, *SIZES):
+    for hosts in sorted({3, *sizes}):
         lines = ["defaults:", "  - schema_cluster", "  - _self_", f"name: bench{hosts}", "hosts:"]
         for i in range(hosts):
             lines += [
@@ -145,15 +151,15 @@ def make_conf(folder: Path) -> Path:
 
 
 def bench_cli_scale(
-    runs: int, baseline: Path | None, baseline_runs: int
+    runs: int, baseline: Path | None, baseline_runs: int, sizes: tuple[int, ...]
 ) -> dict[str, dict[int, list[Run]]]:
     """`tfplan plan cluster=bench<N>` per size, this checkout and the baseline alternated."""
     out: dict[str, dict[int, list[Run]]] = {"now": {}, "before": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        conf = make_conf(Path(tmp))
+        conf = make_conf(Path(tmp), sizes)
         cwd = Path(tmp) / "work"
         cwd.mkdir()
-        for hosts in SIZES:
+        for hosts in sizes:
             args = ["plan", f"cluster=bench{hosts}", "algo=downpour", "--config-dir", str(conf)]
             run_cli(args, cwd)  # warm the file cache
             now, before = [], []
@@ -168,13 +174,13 @@ def bench_cli_scale(
     return out
 
 
-def bench_show_and_state(runs: int) -> dict[str, float]:
-    """`tfplan show --task worker/17` at 1,000 hosts, and the state's size once all run."""
+def bench_show_and_state(runs: int, big: int) -> dict[str, float]:
+    """`tfplan show --task worker/17` at ``big`` hosts, and the state's size once all run."""
     with tempfile.TemporaryDirectory() as tmp:
-        conf = make_conf(Path(tmp))
+        conf = make_conf(Path(tmp), (big,))
         cwd = Path(tmp) / "work"
         cwd.mkdir()
-        run_cli(["plan", "cluster=bench1000", "algo=downpour", "--config-dir", str(conf)], cwd)
+        run_cli(["plan", f"cluster=bench{big}", "algo=downpour", "--config-dir", str(conf)], cwd)
         saved = Plan.from_json((cwd / ".tfplan" / "plan.json").read_text())
         show = [
             wall_of([sys.executable, "-m", "tfplan", "show", "--task", "worker/17"], cwd)
@@ -187,7 +193,7 @@ def bench_show_and_state(runs: int) -> dict[str, float]:
             env=_env(None),
             check=True,
         ).stdout
-        moved = cluster_config(conf, 1000)
+        moved = cluster_config(conf, big)
     state = State(
         lineage="bench",
         serial=1,
@@ -274,16 +280,17 @@ def _timed(fn: Callable[[], object]) -> float:
     return elapsed
 
 
-def bench_planner(runs: int) -> dict[str, float]:
-    """`planner.plan` alone (the backend's target computed once), 3 vs 1,000 hosts, alternated."""
+def bench_planner(runs: int, big: int) -> dict[str, float]:
+    """`planner.plan` alone (the backend's target computed once), 3 vs ``big`` hosts,
+    alternated."""
     with tempfile.TemporaryDirectory() as tmp:
-        conf = make_conf(Path(tmp))
-        cfgs = {n: cluster_config(conf, n) for n in (3, 1000)}
+        conf = make_conf(Path(tmp), (big,))
+        cfgs = {n: cluster_config(conf, n) for n in (3, big)}
     targets = {n: ProcessBackend.target(cfg.cluster, CTX) for n, cfg in cfgs.items()}
     tasks = {n: len(plan(cfgs[n], None, CTX, targets[n]).tasks) for n in cfgs}
-    times: dict[int, list[float]] = {3: [], 1000: []}
+    times: dict[int, list[float]] = {3: [], big: []}
     for _ in range(runs):
-        for n in (3, 1000):
+        for n in (3, big):
             reps = 200 if n == 3 else 1  # the small plan takes ~1 ms: time many
             cfg, target = cfgs[n], targets[n]
 
@@ -294,17 +301,17 @@ def bench_planner(runs: int) -> dict[str, float]:
     per = {n: statistics.median(times[n]) / tasks[n] * 1e6 for n in times}
     return {
         "tasks_3": tasks[3],
-        "tasks_1000": tasks[1000],
+        "tasks_big": tasks[big],
         "plan_3_ms": statistics.median(times[3]) * 1e3,
-        "plan_1000_s": statistics.median(times[1000]),
+        "plan_big_s": statistics.median(times[big]),
         "us_per_task_3": per[3],
-        "us_per_task_1000": per[1000],
-        "ratio": per[1000] / per[3],
+        "us_per_task_big": per[big],
+        "ratio": per[big] / per[3],
     }
 
 
-def bench_stages(runs: int) -> dict[str, float]:
-    """Where the time of a 1,000-host `tfplan plan` goes, stage by stage, in process."""
+def bench_stages(runs: int, big: int) -> dict[str, float]:
+    """Where the time of a ``big``-host `tfplan plan` goes, stage by stage, in process."""
     stages: dict[str, list[float]] = {}
 
     def note(name: str, began: float) -> float:
@@ -313,12 +320,12 @@ def bench_stages(runs: int) -> dict[str, float]:
         return now
 
     with tempfile.TemporaryDirectory() as tmp:
-        conf = make_conf(Path(tmp))
+        conf = make_conf(Path(tmp), (big,))
         for _ in range(runs):
             gc.collect()
             t = time.process_time()
-            composed = compose_config(["cluster=bench1000", "algo=downpour"], conf)
-            t = note("Hydra compose (1,000 hosts in YAML)", t)
+            composed = compose_config([f"cluster=bench{big}", "algo=downpour"], conf)
+            t = note(f"Hydra compose ({big:,} hosts in YAML)", t)
             cfg = to_config(composed)
             t = note("typed config (OmegaConf.to_object)", t)
             target = ProcessBackend.target(cfg.cluster, CTX)
@@ -380,11 +387,14 @@ def _verdict(ok: bool) -> str:
     return "**met**" if ok else "**NOT met**"
 
 
-def report(results: dict[str, Any], runs: int, started: str, where: str, load: str) -> str:
+def report(
+    results: dict[str, Any], runs: int, started: str, where: str, load: str, sizes: tuple[int, ...]
+) -> str:
     scale, small, planner = results["scale"], results["small"], results["planner"]
-    tasks = {300: 2701, 1000: 9001}
+    tasks = {hosts: tasks_of(hosts) for hosts in sizes}
+    big = sizes[-1]
     rows = []
-    for hosts in SIZES:
+    for hosts in sizes:
         for label, key in (("before", "before"), ("now", "now")):
             got = scale[key].get(hosts)
             if not got:
@@ -397,36 +407,36 @@ def report(results: dict[str, Any], runs: int, started: str, where: str, load: s
                 f"| {_size(_median(got, 'plan_bytes'))} ({_median(got, 'plan_bytes') / n:.0f} B) "
                 f"| {_size(_median(got, 'stdout_bytes'))} ({_median(got, 'stdout_bytes') / n:.1f} B) |"
             )
-    big = scale["now"][1000]
-    n = tasks[1000]
+    n = tasks[big]
+    big_runs = scale["now"][big]
     checks = [
         (
-            "`tfplan plan` wall time at 1,000 hosts",
+            f"`tfplan plan` wall time at {big:,} hosts",
             "<= 5 s",
-            f"{_median(big, 'wall_s'):.2f} s (runs {min(r.wall_s for r in big):.2f}-"
-            f"{max(r.wall_s for r in big):.2f} s; CPU time {_median(big, 'cpu_s'):.2f} s)",
-            _median(big, "wall_s") <= 5,
+            f"{_median(big_runs, 'wall_s'):.2f} s (runs {min(r.wall_s for r in big_runs):.2f}-"
+            f"{max(r.wall_s for r in big_runs):.2f} s; CPU time {_median(big_runs, 'cpu_s'):.2f} s)",
+            _median(big_runs, "wall_s") <= 5,
         ),
         (
             "peak memory",
             "<= 500 MB",
-            f"{_median(big, 'peak_mib') * 1.048576:.0f} MB",
-            _median(big, "peak_mib") * 1.048576 <= 500,
+            f"{_median(big_runs, 'peak_mib') * 1.048576:.0f} MB",
+            _median(big_runs, "peak_mib") * 1.048576 <= 500,
         ),
         (
             "plan file per task",
             "<= 2 KB",
-            f"{_median(big, 'plan_bytes') / n:.0f} B",
-            _median(big, "plan_bytes") / n <= 2000,
+            f"{_median(big_runs, 'plan_bytes') / n:.0f} B",
+            _median(big_runs, "plan_bytes") / n <= 2000,
         ),
         (
             "printed plan per task",
             "<= 1 KB",
-            f"{_median(big, 'stdout_bytes') / n:.2f} B",
-            _median(big, "stdout_bytes") / n <= 1000,
+            f"{_median(big_runs, 'stdout_bytes') / n:.2f} B",
+            _median(big_runs, "stdout_bytes") / n <= 1000,
         ),
         (
-            "planning time per task, 1,000 vs 3 hosts",
+            f"planning time per task, {big:,} vs 3 hosts",
             "<= 1.5x",
             f"{planner['ratio']:.2f}x",
             planner["ratio"] <= 1.5,
@@ -448,7 +458,7 @@ def report(results: dict[str, Any], runs: int, started: str, where: str, load: s
     tf = results["tf_modules"]
     return f"""# Benchmark: `tfplan plan` at scale
 
-Made by `.venv/bin/python bench/bench_plan.py --runs {runs}{results["baseline_flag"]}` in one run;
+Made by `.venv/bin/python bench/bench_plan.py --runs {runs}{results["flags"]}` in one run;
 every figure is a median. "before" is {results["baseline_name"]}, run alternately with this
 checkout on the same machine (`git archive COMMIT | tar -x -C DIR` makes such a DIR).
 
@@ -458,7 +468,7 @@ checkout on the same machine (`git archive COMMIT | tar -x -C DIR` makes such a 
 
 ## The targets of issue 14
 
-For 1,000 hosts x 8 GPUs (`ps=per_host`, `workers=per_gpu`: 9,001 tasks), `tfplan plan` as a user
+For {big:,} hosts x 8 GPUs (`ps=per_host`, `workers=per_gpu`: {n:,} tasks), `tfplan plan` as a user
 runs it (a subprocess composing its own config tree, saving the plan file, printing the plan):
 
 | measure | target | measured | |
@@ -481,11 +491,11 @@ in brackets.
 
 The printed plan of a large cluster is a summary of the tasks to create, by role and by host
 (docs/planning.md); every change other than a create is still listed on its own. The worst case
-for the printed plan, every one of the 9,001 running tasks replaced ({other["replaced"]:.0f}
+for the printed plan, every one of the {n:,} running tasks replaced ({other["replaced"]:.0f}
 `-/+` entries, each with its reasons: `cluster.port_offset` changed), prints
 {other["replace_all_bytes_per_task"]:.0f} B per task.
-`tfplan show --task worker/17` prints one task in full, TF_CONFIG included, at 1,000 hosts in
-{other["show_s"]:.2f} s ({_size(other["show_bytes"])}). The state of those 9,001 tasks once
+`tfplan show --task worker/17` prints one task in full, TF_CONFIG included, at {big:,} hosts in
+{other["show_s"]:.2f} s ({_size(other["show_bytes"])}). The state of those {n:,} tasks once
 started (as `StateStore` writes it) holds {other["state_bytes_per_task"]:.0f} B per task: the
 cluster spec is not stored per task there either.
 
@@ -494,8 +504,8 @@ cluster spec is not stored per task there either.
 | hosts | tasks | plan | per task |
 |---|---|---|---|
 | 3 | {planner["tasks_3"]:.0f} | {planner["plan_3_ms"]:.2f} ms | {planner["us_per_task_3"]:.0f} µs |
-| 1,000 | {planner["tasks_1000"]:.0f} | {planner["plan_1000_s"]:.3f} s \
-| {planner["us_per_task_1000"]:.0f} µs |
+| {big:,} | {planner["tasks_big"]:.0f} | {planner["plan_big_s"]:.3f} s \
+| {planner["us_per_task_big"]:.0f} µs |
 | ratio | | | **{planner["ratio"]:.2f}x** |
 
 The 3-host figure per task carries the fixed costs of a plan (validation, sharding preview,
@@ -513,13 +523,13 @@ policies) over 28 tasks only, so the ratio can fall below 1.
 TensorFlow modules imported by `tfplan plan` (`python -X importtime`): \
 {", ".join(tf) if tf else "none"}.
 
-## Where the time of a 1,000-host plan goes (in process, stage by stage, CPU time)
+## Where the time of a {big:,}-host plan goes (in process, stage by stage, CPU time)
 
 | stage | median | share |
 |---|---|---|
 {stage_rows}
 
-Hydra's composition of a config that lists 1,000 hosts (PyYAML's pure-Python loader, then
+Hydra's composition of a config that lists {big:,} hosts (PyYAML's pure-Python loader, then
 OmegaConf merging and validating every host against the schema) is most of it; the rest is
 linear in the tasks. Process start-up and imports (about 0.3 s) come on top in the CLI figures.
 """
@@ -533,33 +543,50 @@ def main() -> None:
     parser.add_argument(
         "--baseline-name", default="", help="what the baseline is, for the report (a commit)"
     )
-    parser.add_argument("--no-write", action="store_true", help="do not write docs/bench_plan.md")
+    parser.add_argument(
+        "--hosts",
+        default=",".join(map(str, SIZES)),
+        help="cluster sizes (hosts x 8 GPUs), comma-separated; the largest is the one the "
+        "targets, `show --task`, the planner's ratio and the stages are measured at (at least 3)",
+    )
+    parser.add_argument(
+        "--small-runs",
+        type=int,
+        default=9,
+        help="runs of the 3node plan and of the bare compose (at least --runs)",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench_plan.md")
+    parser.add_argument("--no-write", action="store_true", help="do not write the report")
     args = parser.parse_args()
-    runs = max(3, args.runs)
+    runs = max(1, args.runs)
+    sizes = tuple(sorted({int(h) for h in args.hosts.split(",")}))
+    if sizes[0] < 3:
+        parser.error("--hosts: at least 3 hosts (`show --task worker/17` needs 18 workers)")
+    big = sizes[-1]
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load = _load()
     results: dict[str, Any] = {
-        "baseline_flag": (
-            f" --baseline DIR --baseline-runs {args.baseline_runs}" if args.baseline else ""
-        ),
+        "flags": (f" --hosts {args.hosts}" if sizes != SIZES else "")
+        + (f" --small-runs {args.small_runs}" if args.small_runs != 9 else "")
+        + (f" --baseline DIR --baseline-runs {args.baseline_runs}" if args.baseline else ""),
         "baseline_name": args.baseline_name or "the checkout named by `--baseline`",
     }
-    print("tfplan plan at 300 and 1,000 hosts ...", flush=True)
-    results["scale"] = bench_cli_scale(runs, args.baseline, args.baseline_runs)
+    print(f"tfplan plan at {' and '.join(f'{h:,}' for h in sizes)} hosts ...", flush=True)
+    results["scale"] = bench_cli_scale(runs, args.baseline, args.baseline_runs, sizes)
     print("show --task and the state ...", flush=True)
-    results["show"] = bench_show_and_state(runs)
-    print("planner per task, 3 vs 1,000 hosts ...", flush=True)
-    results["planner"] = bench_planner(runs)
+    results["show"] = bench_show_and_state(runs, big)
+    print(f"planner per task, 3 vs {big:,} hosts ...", flush=True)
+    results["planner"] = bench_planner(runs, big)
     print("tfplan plan cluster=3node vs a bare Hydra compose ...", flush=True)
-    results["small"] = bench_cli_small(max(runs, 9))
+    results["small"] = bench_cli_small(max(runs, args.small_runs, 1))
     print("TensorFlow imports, stages ...", flush=True)
     results["tf_modules"] = tensorflow_imports()
-    results["stages"] = bench_stages(runs)
+    results["stages"] = bench_stages(runs, big)
     results["load_end"] = _load()
-    text = report(results, runs, started, machine(), load)
+    text = report(results, runs, started, machine(), load, sizes)
     print(text)
     if not args.no_write:
-        (ROOT / "docs" / "bench_plan.md").write_text(text)
+        args.out.write_text(text)
     if results["tf_modules"]:
         raise SystemExit("tfplan plan imported TensorFlow")
 

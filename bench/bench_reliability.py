@@ -1,6 +1,9 @@
 """Benchmark recovery: per fault, the time until training progresses again and the steps lost.
 
-    .venv/bin/python bench/bench_reliability.py [--repeats 2] [--speed-runs 2]
+    .venv/bin/python bench/bench_reliability.py [--repeats 2] [--speed-runs 2] [--out FILE]
+
+(``--repeats 1 --only "ps/0 (program), warm" --speed-runs 1 --speed-steps 100 --out FILE`` is
+a quick run to the end.)
 
 Each round runs `tfplan apply` on cluster=local (1 ps + 2 workers, MLP on digits, checkpoints
 every 100 steps; the evaluator rounds add an evaluator), waits for global step 300 (and, where
@@ -21,7 +24,7 @@ log (arrival time of every line):
 Rounds of different faults are interleaved (round 1 of every fault, then round 2, ...), so a
 change in the machine's load hits them alike. Then training speed with and without a standby
 (no fault, side by side, alternating), and a standby's cost while it waits.
-Writes docs/reliability.md.
+Writes docs/reliability.md (or --out; with --only, only --out).
 """
 
 from __future__ import annotations
@@ -299,6 +302,11 @@ def main() -> None:
     parser.add_argument("--speed-steps", type=int, default=6000)
     parser.add_argument("--only", help="only the faults whose label contains this")
     parser.add_argument("--keep-logs", type=Path, help="keep each round's apply output here")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="write the report here (default: docs/reliability.md, unless --only)",
+    )
     options = parser.parse_args()
     # Rounds end with SIGINT to `tfplan apply` (as Ctrl-C): a bench started in the background
     # (`... &`, nohup) inherits SIGINT ignored, and so would every apply it starts
@@ -487,8 +495,9 @@ def write_report(
         ],
         "",
     ]
-    if not options.only:
-        (REPO / "docs" / "reliability.md").write_text("\n".join(lines))
+    out = options.out or (None if options.only else REPO / "docs" / "reliability.md")
+    if out is not None:
+        out.write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -1,12 +1,16 @@
 """Benchmark `tfplan apply cluster=slurm` against the same tasks started by hand with srun.
 
-    sudo .venv/bin/python bench/bench_slurm.py [--repeats 3]
+    sudo .venv/bin/python bench/bench_slurm.py [--repeats 3] [--out docs/bench_slurm.md]
+
+(``--repeats 1 --job-end-steps 20`` is the quickest run to the end; ``--slurm-conf FILE``
+uses a test bed that already runs instead of starting one.)
 
 On a real Slurm (the test bed of tests/slurm_testbed.py: slurmctld + three slurmd in network
 namespaces; root needed), downpour with 1 ps + 2 workers, one task per node, alternating:
 - apply -> the first training step of every worker, tfplan vs a shell script that does what a
   user would type: sbatch a holder job, wait until it runs, then one `srun --jobid ... --overlap`
-  per task with the same command, environment and files (ratio of medians; target <= 1.2x);
+  per task with the same command, environment (TF_CONFIG included) and files, taken from the
+  saved plan and `tfplan show --task NAME --json` (ratio of medians; target <= 1.2x);
 - training done (the chief's process ended) -> the job gone from squeue (target <= 2 s).
 Writes docs/bench_slurm.md.
 """
@@ -14,7 +18,6 @@ Writes docs/bench_slurm.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
@@ -24,9 +27,11 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import yaml
+from _planned import planned_tasks, stage, tf_config_text
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -80,87 +85,86 @@ def wait_first_steps(work: Path, started: float, timeout: float = 300) -> float:
 def run_tfplan(tmp: Path, bed: SlurmTestbed) -> float:
     env = conf(tmp, bed)
     started = time.monotonic()
-    subprocess.run(
-        [*TFPLAN, "apply", "--auto-approve", "--detach", *args(100000)],
-        cwd=tmp,
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    elapsed = wait_first_steps(tmp / "work", started)
-    subprocess.run(
-        [*TFPLAN, "destroy", "--auto-approve"], cwd=tmp, env=env, check=True, capture_output=True
-    )
-    return elapsed
-
-
-def run_by_hand(tmp: Path, bed: SlurmTestbed) -> float:
-    """sbatch + wait + one srun per task, with the commands and files tfplan would use."""
-    env = conf(tmp, bed)
-    plan = json.loads(
+    try:
         subprocess.run(
-            [*TFPLAN, "plan", "--no-save", "--json", *args(100000)],
+            [*TFPLAN, "apply", "--auto-approve", "--detach", *args(100000)],
             cwd=tmp,
             env=env,
             check=True,
             capture_output=True,
-            text=True,
-        ).stdout
-    )
-    code = Path(plan["code_dir"])
-    (code).mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cp", "-r", str(REPO / "recipes"), str(code)], check=True)
-    run_yaml = yaml.safe_dump(plan["run_config"], sort_keys=True)
+        )
+        return wait_first_steps(tmp / "work", started)
+    finally:
+        subprocess.run(
+            [*TFPLAN, "destroy", "--auto-approve"],
+            cwd=tmp,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+
+
+def _dq(text: str) -> str:
+    """``text`` inside a shell's double quotes."""
+    return '"' + "".join("\\" + c if c in '\\"$`' else c for c in text) + '"'
+
+
+def run_by_hand(tmp: Path, bed: SlurmTestbed) -> float:
+    """sbatch + wait + one srun per task, with the commands, environment and files tfplan
+    would use: each task's whole environment from `tfplan show --task NAME --json`, its
+    TF_CONFIG the plan's cluster spec with each ``node-<i>`` replaced by the address of the
+    job's i-th node (`scontrol show node`), as a user's script would do."""
+    env = conf(tmp, bed)
+    plan, tasks = planned_tasks(tmp, env, args(100000))
+    stage(plan)
+    hosts = [h["name"] for h in plan["hosts"]]
     lines = [
         "set -e",
         f"cd {shlex.quote(str(tmp))}",
-        "job=$(sbatch --parsable --nodes=3 --ntasks-per-node=1 "
+        f"job=$(sbatch --parsable --nodes={len(hosts)} --ntasks-per-node=1 "
         f"--partition={bed.partition} --output=/dev/null --wrap 'exec sleep infinity')",
         'while [ "$(squeue -h -j $job -o %T)" != RUNNING ]; do sleep 0.05; done',
-        "nodes=$(scontrol show hostnames $(squeue -h -j $job -o %N))",
-        "set -- $nodes",
+        'nodes=$(scontrol show hostnames "$(squeue -h -j $job -o %N)")',
+        "addr() { scontrol -o show node \"$1\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p'; }",
     ]
-
-    def address(place: str) -> str:
-        """node-i -> the i-th node of the job (n1.. on the bed, allocated in order)."""
-        return bed.addresses[f"n{int(place.split('-')[1]) + 1}"]
-
-    for i, task in enumerate(plan["tasks"]):
-        workdir = task["workdir"]
-        Path(workdir).mkdir(parents=True, exist_ok=True)
-        Path(workdir, "run.yaml").write_text(run_yaml)
-        node_index = int(task["host"].split("-")[1]) + 1
-        cluster = {
-            role: [f"{address(t['host'])}:{t['port']}" for t in plan["tasks"] if t["role"] == role]
-            for role in ("ps", "worker")
+    for i in range(len(hosts)):  # node-<i> is the job's i-th node
+        lines.append(f'n{i}=$(echo "$nodes" | sed -n {i + 1}p); a{i}=$(addr "$n{i}")')
+    for task in tasks:
+        tf_config = task["tf_config"] or {
+            "cluster": {name: ends for name, ends in plan["cluster_spec"].items() if ends},
+            "task": {"index": task["index"], "type": task["role"]},
         }
-        tf_config = json.dumps(
-            {"cluster": cluster, "task": {"type": task["role"], "index": task["index"]}}
-        )
+        text = tf_config_text(tf_config)
+        for i, host in enumerate(hosts):
+            text = text.replace(f'"{host}:', f'"@a{i}@:')
+        tf_env = _dq(text)
+        for i in range(len(hosts)):
+            tf_env = tf_env.replace(f"@a{i}@", f"${{a{i}}}")
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in task["env"].items())
         command = " ".join(shlex.quote(w) for w in task["command"])
+        node = hosts.index(task["host"])
         lines.append(
-            f"env {exports} TF_CONFIG={shlex.quote(tf_config)} setsid srun --jobid=$job "
-            f"--overlap -N1 -n1 --nodelist=${node_index} --chdir={shlex.quote(workdir)} "
+            f"env {exports} TF_CONFIG={tf_env} setsid srun --jobid=$job --overlap -N1 -n1 "
+            f"--nodelist=$n{node} --chdir={shlex.quote(task['workdir'])} "
             f"{command} > {shlex.quote(task['log_path'])} 2>&1 < /dev/null &"
         )
-        del i
     lines.append("echo $job")
     script = tmp / "by_hand.sh"
     script.write_text("\n".join(lines) + "\n")
     started = time.monotonic()
     done = subprocess.run(["sh", str(script)], env=env, check=True, capture_output=True, text=True)
-    elapsed = wait_first_steps(tmp / "work", started)
     job = done.stdout.strip().splitlines()[-1]
-    bed.run("scancel", job)
-    deadline = time.monotonic() + 30
-    while bed.run("squeue", "-h", "-j", job, check=False).stdout.strip():
-        assert time.monotonic() < deadline, "by-hand job did not end"
-        time.sleep(0.05)
-    return elapsed
+    try:
+        return wait_first_steps(tmp / "work", started)
+    finally:
+        bed.run("scancel", job)
+        deadline = time.monotonic() + 30
+        while bed.run("squeue", "-h", "-j", job, check=False).stdout.strip():
+            assert time.monotonic() < deadline, "by-hand job did not end"
+            time.sleep(0.05)
 
 
-def run_job_end(tmp: Path, bed: SlurmTestbed) -> float:
+def run_job_end(tmp: Path, bed: SlurmTestbed, steps: int = 200) -> float:
     """A short training through tfplan: the chief's end -> the job gone from squeue."""
     env = conf(tmp, bed)
     gone_at: list[float] = []
@@ -180,7 +184,7 @@ def run_job_end(tmp: Path, bed: SlurmTestbed) -> float:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     proc = subprocess.Popen(
-        [*TFPLAN, "apply", "--auto-approve", *args(200)],
+        [*TFPLAN, "apply", "--auto-approve", *args(steps)],
         cwd=tmp,
         env=env,
         stdout=subprocess.PIPE,
@@ -204,21 +208,34 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(REPO / "docs" / "bench_slurm.md"))
+    parser.add_argument(
+        "--job-end-steps", type=int, default=200, help="steps of the run whose end is timed"
+    )
+    parser.add_argument(
+        "--slurm-conf",
+        type=Path,
+        help="the slurm.conf of a Slurm test bed that already runs (tests/slurm_testbed.py, "
+        "e.g. the tests' own), instead of starting one",
+    )
     opts = parser.parse_args()
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and opts.slurm_conf is None:
         print("bench_slurm needs root (network namespaces for the Slurm test bed)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-slurm-") as scratch:
-        bed = SlurmTestbed(Path(scratch) / "bed")
+        if opts.slurm_conf is not None:
+            bed = SlurmTestbed.attach(opts.slurm_conf)
+        else:
+            bed = SlurmTestbed(Path(scratch) / "bed")
         try:
-            bed.start()
-            bed.wait_ready()
+            if opts.slurm_conf is None:
+                bed.start()
+                bed.wait_ready()
             tfplan_s, hand_s, end_s = [], [], []
             for round_ in range(opts.repeats):
                 for name, fn, sink in (
                     ("tfplan", run_tfplan, tfplan_s),
                     ("by hand", run_by_hand, hand_s),
-                    ("job end", run_job_end, end_s),
+                    ("job end", partial(run_job_end, steps=opts.job_end_steps), end_s),
                 ):
                     with tempfile.TemporaryDirectory(prefix=f"r{round_}-", dir=scratch) as tmp:
                         value = fn(Path(tmp), bed)

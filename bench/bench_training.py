@@ -1,7 +1,8 @@
 """Throughput of the built-in algorithms on 1 ps + 2 workers vs one plain process.
 
 Usage: ``.venv/bin/python bench/bench_training.py [--repeats 3] [--out docs/bench_training.md]
-[--baseline DIR] [--only LABEL,...]``
+[--baseline DIR] [--only LABEL,...] [--steps N] [--single-secs S]`` (``--only hogwild
+--repeats 1 --steps 30 --single-secs 0.2`` is a quick run to the end)
 
 ``--baseline DIR`` runs every configuration alternately from another checkout (e.g. ``git worktree
 add /tmp/before <commit>``) and from this one, so both figures come from the same minutes of a
@@ -137,6 +138,17 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "docs" / "bench_training.md"))
     ap.add_argument("--baseline", help="another checkout to run alternately (before/after)")
     ap.add_argument("--only", help="comma-separated configuration labels to run")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        help="global steps of every cluster run (default: each configuration's own, 500-4,000)",
+    )
+    ap.add_argument(
+        "--single-secs",
+        type=float,
+        default=2.0,
+        help="seconds of each of the single process's 3 timed stretches",
+    )
     args = ap.parse_args()
     baseline = Path(args.baseline).resolve() if args.baseline else None
     only = set(args.only.split(",")) if args.only else None
@@ -145,12 +157,14 @@ def main() -> None:
     rows = []
     launch: dict[str, float] = {}
     t_start = time.monotonic()
-    for label, algo, batch, steps in configs:
+    for label, algo, batch, own_steps in configs:
+        steps = args.steps or own_steps
         if batch not in singles:
+            secs = args.single_secs
             singles[batch] = {
-                "default": single_process(batch),
-                "1 thread": single_process(batch, threads=1),
-                "2 x 1 thread": single_process(batch, threads=1, copies=2),
+                "default": single_process(batch, secs),
+                "1 thread": single_process(batch, secs, threads=1),
+                "2 x 1 thread": single_process(batch, secs, threads=1, copies=2),
             }
             print(f"single process, batch {batch}: {singles[batch]}", flush=True)
         rates: list[float] = []
@@ -167,7 +181,8 @@ def main() -> None:
         med = statistics.median(rates)
         rows.append((label, batch, rates, before, singles[batch]))
         print(f"{label}: {med:.0f} examples/s = {med / singles[batch]['default']:.2f}x", flush=True)
-    write_report(Path(args.out), rows, launch, args.repeats, time.monotonic() - t_start, baseline)
+    elapsed = time.monotonic() - t_start
+    write_report(Path(args.out), rows, launch, args.repeats, elapsed, baseline, args.single_secs)
 
 
 def _rates(rates: list[float]) -> str:
@@ -181,6 +196,7 @@ def write_report(
     repeats: int,
     elapsed: float,
     baseline: Path | None,
+    single_secs: float = 2.0,
 ) -> None:
     lines = [
         "# Training throughput: 1 ps + 2 workers vs one process",
@@ -190,8 +206,9 @@ def write_report(
         f"{elapsed:.0f} s). MLP 784-128-10, synthetic 28x28 data, plain SGD. Cluster figures "
         f"are medians of {repeats} runs of the chief's `examples_per_sec` (every replica's "
         "examples, start-up excluded); the single process is a plain `Session.run` loop with "
-        "the same model and batch (median of 3 x 2 s, TF's default threads). The ceiling is two "
-        "such processes at once with one thread each (two workers that never communicate). All "
+        f"the same model and batch (median of 3 x {single_secs:g} s, TF's default threads). The "
+        "ceiling is two such processes at once with one thread each (two workers that never "
+        "communicate). All "
         "processes share the same cores.",
         "",
     ]

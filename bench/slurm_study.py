@@ -4,12 +4,16 @@ Starts its own SlurmTestbed (tests/slurm_testbed.py), runs each experiment, prin
 fact and a JSON summary at the end. The numbers in docs/slurm_notes.md come from this script.
 Needs root and the packages scripts/setup.sh installs.
 
-    .venv/bin/python bench/slurm_study.py [--reps 5] [--only NAME ...]
+    .venv/bin/python bench/slurm_study.py [--reps 5] [--only NAME ...] [--json FILE]
+
+``--slurm-conf FILE`` runs the experiments on a test bed that already runs (lifecycle and tuned
+still start their own); ``--reps 1 --only allocation exit_codes`` is a quick run to the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +23,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -78,11 +82,22 @@ class Study:
         self.sigtask = work / "sigtask.py"
         self.sigtask.write_text(SIGTASK)
         self.n = 0
+        self.jobs: list[str] = []  # every job sbatch accepted
 
     # -- helpers ----------------------------------------------------------------------------
 
     def run(self, *argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
-        return self.bed.run(*argv, check=False, **kw)  # type: ignore[arg-type]
+        done = self.bed.run(*argv, check=False, **kw)  # type: ignore[arg-type]
+        if argv[:2] == ("sbatch", "--parsable") and done.returncode == 0:
+            self.jobs.append(done.stdout.strip())
+        return done
+
+    def clean_up(self, timeout: float = 60) -> None:
+        """Cancel what the experiments left and wait until squeue has none of their jobs: a
+        bed shared with other users (--slurm-conf) is left as it was found."""
+        if self.jobs:
+            self.run("scancel", *self.jobs)
+            wait_until(lambda: all(self.squeue("-j", j) == "" for j in self.jobs), timeout, 0.1)
 
     def squeue(self, *args: str) -> str:
         return self.run("squeue", "-h", *args).stdout.strip()
@@ -804,6 +819,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--json", type=Path, help="also write the JSON summary here")
+    parser.add_argument(
+        "--slurm-conf",
+        type=Path,
+        help="the slurm.conf of a Slurm test bed that already runs (tests/slurm_testbed.py), "
+        "for every experiment but lifecycle and tuned (they start beds of their own)",
+    )
     args = parser.parse_args()
     names = [
         "lifecycle",
@@ -825,13 +847,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tfpslurm") as tmp:
         work = Path(tmp) / "work"
         work.mkdir()
-        with SlurmTestbed(Path(tmp) / "bed") as bed:
+        if args.slurm_conf is not None:
+            bed = SlurmTestbed.attach(args.slurm_conf)
+        else:
+            bed = SlurmTestbed(Path(tmp) / "bed")
+        with bed if args.slurm_conf is None else _clients_of(bed):
             study = Study(bed, work, args.reps)
-            for name in chosen:
-                if name not in ("lifecycle", "tuned"):
-                    print(f"## {name}", flush=True)
-                    getattr(study, name)()
-            print(json.dumps(RESULTS, indent=1, default=str))
+            try:
+                for name in chosen:
+                    if name not in ("lifecycle", "tuned"):
+                        print(f"## {name}", flush=True)
+                        getattr(study, name)()
+            finally:
+                study.clean_up()
+    summary = json.dumps(RESULTS, indent=1, default=str)
+    print(summary)
+    if args.json is not None:
+        args.json.write_text(summary + "\n")
+
+
+@contextlib.contextmanager
+def _clients_of(bed: SlurmTestbed) -> Iterator[SlurmTestbed]:
+    """An attached bed: its daemons run on; the clients started here end with the study."""
+    try:
+        yield bed
+    finally:
+        problems = bed.stop()
+        if problems:
+            print("ending the clients:", "; ".join(problems), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,35 @@ class SlurmTestbed:
         self._made_run_netns = False
         self.started_s = 0.0  # seconds start() + wait_ready() took
 
+    @classmethod
+    def attach(cls, conf: Path) -> SlurmTestbed:
+        """A bed another process started and still runs, known by its ``slurm.conf`` (e.g.
+        the ``slurm_cluster`` fixture's, for a benchmark the tests start): its clients are
+        this object's (``run``, ``popen``, ``env``), its daemons are not: ``stop()`` ends only
+        the clients started here."""
+        conf = Path(conf).resolve()
+        settings: dict[str, str] = {}
+        addresses: dict[str, str] = {}
+        partition = cls.partition
+        for line in conf.read_text().splitlines():
+            fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+            if "NodeName" in fields:
+                addresses[fields["NodeName"]] = fields.get("NodeAddr", fields["NodeName"])
+            elif "PartitionName" in fields:
+                partition = fields["PartitionName"]
+            elif len(fields) == 1:
+                settings.update(fields)
+        if not addresses:
+            raise ValueError(f"{conf}: no NodeName line: not a test bed's slurm.conf")
+        bed = cls(conf.parent, nodes=len(addresses))
+        bed.conf = conf
+        bed.partition = partition
+        bed.cluster_name = settings.get("ClusterName", bed.cluster_name)
+        bed.node_names = list(addresses)
+        bed.addresses = addresses
+        bed.namespaces, bed.veths = [], []  # the owner's, not this object's to undo
+        return bed
+
     # -- public API -------------------------------------------------------------------------
 
     @property

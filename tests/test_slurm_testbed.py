@@ -95,6 +95,23 @@ def test_tcp_from_a_task_on_n2_to_a_server_on_n1(slurm_cluster: SlurmTestbed) ->
             server.wait()
 
 
+def test_attach_runs_clients_on_a_running_bed_and_stops_only_them(
+    slurm_cluster: SlurmTestbed,
+) -> None:
+    bed = SlurmTestbed.attach(slurm_cluster.conf)
+    assert bed.addresses == slurm_cluster.addresses and bed.partition == slurm_cluster.partition
+    assert bed.jobcomp_log == slurm_cluster.jobcomp_log
+    client = bed.popen("srun", "-N1", "-n1", "-w", "n2", "sh", "-c", "echo up; exec sleep 302")
+    assert _first_line(client, 60) == "up"
+    assert bed.stop() == []  # its own client, SIGTERMed: srun cancels its job
+    assert client.poll() is not None
+    deadline = time.monotonic() + 30
+    while slurm_cluster.run("squeue", "-h").stdout.strip():
+        assert time.monotonic() < deadline, "the client's job is still queued"
+        time.sleep(0.1)
+    test_sinfo_shows_three_idle_nodes(slurm_cluster)  # the owner's daemons run on
+
+
 def test_teardown_leaves_no_process_namespace_or_link(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the Slurm test bed needs root for network namespaces (CI runs as root)")

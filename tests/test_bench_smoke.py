@@ -1,0 +1,220 @@
+"""Every benchmark in bench/ still runs to its end and still measures something.
+
+A benchmark is run rarely, by hand, and rots silently meanwhile (bench_apply's shell baseline
+started its tasks without TF_CONFIG or the plan-wide environment for a whole plan format before
+anyone noticed: issue 24). Each test here runs one script as a user would, as a subprocess, at
+its tiniest settings (one round, few steps, few hosts), writing its report into the test's own
+folder, and checks that the report carries real figures. The figures themselves are not judged:
+at these sizes, on a shared machine, they measure nothing; what they prove is that the whole
+path of the benchmark works. No test writes into docs/ (checked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from slurm_testbed import SlurmTestbed
+
+pytestmark = [pytest.mark.full, pytest.mark.cluster]
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+DOCS = REPO / "docs"
+NUMBER = r"([\d,]+(?:\.\d+)?)"
+
+
+# What the benchmarks write by default: a smoke test points each elsewhere.
+REPORTS = [
+    DOCS / name
+    for name in (
+        "algorithms.md",
+        "algorithms.png",
+        "bench_apply.md",
+        "bench_plan.md",
+        "bench_slurm.md",
+        "bench_strategies.md",
+        "bench_training.md",
+        "reliability.md",
+    )
+]
+
+
+@pytest.fixture(autouse=True)
+def docs_untouched() -> Iterator[None]:
+    """A benchmark pointed at the test's folder leaves the reports in docs/ alone."""
+    before = {p: p.stat().st_mtime_ns for p in REPORTS}
+    yield
+    after = {p: p.stat().st_mtime_ns for p in REPORTS}
+    assert after == before, "a benchmark wrote into docs/"
+
+
+def run_bench(
+    script: str, *args: str, cwd: Path, timeout: float, env: dict[str, str] | None = None
+) -> str:
+    """Run ``bench/<script> ARGS`` to its exit; its output (stdout and stderr). On a timeout
+    it gets SIGINT first, so that its own cleanup (destroy, scancel) runs, then SIGKILL."""
+    full_env = {k: v for k, v in (env or os.environ).items() if not k.startswith("TFPLAN_")}
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        raise AssertionError(
+            f"{script} did not end within {timeout:.0f}s:\n{out[-6000:]}"
+        ) from None
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{out[-6000:]}"
+    return out
+
+
+def figure(text: str, label: str, column: int = 1) -> float:
+    """The number in the ``column``-th cell after the one where ``label`` is, in the first
+    Markdown table row holding ``label`` (from the row's start when ``label`` starts with |)."""
+    anchor = "^" if label.startswith("|") else ""
+    skip = r"[^|]*\|" * column
+    match = re.search(anchor + re.escape(label) + skip + r"[^|\d]*" + NUMBER, text, re.M)
+    assert match, f"no figure in column {column} after {label!r} in:\n{text}"
+    return float(match.group(1).replace(",", ""))
+
+
+def test_every_benchmark_has_a_smoke_test() -> None:
+    scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")}
+    tests = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
+    assert scripts <= tests, f"benchmarks without a smoke test: {sorted(scripts - tests)}"
+
+
+@pytest.mark.timeout(600)
+def test_bench_apply(tmp_path: Path) -> None:
+    out = tmp_path / "bench_apply.md"
+    run_bench("bench_apply.py", "--repeats", "1", "--out", str(out), cwd=tmp_path, timeout=480)
+    text = out.read_text()
+    assert figure(text, "first step of every worker, tfplan apply") > 0
+    assert figure(text, "first step of every worker, shell script") > 0
+    assert figure(text, "ratio tfplan / shell") > 0
+    assert figure(text, "training done -> all tasks exited") > 0
+    assert figure(text, "tfplan destroy of a running cluster") > 0
+    assert "| processes left after destroy (all rounds) | 0 | pass |" in text
+
+
+@pytest.mark.timeout(300)
+def test_bench_plan(tmp_path: Path) -> None:
+    out = tmp_path / "bench_plan.md"
+    args = ["--hosts", "3,4", "--runs", "1", "--small-runs", "1", "--out", str(out)]
+    run_bench("bench_plan.py", *args, cwd=tmp_path, timeout=240)
+    text = out.read_text()
+    assert figure(text, "`tfplan plan` wall time at 4 hosts", column=2) > 0
+    assert figure(text, "plan file per task", column=2) > 0
+    assert figure(text, "| 4 x 8 (37 tasks) | now (1 run)") > 0
+    assert figure(text, "bare Hydra compose of the same tree") > 0
+    assert "imported by `tfplan plan` (`python -X importtime`): none." in text
+
+
+@pytest.mark.timeout(600)
+def test_bench_algorithms(tmp_path: Path) -> None:
+    out, png, raw = tmp_path / "algorithms.md", tmp_path / "algorithms.png", tmp_path / "runs.json"
+    args = ["--minibatches", "40", "--rounds", "1", "--only", "hogwild,allreduce,pss"]
+    args += ["--out", str(out), "--png", str(png), "--json", str(raw)]
+    run_bench("bench_algorithms.py", *args, cwd=tmp_path, timeout=480)
+    runs = {r["name"]: r for r in json.loads(raw.read_text())}
+    assert sorted(runs) == ["allreduce", "hogwild", "pss"]
+    for name, run in runs.items():
+        assert "error" not in run, f"{name}: {run.get('log')}"
+        assert run["result"]["examples_per_sec"] > 0 and run["result"]["accuracy"] > 0
+        assert run["curve"], f"{name}: the evaluator scored no checkpoint"
+    text = out.read_text()
+    for name in runs:
+        assert figure(text, f"| `{name}`", column=5) > 0  # examples/s
+    assert png.stat().st_size > 0
+
+
+@pytest.mark.timeout(600)
+def test_bench_reliability(tmp_path: Path) -> None:
+    out = tmp_path / "reliability.md"
+    fault = "SIGKILL ps/0 (program), warm standby"
+    args = ["--repeats", "1", "--only", fault, "--speed-runs", "1", "--speed-steps", "100"]
+    run_bench("bench_reliability.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
+    text = out.read_text()
+    assert "Failed rounds" not in text, text
+    assert figure(text, f"| {fault}", column=2) > 0  # fault -> victim back (s)
+    assert figure(text, "| false") > 0 and figure(text, "| true") > 0  # examples/s
+    assert re.search(r"CPU [\d.]+ % of one core, RSS \d+ MiB", text), text
+
+
+@pytest.mark.timeout(300)
+def test_bench_strategies(tmp_path: Path) -> None:
+    out = tmp_path / "bench_strategies.md"
+    args = ["--repeats", "1", "--steps", "20", "--out", str(out)]
+    run_bench("bench_strategies.py", *args, cwd=tmp_path, timeout=240)
+    text = out.read_text()
+    for name in ("allreduce", "sync", "pss", "pss K=1", "hogwild"):
+        row = re.search(rf"^\| `{re.escape(name)}` \| [^|]+ \| (\d+) \| {NUMBER} \|", text, re.M)
+        assert row, f"no row for {name}:\n{text}"
+        assert int(row.group(1)) >= 20 and float(row.group(2).replace(",", "")) > 0
+
+
+@pytest.mark.timeout(300)
+def test_bench_training(tmp_path: Path) -> None:
+    out = tmp_path / "bench_training.md"
+    args = ["--only", "hogwild", "--repeats", "1", "--steps", "30", "--single-secs", "0.2"]
+    run_bench("bench_training.py", *args, "--out", str(out), cwd=tmp_path, timeout=240)
+    text = out.read_text()
+    assert figure(text, "| hogwild | 100") > 0  # cluster examples/s
+    assert figure(text, "| 100") > 0  # one process, default threads
+    assert figure(text, "| worker/0") > 0  # launch to its first step
+
+
+@pytest.mark.slurm
+@pytest.mark.netns
+@pytest.mark.timeout(600)
+def test_bench_slurm(tmp_path: Path, slurm_cluster: SlurmTestbed) -> None:
+    out = tmp_path / "bench_slurm.md"
+    args = ["--repeats", "1", "--job-end-steps", "20", "--slurm-conf", str(slurm_cluster.conf)]
+    run_bench(
+        "bench_slurm.py",
+        *args,
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=480,
+        env=slurm_cluster.env(),
+    )
+    text = out.read_text()
+    assert figure(text, "apply -> first step of every worker, tfplan") > 0
+    assert figure(text, "the same tasks by hand") > 0
+    assert figure(text, "training done (chief exited) -> job gone from squeue") >= 0
+    assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""  # nothing left queued
+
+
+@pytest.mark.slurm
+@pytest.mark.netns
+@pytest.mark.timeout(300)
+def test_slurm_study(tmp_path: Path, slurm_cluster: SlurmTestbed) -> None:
+    out = tmp_path / "study.json"
+    args = ["--reps", "1", "--only", "allocation", "exit_codes"]
+    args += ["--slurm-conf", str(slurm_cluster.conf), "--json", str(out)]
+    run_bench("slurm_study.py", *args, cwd=tmp_path, timeout=240, env=slurm_cluster.env())
+    facts = json.loads(out.read_text())
+    started = re.fullmatch(r"median (\d+) ms \(n=1, .*\)", facts["sbatch -> RUNNING"])
+    assert started and int(started.group(1)) > 0, facts
+    assert facts["srun rc: task exit 3"].startswith("3 "), facts
+    assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""  # nothing left queued
