@@ -17,10 +17,11 @@ from tfplan.cli.common import (
     refuse_targets_in_sweeps,
     workspace_from,
 )
-from tfplan.cli.output import LogPrinter, step_progress
+from tfplan.cli.output import LogPrinter, add_all_lines_argument, step_progress
 from tfplan.cli.render import print_lines, print_plan, targeting_warning
 from tfplan.cli.sweep import add_sweep_arguments, run_sweep_command
 from tfplan.engine.background import start_background_supervisor
+from tfplan.engine.lognoise import shows_tf_noise
 from tfplan.engine.plans import make_plan
 from tfplan.engine.refresh import refreshed_state
 from tfplan.engine.runner import ExperimentRun
@@ -58,6 +59,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     apply.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
     apply.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     add_target_argument(apply, "plan and start or stop")
+    add_all_lines_argument(apply)
     add_size_arguments(apply)
     add_sweep_arguments(apply)
     apply.set_defaults(func=run_apply)
@@ -102,7 +104,8 @@ def run_apply(args: argparse.Namespace) -> int:
             )
             return 0
         max_steps = plan.run_config.get("trainer", {}).get("max_steps")
-        outcome = _supervise(run, out, max_steps)
+        show_all = args.all_lines or shows_tf_noise(plan.source_config)
+        outcome = _supervise(run, out, max_steps, show_all)
     _report(outcome, plan, run.result, run.result_at, out)
     return 0 if outcome.succeeded else 1
 
@@ -152,8 +155,8 @@ def _applied_partially(plan: Plan, out: Console) -> None:
     print_lines(lines, out)
 
 
-def _supervise(run: ExperimentRun, out: Console, max_steps: int | None) -> Outcome:
-    printer = LogPrinter(out)
+def _supervise(run: ExperimentRun, out: Console, max_steps: int | None, show_all: bool) -> Outcome:
+    printer = LogPrinter(out, show_all)
     with step_progress(out, max_steps) as on_step:
         try:
             return run.supervise(printer.emit, on_step)

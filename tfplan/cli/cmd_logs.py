@@ -8,7 +8,8 @@ import time
 from tfplan.backends.api import Backend
 from tfplan.cli.cmd_status import task_order
 from tfplan.cli.common import add_experiment_arguments, backend_of, console, load_experiment
-from tfplan.cli.output import LogPrinter
+from tfplan.cli.output import LogPrinter, add_all_lines_argument
+from tfplan.engine.lognoise import shows_tf_noise
 from tfplan.engine.logs import LogFanIn
 from tfplan.errors import StateError
 from tfplan.planning.state import TaskRecord
@@ -23,6 +24,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     logs.add_argument("task", nargs="?", help="one task, e.g. worker/1 (default: all)")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the tasks end")
     logs.add_argument("-n", "--lines", type=int, default=0, help="only the last N lines per task")
+    add_all_lines_argument(logs)
     add_experiment_arguments(logs)
     logs.set_defaults(func=run_logs)
 
@@ -35,15 +37,14 @@ def run_logs(args: argparse.Namespace) -> int:
         raise StateError(
             f"no task {args.task!r} in experiment {state.experiment_id}: choose one of {names}"
         )
-    printer = LogPrinter(console())
+    printer = LogPrinter(console(), args.all_lines or shows_tf_noise(state.config))
     with backend_of(store, state) as backend:
         if args.follow and any(t.running for t in tasks):
             follow(backend, tasks, printer)
             return 0
         for task in tasks:
             lines = backend.read_log(task).decode(errors="replace").splitlines()
-            for line in lines[-args.lines :] if args.lines else lines:
-                printer.emit(task.name, line)
+            printer.emit_log(task.name, lines, args.lines)
     return 0
 
 

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from tfplan.backends.api import Backend, TaskInfo, TaskPhase
 from tfplan.cli.common import add_experiment_arguments, backend_of, console, load_experiment
+from tfplan.engine.lognoise import is_noise
 from tfplan.engine.logs import STEP_PATTERN
 from tfplan.planning.plan import ROLE_ORDER
 from tfplan.planning.state import State, TaskRecord, standby_task
@@ -153,12 +154,18 @@ def _row(
 
 
 def _tail(backend: Backend, task: TaskRecord) -> tuple[int | None, str]:
-    """(last global step seen, last line) of the task's log."""
+    """(last global step seen, last line) of the task's log; TensorFlow's start-up messages
+    are never its last line (a task that has just imported TensorFlow shows what it printed
+    before them)."""
     try:
         data = backend.read_log(task, -_TAIL_BYTES)
     except Exception:  # noqa: BLE001 - status shows what it can
         return None, "(log unreadable)"
-    lines = [line for line in data.decode(errors="replace").splitlines() if line.strip()]
+    lines = [
+        line
+        for line in data.decode(errors="replace").splitlines()
+        if line.strip() and not is_noise(line)
+    ]
     steps = [int(m.group(1)) for line in lines if (m := STEP_PATTERN.search(line))]
     last = lines[-1] if lines else ""
     return (steps[-1] if steps else None), (last if len(last) <= 80 else last[:77] + "...")

@@ -13,9 +13,10 @@ import threading
 
 from tfplan.cli.cmd_logs import follow
 from tfplan.cli.common import add_experiment_arguments, backend_of, console, load_experiment
-from tfplan.cli.output import LogPrinter, step_progress
+from tfplan.cli.output import LogPrinter, add_all_lines_argument, step_progress
 from tfplan.engine.background import supervisor_alive
 from tfplan.engine.experiment import ExperimentFolder
+from tfplan.engine.lognoise import shows_tf_noise
 from tfplan.engine.runner import close_record, supervise_state
 from tfplan.engine.supervisor import HandedOver
 from tfplan.errors import ApplyError
@@ -33,6 +34,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "the background supervisor of a detached apply",
     )
     watch.add_argument("--background", action="store_true", help=argparse.SUPPRESS)
+    add_all_lines_argument(watch)
     add_experiment_arguments(watch)
     watch.set_defaults(func=run_watch)
 
@@ -43,7 +45,7 @@ def run_watch(args: argparse.Namespace) -> int:
     if not state.running:
         out.print(f"Nothing runs in experiment {state.experiment_id}; see `tfplan status`.")
         return 0
-    printer = LogPrinter(out)
+    printer = LogPrinter(out, args.all_lines or shows_tf_noise(state.config))
     record = state.supervisor
     if not args.background and record is not None and supervisor_alive(record):
         out.print(

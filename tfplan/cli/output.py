@@ -1,15 +1,18 @@
-"""Terminal output shared by apply and logs: task-prefixed log lines and a global-step bar."""
+"""Terminal output of apply, logs and watch: task-prefixed log lines and a global-step bar."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import argparse
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-__all__ = ["LogPrinter", "step_progress"]
+from tfplan.engine.lognoise import HIDDEN_HINT, NoiseFilter
+
+__all__ = ["LogPrinter", "add_all_lines_argument", "step_progress"]
 
 _ROLE_STYLE = {
     "ps": "blue",
@@ -21,18 +24,48 @@ _ROLE_STYLE = {
 
 
 class LogPrinter:
-    """Prints ``worker/1 | line``: coloured by role in a terminal, plain when piped."""
+    """Prints ``worker/1 | line``: coloured by role in a terminal, plain when piped.
 
-    def __init__(self, console: Console) -> None:
+    TensorFlow's start-up noise (:mod:`tfplan.engine.lognoise`) is left out unless ``show_all``;
+    the first time a line is left out, one ``tfplan | ...`` line says so and how to see it.
+    """
+
+    def __init__(self, console: Console, show_all: bool = False) -> None:
         self.console = console
         self.width = 12
+        self.noise = NoiseFilter(show_all)
 
     def emit(self, task: str, line: str) -> None:
+        if not self.noise.keeps(task, line):
+            if self.noise.hint_due:
+                self._print("tfplan", HIDDEN_HINT)
+            return
+        self._print(task, line)
+
+    def emit_log(self, task: str, lines: Iterable[str], last: int = 0) -> None:
+        """Print a log read whole (``tfplan logs`` without ``-f``): its shown lines, only the
+        last ``last`` of them when given."""
+        kept = [line for line in lines if self.noise.keeps(task, line)]
+        if self.noise.hint_due:
+            self._print("tfplan", HIDDEN_HINT)
+        for line in kept[-last:] if last else kept:
+            self._print(task, line)
+
+    def _print(self, task: str, line: str) -> None:
         role = task.split("/", 1)[0]
         self.width = max(self.width, len(task))
         text = Text(f"{task:<{self.width}} | ", style=_ROLE_STYLE.get(role, ""))
         text.append(line)
         self.console.print(text, soft_wrap=True, highlight=False)
+
+
+def add_all_lines_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--all-lines",
+        action="store_true",
+        help="show every line of the tasks' logs, TensorFlow's start-up messages included "
+        "(hidden by default, as with recipe.show_tf_noise=false; the logs keep them)",
+    )
 
 
 @contextmanager

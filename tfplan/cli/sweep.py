@@ -57,7 +57,9 @@ def run_sweep_command(args: argparse.Namespace, overrides: list[str], dry_run: b
         out.print("Apply cancelled.")
         return 1
     output = SweepOutput(
-        lambda line: out.print(line, highlight=False, markup=False), verbose=args.verbose
+        lambda line: out.print(line, highlight=False, markup=False),
+        verbose=args.verbose,
+        show_all=getattr(args, "all_lines", False),
     )
     try:
         points = run_sweep(spec, workspace, output)

@@ -238,6 +238,9 @@ class RecipeConfig:
     kind: str = "builtin"  # builtin | command
     command: str | None = None  # for kind=command, e.g. "python train.py --lr 0.1"
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every task
+    # show TensorFlow's start-up messages (absl, cpu_feature_guard, cuda drivers, ...) in apply's
+    # stream, logs, watch and sweeps; false: hidden there, kept in the logs (docs/apply.md)
+    show_tf_noise: bool = False
 
 
 @dataclass

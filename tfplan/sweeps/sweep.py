@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tfplan.engine.lognoise import HIDDEN_HINT, NoiseFilter, shows_tf_noise
 from tfplan.engine.workspace import Workspace
 from tfplan.errors import ConfigError, TfplanError
 from tfplan.files import write_atomic
@@ -206,24 +207,42 @@ def sweep_spec(
 
 
 class SweepOutput:
-    """What a sweep prints: ``#n | line`` for tfplan's events; every task's log when verbose."""
+    """What a sweep prints: ``#n | line`` for tfplan's events; every task's log when verbose,
+    less TensorFlow's start-up noise unless ``show_all`` (or the point's
+    ``recipe.show_tf_noise``), as ``tfplan apply`` shows it."""
 
-    def __init__(self, print_line: Callable[[str], None], verbose: bool = False) -> None:
+    def __init__(
+        self, print_line: Callable[[str], None], verbose: bool = False, show_all: bool = False
+    ) -> None:
         self._print = print_line
         self._lock = threading.Lock()
         self.verbose = verbose
+        self.show_all = show_all
+        self._hinted = False
 
     def say(self, num: int) -> Say:
         return lambda line: self.line(f"#{num} tfplan | {line}")
 
-    def emit(self, num: int) -> Callable[[str, str], None]:
+    def emit(self, num: int, show_all: bool = False) -> Callable[[str, str], None]:
+        noise = NoiseFilter(self.show_all or show_all)
+
         def emit(task: str, line: str) -> None:
             if task == "tfplan":
                 self.line(f"#{num} tfplan | {line}")
-            elif self.verbose:
+            elif not self.verbose:
+                return
+            elif noise.keeps(task, line):
                 self.line(f"#{num} {task} | {line}")
+            elif noise.hint_due and self._first_hint():
+                self.line(f"#{num} tfplan | {HIDDEN_HINT}")
 
         return emit
+
+    def _first_hint(self) -> bool:
+        """Whether the hint that noise is hidden is due: once per sweep, not per point."""
+        with self._lock:
+            due, self._hinted = not self._hinted, True
+            return due
 
     def line(self, text: str) -> None:
         with self._lock:
@@ -309,7 +328,7 @@ class PointTask:
         from tfplan.engine.runner import ExperimentRun
 
         assert self.record is not None
-        say, emit = self.output.say(point.num), self.output.emit(point.num)
+        say = self.output.say(point.num)
         point = replace(point, status="running", started_at=round(time.time(), 3))
         self.record.put(point)
         say(f"{point.label} -> experiment {point.experiment_id}, {point.output_dir}")
@@ -321,6 +340,7 @@ class PointTask:
                 point = replace(point, resumed_from=run.resumed_from)
                 applied = run.apply()
                 if applied.state.running:
+                    emit = self.output.emit(point.num, shows_tf_noise(plan.source_config))
                     outcome = run.supervise(emit, interrupt=self._interrupted)
                     point = replace(
                         point,
