@@ -65,17 +65,21 @@ def destroy(tmp: Path) -> None:
     )
 
 
+def apply_detached(tmp: Path) -> None:
+    """`tfplan apply --detach` of a run long enough to be stopped by hand."""
+    subprocess.run(
+        [*TFPLAN, "apply", "--auto-approve", "--detach", *overrides(tmp, 100000)],
+        cwd=tmp,
+        env=ENV,
+        check=True,
+        capture_output=True,
+    )
+
+
 def run_tfplan_launch(tmp: Path) -> float:
-    args = overrides(tmp, 100000)
     started = time.monotonic()
     try:
-        subprocess.run(
-            [*TFPLAN, "apply", "--auto-approve", "--detach", *args],
-            cwd=tmp,
-            env=ENV,
-            check=True,
-            capture_output=True,
-        )
+        apply_detached(tmp)
         return wait_first_steps(tmp, started)
     finally:
         destroy(tmp)
@@ -155,15 +159,8 @@ def processes_in(groups: list[int]) -> int:
 def run_destroy(tmp: Path) -> tuple[float, int]:
     """Seconds `tfplan destroy` takes on a running cluster, and the processes of its tasks
     (and warm standbys) still alive after it."""
-    args = overrides(tmp, 100000)
     try:
-        subprocess.run(
-            [*TFPLAN, "apply", "--auto-approve", "--detach", *args],
-            cwd=tmp,
-            env=ENV,
-            check=True,
-            capture_output=True,
-        )
+        apply_detached(tmp)
         wait_first_steps(tmp, time.monotonic())
         groups = recorded_groups(tmp)
         started = time.monotonic()

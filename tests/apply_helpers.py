@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -163,3 +164,40 @@ def recorded_groups(cwd: Path) -> list[int]:
             if pgid is not None:
                 groups.append(int(pgid))
     return groups
+
+
+class BackgroundTfplan:
+    """A tfplan command (``apply``, ``watch``, ``logs -f``, ...) running in the background in
+    ``cwd``, its output collected line by line as it comes."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tfplan", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "TFPLAN_CONF": str(CONF)},
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def finish(self, timeout: float) -> list[str]:
+        """Wait for the command to end (killed if it is still running after ``timeout``);
+        its lines."""
+        try:
+            self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(10)
+        return self.lines

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from apply_helpers import (
+    BackgroundTfplan,
     alive,
     base_overrides,
     free_port_base,
@@ -75,37 +74,6 @@ def _args(ws: Path) -> list[str]:
     ]
 
 
-class _Watch:
-    """`tfplan watch` in the background, its output collected line by line."""
-
-    def __init__(self, ws: Path) -> None:
-        conf = Path(__file__).resolve().parent.parent / "conf"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tfplan", "watch"],
-            cwd=ws,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "TFPLAN_CONF": str(conf)},
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
-
-    def finish(self, timeout: float) -> str:
-        self.proc.wait(timeout)
-        self._reader.join(10)
-        return "\n".join(self.lines)
-
-
 def _task(ws: Path, name: str) -> dict[str, object]:
     return next(t for t in state_of(ws)["tasks"] if t["name"] == name)
 
@@ -127,10 +95,10 @@ def test_a_detached_run_recovers_a_fault_and_ends_by_itself(ws: Path) -> None:
     assert restarted["handle"]["pid"] != victim["handle"]["pid"]  # type: ignore[index]
     assert alive(int(restarted["handle"]["pid"]))  # type: ignore[index]
     # watch follows the live supervisor instead of starting a second one
-    watch = _Watch(ws)
+    watch = BackgroundTfplan(ws, "watch")
     wait_until(lambda: watch.saw("worker/0     | step="), 60, "watch to follow the chief's log")
     (ws / "stop").write_text("")  # training ends: the supervisor ends the run by itself
-    out = watch.finish(timeout=120)
+    out = "\n".join(watch.finish(timeout=120))
     assert watch.proc.returncode == 0, out
     assert f"is supervised by pid {record['pid']}" in out, out
     assert "worker/0     | worker/0 done" in out  # it followed the logs to the end
@@ -168,11 +136,11 @@ def test_when_the_supervisor_dies_status_says_so_and_watch_takes_over(ws: Path) 
         json.loads(tfplan(ws, "status", "--json", check=True).stdout)["supervisor"]["alive"]
         is False
     )
-    watch = _Watch(ws)
+    watch = BackgroundTfplan(ws, "watch")
     wait_until(
         lambda: (_supervisor(ws) or {}).get("pid") == watch.proc.pid, 60, "watch to take over"
     )
     (ws / "stop").write_text("")
-    out = watch.finish(timeout=120)
+    out = "\n".join(watch.finish(timeout=120))
     assert watch.proc.returncode == 0, out
     assert "Watching 3 running task(s)" in out and "Training complete" in out

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
-import os
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -20,6 +17,7 @@ from pathlib import Path
 import pytest
 from apply_helpers import (
     CONF,
+    BackgroundTfplan,
     base_overrides,
     free_port_base,
     kill_groups,
@@ -261,40 +259,6 @@ print("step=1 loss=0.5", flush=True)
 """
 
 
-class _Running:
-    """A tfplan command in the background, its output collected line by line."""
-
-    def __init__(self, ws: Path, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tfplan", *args],
-            cwd=ws,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "TFPLAN_CONF": str(CONF)},
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
-
-    def finish(self, timeout: float) -> list[str]:
-        try:
-            self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-        self._reader.join(10)
-        return self.lines
-
-
 def _task_lines(lines: list[str], task: str = "worker/0") -> list[str]:
     prefix = f"{task:<12} | "
     return [line[len(prefix) :] for line in lines if line.startswith(prefix)]
@@ -313,7 +277,7 @@ def test_apply_logs_f_watch_and_logs_show_the_same_lines_all_lines_the_whole_log
     program = ws / "program.py"
     program.write_text(PROGRAM)
     gate = ws / "gate"
-    apply = _Running(
+    apply = BackgroundTfplan(
         ws,
         "apply",
         "--auto-approve",
@@ -333,8 +297,8 @@ def test_apply_logs_f_watch_and_logs_show_the_same_lines_all_lines_the_whole_log
             "the task started",
         )
         assert apply.saw("Apply complete!"), "\n".join(apply.lines)
-        follow = _Running(ws, "logs", "-f")
-        watch = _Running(ws, "watch")  # apply supervises: watch follows the tasks' logs
+        follow = BackgroundTfplan(ws, "logs", "-f")
+        watch = BackgroundTfplan(ws, "watch")  # apply supervises: watch follows the tasks' logs
         # all follow the task from its first line: once all saw it wait, it may go on
         waiting = "worker/0     | worker/0 waiting"
         views = (apply, follow, watch)
