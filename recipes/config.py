@@ -19,10 +19,12 @@ __all__ = [
     "AlgoConf",
     "ConfigError",
     "DataConf",
+    "FeatureConf",
     "ModelConf",
     "RunConfig",
     "TaskInfo",
     "TrainerConf",
+    "data_conf",
     "load_run_config",
     "task_from_env",
 ]
@@ -52,6 +54,25 @@ class ModelConf:
     hidden: tuple[int, ...] = (128,)
     conv_channels: tuple[int, ...] = ()
     dense: int = 64
+    target: Optional[str] = None  # run.yaml's model._target_: the user's Keras model factory
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    loss: str = "sparse_categorical_crossentropy"
+    from_logits: bool = True
+    metrics: tuple[str, ...] = ("accuracy",)
+    # a trainable variable over this many bytes is split over the parameter servers (None: never)
+    partition_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class FeatureConf:
+    """One entry of ``data.features`` (the label is one of them, named by ``data.label``).
+
+    ``None`` means "not given": float32 and a scalar for tfrecord/csv, what the file holds for npz.
+    """
+
+    dtype: Optional[str] = None  # float32 | int64 | string (csv also float64, int32)
+    shape: Optional[tuple[int, ...]] = None  # without the batch dimension; () = scalar
+    default: Any = None  # csv: the value of an empty field; tfrecord: of a missing feature
 
 
 @dataclass(frozen=True)
@@ -65,6 +86,21 @@ class DataConf:
     eval_fraction: float = 0.2
     synthetic_examples: int = 10000
     seed: int = 0
+    # Your files (data.name = tfrecord | csv | npz); recipes/inputs.py reads them.
+    train: tuple[str, ...] = ()  # paths or glob patterns; relative to $TFPLAN_DATA_ROOT or cwd
+    eval: tuple[str, ...] = ()  # empty: the first eval_examples records of the train files
+    eval_examples: int = 10000
+    features: dict[str, FeatureConf] = field(default_factory=dict)
+    label: str = "label"
+    header: bool = True  # csv: the first line names the columns
+    columns: tuple[str, ...] = ()  # csv without a header: the column names
+    field_delim: str = ","
+    compression: Optional[str] = None  # tfrecord/csv: None | GZIP | ZLIB
+    shuffle_buffer: int = 10000  # examples; 0 = no shuffle
+    shard: str = "auto"  # auto (by file when files >= workers, else by record) | file | record
+    prefetch: int = -1  # batches; -1 = AUTOTUNE, 0 = none
+    target: Optional[str] = None  # run.yaml's data._target_: the user's tf.data factory
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -136,6 +172,68 @@ def _pick(cls: type, raw: Any, section: str) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if k in known and (v is not None or k == "path")}
 
 
+def _paths(raw: Any, key: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, (str, os.PathLike)):
+        return (os.fspath(raw),)
+    if isinstance(raw, (list, tuple)) and all(isinstance(p, (str, os.PathLike)) for p in raw):
+        return tuple(os.fspath(p) for p in raw)
+    raise ConfigError(f"run config: data.{key} must be a path, a glob or a list of them")
+
+
+def _feature(name: str, raw: Any) -> FeatureConf:
+    if isinstance(raw, FeatureConf):
+        return raw
+    if raw is None:
+        return FeatureConf()
+    if isinstance(raw, str):  # shorthand: ``x: int64``
+        return FeatureConf(dtype=raw)
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"run config: data.features.{name} must be a mapping {{dtype, shape, default}}"
+        )
+    shape = raw.get("shape")
+    if shape is not None:
+        if isinstance(shape, int):
+            shape = [shape]
+        try:
+            shape = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"run config: data.features.{name}.shape must be a list of ints, got {shape!r}"
+            ) from None
+    dtype = raw.get("dtype")
+    return FeatureConf(
+        dtype=None if dtype is None else str(dtype), shape=shape, default=raw.get("default")
+    )
+
+
+def data_conf(raw: Any) -> DataConf:
+    """The ``data`` section of run.yaml as a DataConf.
+
+    Raises:
+        ConfigError: a malformed value (paths, features).
+    """
+    raw = dict(raw or {}) if isinstance(raw, dict) or raw is None else raw
+    if isinstance(raw, dict) and raw.get("_target_"):
+        raw["target"] = raw["_target_"]
+    data = _pick(DataConf, raw, "data")
+    for key in ("train", "eval"):
+        if key in data:
+            data[key] = _paths(data[key], key)
+    if "columns" in data:
+        data["columns"] = tuple(str(c) for c in data["columns"])
+    features = data.get("features") or {}
+    if isinstance(features, (list, tuple)):  # names only: ``features: [x, y]``
+        features = {str(n): None for n in features}
+    if not isinstance(features, dict):
+        raise ConfigError("run config: data.features must be a mapping name -> {dtype, shape}")
+    data["features"] = {str(n): _feature(str(n), f) for n, f in features.items()}
+    data["kwargs"] = dict(data.get("kwargs") or {})
+    return DataConf(**data)
+
+
 def load_run_config(path: str) -> RunConfig:
     """Parse run.yaml.
 
@@ -153,15 +251,21 @@ def load_run_config(path: str) -> RunConfig:
         raise ConfigError(f"run config {path} has no output_dir")
     algo_raw = dict(raw.get("algo") or {})
     base = {k: algo_raw.pop(k) for k in ("name", "lr", "optimizer", "sync") if k in algo_raw}
-    model = _pick(ModelConf, raw.get("model"), "model")
+    model_raw = dict(raw.get("model") or {})
+    if model_raw.get("_target_"):
+        model_raw["target"] = model_raw["_target_"]
+    model = _pick(ModelConf, model_raw, "model")
     for key in ("hidden", "conv_channels"):
         if key in model:
             model[key] = tuple(int(v) for v in model[key])
+    if "metrics" in model:
+        model["metrics"] = tuple(str(m) for m in model["metrics"])
+    model["kwargs"] = dict(model.get("kwargs") or {})
     return RunConfig(
         output_dir=os.path.abspath(os.path.expanduser(str(raw["output_dir"]))),
         algo=AlgoConf(**base, extra=algo_raw),
         model=ModelConf(**model),
-        data=DataConf(**_pick(DataConf, raw.get("data"), "data")),
+        data=data_conf(raw.get("data")),
         trainer=TrainerConf(**_pick(TrainerConf, raw.get("trainer"), "trainer")),
         experiment_id=str((raw.get("experiment") or {}).get("id", "default")),
     )

@@ -22,44 +22,45 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-import numpy as np
 import tensorflow as tf
 
-from recipes import data as data_mod
 from recipes.config import RunConfig
-from recipes.models import Model, loss_and_accuracy
 from recipes.strategies import CKPT_KEY_SUFFIX
+from recipes.workload import Workload
 
-__all__ = ["CheckpointScorer", "run_evaluator"]
+__all__ = ["CheckpointScorer", "final_line", "result_scores", "run_evaluator"]
 
 v1 = tf.compat.v1
 
 # Once a checkpoint at max_steps is evaluated, result.json is at most moments away: poll for it
 # (or for the chief's final checkpoint) this often instead of every eval_secs.
 FINAL_POLL_SECS = 0.1
+# result.json's training loss is over at most this many training examples (the first ones).
+TRAIN_SAMPLE = 5000
 
 
 class CheckpointScorer:
     """The model's variables and ``global_step`` in a private graph and local session: restores
-    a checkpoint from disk and scores any split with those weights (never the live ps ones)."""
+    a checkpoint from disk and scores the held-out data (or a sample of the training data) with
+    those weights (never the live ps ones), batch by batch through ``tf.data``."""
 
-    def __init__(self, cfg: RunConfig, dim: int, config: Optional[Any] = None) -> None:
-        model = Model(cfg.model, cfg.data.image_size, cfg.data.channels, cfg.data.num_classes)
+    def __init__(self, work: Workload, config: Optional[Any] = None) -> None:
+        self.work = work
         self.graph = v1.Graph()
         with self.graph.as_default():
-            self._x = v1.placeholder(tf.float32, [None, dim])
-            self._y = v1.placeholder(tf.int64, [None])
             self._step = v1.train.get_or_create_global_step()
-            params = model.create_params()
-            self._loss, self._accuracy = loss_and_accuracy(model.logits(params, self._x), self._y)
-            self._saver = v1.train.Saver(var_list=[self._step, *params.values()])
+            self._params = work.model.create_params()
+            self._state = work.model.state_variables()
+            model_vars = {f"model/{k}": v for k, v in [*self._params.items(), *self._state.items()]}
+            self._saver = v1.train.Saver(var_list={"global_step": self._step, **model_vars})
             # The same variables under the TF2 strategies' object-checkpoint keys.
             self._tf2_saver = v1.train.Saver(
                 var_list={
                     "global_step" + CKPT_KEY_SUFFIX: self._step,
-                    **{f"model/{k}{CKPT_KEY_SUFFIX}": v for k, v in params.items()},
+                    **{name + CKPT_KEY_SUFFIX: v for name, v in model_vars.items()},
                 }
             )
+        self._splits: dict[str, tuple[Any, list[Any]]] = {}
         self._sess = v1.Session(graph=self.graph, config=config)
 
     def restore(self, ckpt: str) -> int:
@@ -75,14 +76,72 @@ class CheckpointScorer:
             (self._tf2_saver if tf2 else self._saver).restore(self._sess, ckpt)
             return int(self._sess.run(self._step))
 
-    def score(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        """(loss, accuracy) of the restored weights on ``x``, ``y``."""
+    def _split(self, split: str) -> tuple[Any, list[Any]]:
+        if split not in self._splits:
+            with self.graph.as_default():
+                if split == "eval":
+                    dataset = self.work.eval_dataset()
+                else:
+                    dataset = self.work.train_sample_dataset(TRAIN_SAMPLE)
+                iterator = v1.data.make_initializable_iterator(dataset)
+                features, labels = iterator.get_next()
+                loss, metrics = self.work.scores(self._params, features, labels, self._state)
+                size = tf.shape(tf.nest.flatten(labels)[0])[0]
+                self._splits[split] = (iterator.initializer, [size, loss, *metrics.values()])
+        return self._splits[split]
+
+    def score(self, split: str = "eval") -> dict[str, float]:
+        """``loss`` and each metric of the restored weights, averaged over every example of
+        ``split`` (``eval``: the held-out data; ``train``: the first training examples).
+
+        Raises:
+            recipes.inputs.InputError: the split holds no example.
+        """
+        init, fetches = self._split(split)
+        names = ["loss", *self.work.metric_names()]
+        totals, count = [0.0] * len(names), 0
         with self.graph.as_default():
-            loss, acc = self._sess.run([self._loss, self._accuracy], {self._x: x, self._y: y})
-        return float(loss), float(acc)
+            self._sess.run(init)
+            while True:
+                try:
+                    n, *values = self._sess.run(fetches)
+                except tf.errors.OutOfRangeError:
+                    break
+                count += int(n)
+                totals = [t + float(v) * int(n) for t, v in zip(totals, values, strict=True)]
+        if count == 0:
+            from recipes.inputs import InputError
+
+            raise InputError(f"the {split} data holds no example to score")
+        return {name: total / count for name, total in zip(names, totals, strict=True)}
 
     def close(self) -> None:
         self._sess.close()
+
+
+def result_scores(scorer: CheckpointScorer, ckpt: str) -> tuple[int, dict[str, float]]:
+    """What result.json says of the checkpoint ``ckpt``: its global step, and ``loss`` (on the
+    first training examples), ``eval_loss`` and each metric (held-out), rounded. Closes
+    ``scorer``."""
+    try:
+        gs = scorer.restore(ckpt)
+        held_out = scorer.score("eval")
+        train = scorer.score("train")
+    finally:
+        scorer.close()
+    scores = {"loss": round(train["loss"], 6)}
+    scores.update({k: round(v, 6) for k, v in held_out.items() if k != "loss"})
+    scores["eval_loss"] = round(held_out["loss"], 6)
+    return gs, scores
+
+
+def final_line(result: dict[str, Any]) -> str:
+    """``loss=... accuracy=... examples_per_sec=...``: the chief's last line."""
+    keys = ["loss", *(k for k in result if k in METRIC_KEYS), "examples_per_sec"]
+    return " ".join(f"{k}={result[k]}" for k in keys if k in result)
+
+
+METRIC_KEYS = ("accuracy", "mae", "mse")
 
 
 def _identity(path: str) -> Optional[tuple[int, int, int]]:
@@ -103,15 +162,19 @@ def _result_step(path: str) -> Optional[int]:
 
 
 def run_evaluator(
-    cfg: RunConfig, log: Callable[[str], None] = print, timeout: Optional[float] = None
+    cfg: RunConfig,
+    log: Callable[[str], None] = print,
+    timeout: Optional[float] = None,
+    partitions: int = 1,
 ) -> int:
-    """Evaluate checkpoints until the final one; returns the exit code."""
-    ds = data_mod.load(cfg.data)
+    """Evaluate checkpoints until the final one; returns the exit code. ``partitions``: the
+    cluster's ps count (the training tasks split large variables over them)."""
+    work = Workload.of(cfg, partitions)
     eval_dir = os.path.join(cfg.output_dir, "eval")
     os.makedirs(eval_dir, exist_ok=True)
     metrics_path = os.path.join(eval_dir, "metrics.jsonl")
     result_path = os.path.join(cfg.output_dir, "result.json")
-    scorer = CheckpointScorer(cfg, ds.dim)
+    scorer = CheckpointScorer(work)
     writer = v1.summary.FileWriter(eval_dir, graph=None)
     log(f"evaluator watching {cfg.output_dir} every {cfg.trainer.eval_secs}s")
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -130,9 +193,10 @@ def run_evaluator(
                 except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError):
                     time.sleep(0.2)  # rotated away or half-written: take the next one
                     continue
-                eval_loss, acc = scorer.score(ds.x_eval, ds.y_eval)
-                _record(writer, metrics_path, step, eval_loss, acc, ckpt)
-                log(f"eval step={step} accuracy={acc:.4f} loss={eval_loss:.4f}")
+                scores = scorer.score("eval")
+                _record(writer, metrics_path, step, scores, ckpt)
+                shown = " ".join(f"{k}={v:.4f}" for k, v in scores.items() if k != "loss")
+                log(f"eval step={step} {shown} loss={scores['loss']:.4f}".replace("  ", " "))
                 last, last_step = ckpt, step
                 continue
             current = _identity(result_path)
@@ -153,19 +217,18 @@ def run_evaluator(
     return 0
 
 
-def _record(writer: Any, path: str, step: int, loss: float, acc: float, ckpt: str) -> None:
+def _record(writer: Any, path: str, step: int, scores: dict[str, float], ckpt: str) -> None:
     summary = v1.Summary(
         value=[
-            v1.Summary.Value(tag="eval/accuracy", simple_value=acc),
-            v1.Summary.Value(tag="eval/loss", simple_value=loss),
+            v1.Summary.Value(tag=f"eval/{name}", simple_value=value)
+            for name, value in scores.items()
         ]
     )
     writer.add_summary(summary, step)
     writer.flush()
     line = {
         "global_step": step,
-        "accuracy": round(acc, 6),
-        "loss": round(loss, 6),
+        **{name: round(value, 6) for name, value in scores.items()},
         "time": round(time.time(), 3),
         "checkpoint": os.path.basename(ckpt),
     }

@@ -14,13 +14,13 @@ pure ``tf.nn`` and serves both worlds.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from recipes.config import ModelConf
+from recipes.config import ModelConf, RunConfig
 
-__all__ = ["Model", "Params", "loss_and_accuracy"]
+__all__ = ["Model", "Params", "build_model", "input_width", "loss_and_accuracy", "objective_of"]
 
 Params = dict[str, tf.Variable]
 v1 = tf.compat.v1
@@ -29,17 +29,33 @@ v1 = tf.compat.v1
 class Model:
     """logreg, mlp (hidden sizes) or cnn (3x3 convs + 2x2 max-pool, then one dense layer)."""
 
-    def __init__(self, cfg: ModelConf, image_size: int, channels: int, num_classes: int) -> None:
+    def __init__(
+        self,
+        cfg: ModelConf,
+        image_size: int,
+        channels: int,
+        num_classes: int,
+        input_dim: Optional[int] = None,
+    ) -> None:
         if cfg.name not in ("logreg", "mlp", "cnn"):
-            raise ValueError(f"unknown model '{cfg.name}'; valid: logreg, mlp, cnn")
+            raise ValueError(
+                f"unknown model '{cfg.name}'; valid: logreg, mlp, cnn, or your own Keras model "
+                "with model._target_=my_pkg.models.build"
+            )
         self.cfg = cfg
         self.image_size = image_size
         self.channels = channels
         self.num_classes = num_classes
+        self.input_dim = input_dim or image_size * image_size * channels
+        if cfg.name == "cnn" and self.input_dim != image_size * image_size * channels:
+            raise ValueError(
+                f"model=cnn reads {image_size}x{image_size}x{channels} images (data.image_size, "
+                f"data.channels), but the features hold {self.input_dim} values per example"
+            )
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """``(name, shape)`` of every parameter, in creation order (``dense0/w``, ...)."""
-        dim = self.image_size * self.image_size * self.channels
+        dim = self.input_dim
         shapes: list[tuple[str, tuple[int, ...]]] = []
         if self.cfg.name == "cnn":
             size, c_in = self.image_size, self.channels
@@ -93,6 +109,33 @@ class Model:
             )
         return params
 
+    def state_variables(self) -> Params:
+        """Non-trainable model state: the built-in models have none."""
+        return {}
+
+    def prepare(self) -> None:
+        """TF2: nothing to build ahead (a Keras model builds itself here)."""
+
+    def create_state_variables(self) -> Params:
+        """TF2: the non-trainable state as variables: none."""
+        return {}
+
+    def forward(
+        self, params: Params, features: tf.Tensor, training: bool, state: Optional[Params] = None
+    ) -> tf.Tensor:
+        """The model interface the recipes share with :class:`recipes.keras_model.KerasModel`.
+        ``features``: one tensor (reshaped to ``[batch, input_dim]``) or a dict of numeric ones,
+        flattened and concatenated in the dict's order."""
+        del training, state
+        if isinstance(features, dict):
+            parts = [
+                tf.reshape(tf.cast(t, tf.float32), [tf.shape(t)[0], -1]) for t in features.values()
+            ]
+            x = tf.concat(parts, axis=1)
+        else:
+            x = tf.cast(features, tf.float32)
+        return self.logits(params, tf.reshape(x, [-1, self.input_dim]))
+
     def logits(self, params: Params, x: tf.Tensor) -> tf.Tensor:
         """Forward pass; ``x`` is ``[batch, size*size*channels]``."""
         h = x
@@ -119,3 +162,66 @@ def loss_and_accuracy(logits: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, 
     )
     correct = tf.equal(tf.argmax(logits, axis=1), labels)
     return loss, tf.reduce_mean(tf.cast(correct, tf.float32))
+
+
+def input_width(spec: Any) -> int:
+    """How many numbers one example's features hold (a built-in model's input width).
+
+    Raises:
+        ValueError: a string feature, or a shape that is not fully known.
+    """
+    width = 0
+    for name, (shape, dtype) in spec.features.items():
+        if dtype == "string" or any(d is None or d < 0 for d in shape):
+            raise ValueError(
+                f"data feature {name!r} ({dtype}, shape {list(shape)}) cannot feed a built-in "
+                "model, which reads fixed-size numbers: drop it from data.features or bring "
+                "your own Keras model (model._target_=...)"
+            )
+        n = 1
+        for d in shape:
+            n *= int(d)
+        width += n
+    return width
+
+
+def build_model(
+    cfg: RunConfig,
+    sample: Optional[Callable[[], Any]] = None,
+    spec: Optional[Any] = None,
+    partitions: int = 1,
+) -> Any:
+    """The model the run config names: the user's Keras model (``model._target_``) or a
+    built-in one. Both offer ``create_params``, ``create_variables``, ``forward`` and
+    ``state_variables``.
+
+    Raises:
+        recipes.keras_model.ModelError: the user's callable cannot be imported or called.
+        ValueError: an unknown built-in model.
+    """
+    if cfg.model.target:
+        from recipes.keras_model import KerasModel, import_target
+
+        factory = import_target(cfg.model.target, "model._target_")
+        return KerasModel(
+            factory,
+            cfg.model.kwargs,
+            sample=sample,
+            partitions=partitions,
+            partition_bytes=cfg.model.partition_bytes,
+        )
+    width = input_width(spec) if spec is not None else None
+    # one output for binary classification and regression, one per class otherwise
+    one = cfg.model.loss in ("binary_crossentropy", "mse", "mae", "huber")
+    outputs = 1 if one else cfg.data.num_classes
+    return Model(cfg.model, cfg.data.image_size, cfg.data.channels, outputs, width)
+
+
+def objective_of(cfg: RunConfig) -> Any:
+    """The loss and metrics of the run config (``model.loss``, ``model.metrics``)."""
+    from recipes.keras_model import import_target
+    from recipes.objective import LOSSES, Objective
+
+    m = cfg.model
+    custom = None if m.loss in LOSSES else import_target(m.loss, "model.loss")
+    return Objective(m.loss, m.from_logits, tuple(m.metrics), custom)

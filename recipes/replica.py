@@ -24,12 +24,11 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from recipes import data as data_mod
 from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
-from recipes.evaluator import CheckpointScorer
-from recipes.models import Model, loss_and_accuracy
+from recipes.evaluator import CheckpointScorer, final_line, result_scores
+from recipes.inputs import InputError, explain_known_error
 from recipes.runtime import (
     RoleSessionCreator,
     chief_saver,
@@ -41,11 +40,13 @@ from recipes.runtime import (
     touches_ps,
     wait_for_done_tokens,
 )
+from recipes.workload import Workload, saver_names
 
 __all__ = [
     "ReplicaGraph",
     "TrainingFailed",
     "build_replica_graph",
+    "input_failure",
     "run_replica",
     "write_json_atomic",
 ]
@@ -77,26 +78,64 @@ class TrainingFailed(Exception):
 @dataclass
 class ReplicaGraph:
     train: TrainGraph
-    x: Any
-    y: Any
+    features: Any  # this run's batch, from the replica's tf.data iterator
+    labels: Any
     global_step: Any
     probe: Any
     done_ops: list[Any]
     done_sizes: list[Any]
     summary_op: Any
+    local_init_op: Any  # the algorithm's local init (or the default one) and the input's
+    saver_names: dict[str, Any]  # checkpoint name -> variable (workload.saver_names)
 
 
-def build_replica_graph(cfg: RunConfig, task: TaskInfo, dim: int) -> ReplicaGraph:
-    """Build this replica's whole graph in the default graph."""
+def placement_line(named: dict[str, Any], n_ps: int) -> str:
+    """Where the model's variables are, as placed: ``model variables: 6 (1.7 KiB) on ps/0
+    1.4 KiB, ps/1 300 B`` (what the plan's preview predicted)."""
+    per_ps = [0] * n_ps
+    count = 0
+    for name, var in named.items():
+        if not name.startswith("model/"):
+            continue
+        task = tf.DeviceSpec.from_string(var.device).task or 0
+        size = var.dtype.base_dtype.size
+        for d in var.shape:
+            size *= int(d)
+        per_ps[min(task, n_ps - 1)] += size
+        count += 1
+    spread = ", ".join(f"ps/{k} {_size(b)}" for k, b in enumerate(per_ps))
+    return f"model variables: {count} ({_size(sum(per_ps))}) on {spread}"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def input_seed(cfg: RunConfig, task: TaskInfo) -> int:
+    """The seed of this replica's shuffle: one stream per replica."""
+    return cfg.trainer.seed * 1000 + task.replica_index
+
+
+def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> ReplicaGraph:
+    """Build this replica's whole graph in the default graph.
+
+    The minibatches come from a ``tf.data`` iterator on this replica's own device (its shard of
+    the training data): each ``session.run`` that trains takes exactly one batch, as one feed did.
+    """
     v1.set_random_seed(cfg.trainer.seed)
-    model = Model(cfg.model, cfg.data.image_size, cfg.data.channels, cfg.data.num_classes)
-    x = v1.placeholder(tf.float32, [None, dim], name="x")
-    y = v1.placeholder(tf.int64, [None], name="y")
     setter = v1.train.replica_device_setter(
         worker_device=task.device, cluster=tf.train.ClusterSpec(task.cluster)
     )
     with v1.device(setter):
         global_step = v1.train.get_or_create_global_step()
+    with v1.device(task.device):
+        dataset = work.train_dataset(task.replica_index, task.n_replicas, input_seed(cfg, task))
+        iterator = v1.data.make_initializable_iterator(dataset)
+        features, labels = iterator.get_next(name="batch")
     ctx = BuildContext(
         algo=cfg.algo,
         n_replicas=task.n_replicas,
@@ -107,25 +146,41 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, dim: int) -> ReplicaGrap
         global_step=global_step,
     )
     problem = Problem(
-        create_params=model.create_params,
-        loss_fn=lambda p: loss_and_accuracy(model.logits(p, x), y)[0],
-        inputs=(x, y),
-        loss_on=lambda p, bx, by: loss_and_accuracy(model.logits(p, bx), by)[0],
+        create_params=work.model.create_params,
+        loss_fn=lambda p: work.loss(p, features, labels),
+        inputs=(features, labels),
+        loss_on=lambda p, bx, by: work.loss(p, bx, by),
     )
     train = get_algorithm(cfg.algo.name).build(ctx, problem)
     with v1.device(task.device):
-        _, accuracy = loss_and_accuracy(model.logits(train.train_params, x), y)
+        _, metrics = work.scores(train.train_params, features, labels)
         summary_op = v1.summary.merge(
             [
                 v1.summary.scalar("loss", train.loss),
-                v1.summary.scalar("accuracy", accuracy),
+                *(v1.summary.scalar(name, value) for name, value in metrics.items()),
                 v1.summary.scalar("learning_rate", tf.constant(cfg.algo.lr, tf.float32)),
             ]
         )
         probe = v1.report_uninitialized_variables(v1.global_variables())
+        local_init = train.local_init_op
+        if local_init is None:
+            local_init = v1.train.Scaffold.default_local_init_op()
+        local_init = tf.group(local_init, iterator.initializer, name="local_init_with_input")
     done_ops = done_token_ops(task.n_ps, task.n_replicas)
     done_sizes = done_queue_sizes(task.n_ps, task.n_replicas)
-    return ReplicaGraph(train, x, y, global_step, probe, done_ops, done_sizes, summary_op)
+    names = saver_names(global_step, train.params, work.model.state_variables())
+    return ReplicaGraph(
+        train,
+        features,
+        labels,
+        global_step,
+        probe,
+        done_ops,
+        done_sizes,
+        summary_op,
+        local_init,
+        names,
+    )
 
 
 def _hooks(cfg: RunConfig, g: ReplicaGraph, scaffold: Any, is_chief: bool) -> list[Any]:
@@ -195,8 +250,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         TrainingFailed: NaN loss, or a peer that stopped answering (sync run timeout).
         recipes.data.DataError: the data set cannot be loaded.
     """
-    ds = data_mod.load(cfg.data)  # before the server: a missing file fails in a second
-    x_tr, y_tr = data_mod.shard(ds.x_train, ds.y_train, task.replica_index, task.n_replicas)
+    work = Workload.of(cfg, task.n_ps)  # before the server: a missing file fails in a second
     result_path = os.path.join(cfg.output_dir, "result.json")
     if task.is_chief:
         os.makedirs(cfg.output_dir, exist_ok=True)
@@ -204,15 +258,14 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
             os.remove(result_path)  # stale, from an earlier run: the evaluator watches for it
     server = _make_server(task, get_algorithm(cfg.algo.name).cpu_devices(cfg.algo))
     config = session_config(task)
-    g = build_replica_graph(cfg, task, ds.dim)
+    g = build_replica_graph(cfg, task, work)
+    if task.is_chief and task.n_ps:
+        log(placement_line(g.saver_names, task.n_ps))
     scaffold = v1.train.Scaffold(
-        local_init_op=g.train.local_init_op, summary_op=g.summary_op, saver=chief_saver()
+        local_init_op=g.local_init_op, summary_op=g.summary_op, saver=chief_saver(g.saver_names)
     )
     creator = RoleSessionCreator(
         scaffold, server.target, config, task.is_chief, cfg.output_dir, g.probe, log=log
-    )
-    feed_iter = data_mod.batches(
-        x_tr, y_tr, cfg.data.batch_size, seed=cfg.trainer.seed * 1000 + task.replica_index
     )
     ops, n_ops = g.train.step_ops, len(g.train.step_ops)
     # Which runs of the window touch no ps: those run on the raw session, past the hooks.
@@ -230,7 +283,6 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
             stop_grace_period_secs=g.train.stop_grace_secs,
         ) as sess:
             while not sess.should_stop():
-                bx, by = next(feed_iter)
                 k = i % n_ops
                 if local[k]:
                     # A pure-local step: no hook reads global_step from the ps. The step is
@@ -240,7 +292,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                     want_gs = first_gs is None or not local[(k + 1) % n_ops]
                     fetches = [ops[k], g.train.loss] + ([g.global_step] if want_gs else [])
                     out = sess._tf_sess().run(  # noqa: SLF001 - see docs/runtime.md
-                        fetches, feed_dict={g.x: bx, g.y: by}, options=g.train.run_options
+                        fetches, options=g.train.run_options
                     )
                     loss = out[1]
                     if not np.isfinite(loss):
@@ -249,9 +301,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                         gs = int(out[2])
                 else:
                     _, loss, gs = sess.run(
-                        [ops[k], g.train.loss, g.global_step],
-                        feed_dict={g.x: bx, g.y: by},
-                        options=g.train.run_options,
+                        [ops[k], g.train.loss, g.global_step], options=g.train.run_options
                     )
                     gs = int(gs)
                 i += 1
@@ -285,10 +335,12 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
             "probably down",
             4,
         ) from None
+    except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as e:
+        raise input_failure(e, cfg, gs) from None
     wall = t_last - t_start
     if task.is_chief:
         final = _final_checkpoint(cfg, task, server, g, scaffold, log)
-        _write_result(cfg, task, g, ds, final, result_path, recent, first_gs or 0, wall, log)
+        _write_result(cfg, task, g, work, final, result_path, recent, first_gs or 0, wall, log)
     _send_done_tokens(server, task, g, log)
     log(f"{task.type}/{task.index} finished after {i} runs")
     return 0
@@ -335,11 +387,22 @@ def _stored_step(ckpt: str) -> int | None:
         return None
 
 
+def input_failure(e: Exception, cfg: RunConfig, gs: int) -> Exception:
+    """A TensorFlow error while training: the input's fault (a record that does not parse, a
+    factory's dataset that ended) as a one-line InputError, else the error itself."""
+    if isinstance(e, (tf.errors.OutOfRangeError, StopIteration)):
+        return InputError(
+            f"the training data ended at step={gs}: a data._target_ dataset must repeat, or "
+            "yield at least trainer.max_steps batches"
+        )
+    return explain_known_error(e, cfg.data) or e
+
+
 def _write_result(
     cfg: RunConfig,
     task: TaskInfo,
     g: ReplicaGraph,
-    ds: data_mod.Dataset,
+    work: Workload,
     ckpt: str,
     result_path: str,
     recent: deque[float],
@@ -353,22 +416,13 @@ def _write_result(
     config = v1.ConfigProto(
         intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads
     )
-    scorer = CheckpointScorer(cfg, ds.dim, config)
-    try:
-        gs = scorer.restore(ckpt)
-        eval_loss, acc = scorer.score(ds.x_eval, ds.y_eval)
-        n_train = min(len(ds.x_train), 5000)
-        train_loss, _ = scorer.score(ds.x_train[:n_train], ds.y_train[:n_train])
-    finally:
-        scorer.close()
+    gs, scores = result_scores(CheckpointScorer(work, config), ckpt)
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
     result = {
         "status": "succeeded",
         "global_step": gs,
-        "loss": round(train_loss, 6),
         "last_batch_loss": round(float(np.mean(recent)) if recent else float("nan"), 6),
-        "accuracy": round(acc, 6),
-        "eval_loss": round(eval_loss, 6),
+        **scores,
         "examples_per_sec": round((gs - first_gs) * ex_per_gs / max(wall, 1e-9), 1),
         "wall_time_secs": round(wall, 3),
         "algo": cfg.algo.name,
@@ -377,7 +431,4 @@ def _write_result(
         "checkpoint": os.path.basename(ckpt),  # the one whose step and weights these are
     }
     write_json_atomic(result_path, result)
-    log(
-        f"step={gs} final: loss={result['loss']} accuracy={result['accuracy']} "
-        f"examples_per_sec={result['examples_per_sec']}"
-    )
+    log(f"step={gs} final: {final_line(result)}")

@@ -94,7 +94,7 @@ def make_server(task: TaskInfo) -> Any:
     )
 
 
-def chief_saver() -> Any:
+def chief_saver(var_list: Optional[dict[str, Any]] = None) -> Any:
     """A saver of every global variable whose save and restore ops run on the chief.
 
     Why: ``Scaffold``'s default saver is sharded: each ps saves its own variables on its own
@@ -105,7 +105,7 @@ def chief_saver() -> Any:
     the session places them on the chief: it pulls the variables and writes (and reads) whole
     checkpoints on its own host. Create it once the graph is complete; the files are the same
     V2 format (a checkpoint an older, sharded save wrote restores through it)."""
-    return v1.train.Saver(sharded=False, allow_empty=True, max_to_keep=5)
+    return v1.train.Saver(var_list=var_list, sharded=False, allow_empty=True, max_to_keep=5)
 
 
 def _done_queue(k: int, capacity: int) -> Any:

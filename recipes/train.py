@@ -69,7 +69,7 @@ def _run(config_path: str) -> int:
     if task.type == "evaluator":
         from recipes.evaluator import run_evaluator
 
-        return run_evaluator(cfg, _log)
+        return run_evaluator(cfg, _log, partitions=task.n_ps)
     from recipes.replica import run_replica
 
     return run_replica(cfg, task, PROCESS_START, _log)

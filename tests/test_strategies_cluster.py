@@ -88,7 +88,10 @@ def _check_outputs(c: RecipeCluster, algo: str, max_steps: int, replicas: int, p
         # The evaluator restored the same checkpoint on its own: the same figures.
         assert abs(lines[-1]["accuracy"] - result["accuracy"]) < 1e-6, (lines[-1], result)
         assert abs(lines[-1]["loss"] - result["eval_loss"]) < 1e-5, (lines[-1], result)
-        assert lines[0]["accuracy"] < lines[-1]["accuracy"]
+        # Learning is checked above (the loss); an evaluator that started after the last
+        # checkpoint (a fast run on a busy machine) has only that one to compare.
+        if lines[0]["global_step"] < max_steps // 2:
+            assert lines[0]["accuracy"] < lines[-1]["accuracy"], lines
         assert {"eval/accuracy", "eval/loss"} <= summary_tags(out / "eval")
 
 

@@ -10,10 +10,12 @@ import pytest
 import tensorflow as tf
 
 from recipes.config import AlgoConf, ConfigError, DataConf, ModelConf, RunConfig, TrainerConf
+from recipes.data import load
 from recipes.evaluator import CheckpointScorer
-from recipes.models import Model, loss_and_accuracy
+from recipes.models import Model
 from recipes.strategies import CKPT_KEY_SUFFIX
 from recipes.strategies.common import Checkpoints, Optimizer, first_line
+from recipes.workload import Workload
 
 V1 = {
     "sgd": lambda lr: tf.compat.v1.train.GradientDescentOptimizer(lr),
@@ -88,16 +90,22 @@ def test_the_checkpoint_scorer_restores_a_tf2_checkpoint_in_an_eager_process(
     step.assign(70)
     path = Checkpoints(str(tmp_path), step, params, slots).write(70)
     cfg = RunConfig(str(tmp_path), AlgoConf("allreduce"), conf, DataConf(), TrainerConf())
-    rng = np.random.RandomState(0)
-    x, y = rng.rand(50, 64).astype(np.float32), rng.randint(0, 10, 50).astype(np.int64)
-    scorer = CheckpointScorer(cfg, 64)
+    work = Workload.of(cfg)
+    scorer = CheckpointScorer(work)
     try:
         assert scorer.restore(path) == 70
-        loss, acc = scorer.score(x, y)
+        scores = scorer.score("eval")
     finally:
         scorer.close()
-    want_loss, want_acc = loss_and_accuracy(model.logits(params, x), y)
-    assert abs(loss - float(want_loss)) < 1e-5 and abs(acc - float(want_acc)) < 1e-6
+    total_loss, total_acc, count = 0.0, 0.0, 0
+    for x, y in work.eval_dataset():
+        loss, metrics = work.scores(params, x, y)
+        total_loss += float(loss) * len(y)
+        total_acc += float(metrics["accuracy"]) * len(y)
+        count += len(y)
+    assert count == len(load(DataConf()).y_eval)  # digits' held-out split, each example once
+    assert abs(scores["loss"] - total_loss / count) < 1e-5
+    assert abs(scores["accuracy"] - total_acc / count) < 1e-6
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:

@@ -26,8 +26,10 @@ __all__ = [
     "Params",
     "Problem",
     "TrainGraph",
+    "dense",
     "make_optimizer",
     "move_to_local_collection",
+    "scaled",
 ]
 
 v1 = tf.compat.v1
@@ -98,6 +100,20 @@ class Algorithm(ABC):
         Shared variables must be created under ``v1.device(ctx.ps_device)``; per-replica state in
         ``LOCAL_VARIABLES`` on ``ctx.worker_device``, out of ``GLOBAL_VARIABLES``.
         """
+
+
+def dense(grad: Any) -> Any:
+    """A gradient as a dense tensor. An embedding's gradient is ``IndexedSlices`` (the rows a
+    batch touched); the optimizers apply those sparsely, but arithmetic on gradients needs
+    tensors."""
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def scaled(grad: Any, factor: Any) -> Any:
+    """``factor * grad``, keeping a sparse (``IndexedSlices``) gradient sparse."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor
 
 
 def make_optimizer(name: str, lr: float) -> Any:

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import tensorflow as tf
 
-from recipes.algorithms.base import BuildContext, Params, Problem
+from recipes.algorithms.base import BuildContext, Params, Problem, dense
 from recipes.algorithms.easgd import elastic_alpha, elastic_difference, exchange_ops
 from recipes.algorithms.local import Window, WindowedAlgorithm, local_twins, option, read_all
 
@@ -42,7 +42,9 @@ class EAMSGD(WindowedAlgorithm):
         look = {k: x[k] + self.lookahead_sign * delta * v[k] for k in center}
         loss = problem.loss_fn(look)
         keys = list(center)
-        grads = dict(zip(keys, tf.gradients(loss, [look[k] for k in keys]), strict=True))
+        grads = dict(
+            zip(keys, [dense(g) for g in tf.gradients(loss, [look[k] for k in keys])], strict=True)
+        )
         v_new = {k: delta * v[k] - lr * grads[k] for k in keys}
         local_step = tf.group(
             *[velocity[k].assign(v_new[k]) for k in keys],

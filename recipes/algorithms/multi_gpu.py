@@ -20,7 +20,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph, make_optimizer
+from recipes.algorithms.base import (
+    Algorithm,
+    BuildContext,
+    Problem,
+    TrainGraph,
+    dense,
+    make_optimizer,
+)
 from recipes.algorithms.local import positive_int
 from recipes.config import AlgoConf
 
@@ -55,7 +62,7 @@ class MultiGPU(Algorithm):
         keys = list(params)
         with v1.device(ctx.worker_device):
             values = {k: params[k].read_value() for k in keys}  # one read, shared by the towers
-            n = tf.shape(x)[0]
+            n = tf.shape(y)[0]
         losses, grads, weights = [], [], []
         for i in range(towers):
             with (
@@ -63,8 +70,12 @@ class MultiGPU(Algorithm):
                 tf.name_scope(f"tower{i}"),
             ):
                 rows = tf.range(i, n, towers)
-                loss_i = problem.loss_on(values, tf.gather(x, rows), tf.gather(y, rows))
-                grads.append(tf.gradients(loss_i, [values[k] for k in keys]))
+                x_i = tf.nest.map_structure(lambda t, r=rows: tf.gather(t, r), x)  # dict too
+                # The tower's own handle on the values: a gather's gradient is colocated with
+                # its params, which must then be on this tower's device.
+                mine = {k: tf.identity(values[k]) for k in keys}
+                loss_i = problem.loss_on(mine, x_i, tf.gather(y, rows))
+                grads.append([dense(g) for g in tf.gradients(loss_i, [mine[k] for k in keys])])
                 losses.append(loss_i)
                 weights.append(tf.cast(tf.size(rows), tf.float32) / tf.cast(n, tf.float32))
         with v1.device(ctx.worker_device):

@@ -19,7 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph
+from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph, scaled
 from recipes.algorithms.local import option
 from recipes.algorithms.sync import replicas_to_aggregate
 
@@ -58,7 +58,7 @@ class SyncLR(Algorithm):
             )
             grads = opt.compute_gradients(loss, var_list=list(params.values()))
             train_op = opt.apply_gradients(
-                [(g * (lr * r), v) for g, v in grads], global_step=ctx.global_step
+                [(scaled(g, lr * r), v) for g, v in grads], global_step=ctx.global_step
             )
         return TrainGraph(
             params=params,

@@ -35,10 +35,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from recipes import data as data_mod
 from recipes.config import ConfigError, RunConfig, TaskInfo
-from recipes.models import Model, loss_and_accuracy
-from recipes.replica import TrainingFailed
+from recipes.inputs import check_static
+from recipes.replica import TrainingFailed, input_failure
 from recipes.runtime import op_threads
 from recipes.strategies.common import (
     EXIT_GROUP_LOST,
@@ -50,6 +49,7 @@ from recipes.strategies.common import (
     stream_seed,
     write_result,
 )
+from recipes.workload import Workload
 
 __all__ = ["run_allreduce"]
 
@@ -108,12 +108,16 @@ def _bound_group_start(jobs: dict[str, list[str]], startup: float) -> None:
     ctx.coordination_service.cluster_register_with_barrier = True
 
 
-def _strategy(task: TaskInfo, timeout: float, startup: float) -> Any:
+def _set_threads(task: TaskInfo) -> None:
+    """As the TF1 recipes: the host's cores split over the tasks on it (runtime.op_threads).
+    Before anything runs an op (TensorFlow refuses the change afterwards)."""
     threads = op_threads(task)
     if threads:
-        # As the TF1 recipes: the host's cores split over the tasks on it (runtime.op_threads).
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+
+
+def _strategy(task: TaskInfo, timeout: float, startup: float) -> Any:
     jobs = {job: task.cluster[job] for job in ("chief", "worker") if task.cluster.get(job)}
     _bound_group_start(jobs, startup)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -166,8 +170,11 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
     _check_cluster(task)
     timeout = float(cfg.algo.get("collective_timeout_secs", 30.0))
     startup = float(cfg.algo.get("startup_timeout_secs", 120.0))
-    ds = data_mod.load(cfg.data)  # before the group forms: a missing file fails in a second
-    x_tr, y_tr = data_mod.shard(ds.x_train, ds.y_train, task.replica_index, task.n_replicas)
+    _set_threads(task)
+    # Before the group forms, what needs no TensorFlow: a missing file fails in a second. The
+    # rest (a factory's dataset, the model) after it: MultiWorkerMirroredStrategy must be made
+    # before anything initialises TensorFlow's eager context.
+    check_static(cfg.data)
     if task.is_chief:
         os.makedirs(cfg.output_dir, exist_ok=True)
         result_path = os.path.join(cfg.output_dir, "result.json")
@@ -182,17 +189,21 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
             "chief/worker task running?",
             EXIT_GROUP_LOST,
         ) from None
-    model = Model(cfg.model, cfg.data.image_size, cfg.data.channels, cfg.data.num_classes)
+    work = Workload.of(cfg)
+    model = work.model
     opt = Optimizer(cfg.algo.optimizer, cfg.algo.lr)
     tf.random.set_seed(cfg.trainer.seed)
+    model.prepare()  # a Keras model is built outside the strategy's scope
     with strategy.scope():
         params = model.create_variables()  # MWMS broadcasts the initial values from task 0
+        model_state = model.create_state_variables()
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         slots = opt.create_slots(params)
-    state = Checkpoints(cfg.output_dir, step, params, slots, task)
+    state = Checkpoints(cfg.output_dir, step, params, slots, task, model_state)
     names = list(params)
+    metric_names = work.metric_names()
     train_vars = [params[k] for k in names]
-    every_var = [step, *train_vars, *slots.values()]
+    every_var = [step, *train_vars, *model_state.values(), *slots.values()]
 
     @tf.function
     def sync_from_chief() -> None:
@@ -211,11 +222,17 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
     def train_step(x: Any, y: Any) -> Any:
         def replica_fn(x: Any, y: Any) -> Any:
             with tf.GradientTape() as tape:
-                loss, acc = loss_and_accuracy(model.logits(params, x), y)
+                out = model.forward(params, x, True, model_state)
+                loss = work.objective.loss_of(out, y)
             grads = tape.gradient(loss, train_vars)
-            # One all-reduce (packed) for the gradients and the loss/accuracy to report.
+            metrics = work.objective.metric_values(out, y)
+            reported = tf.stack(
+                [tf.cast(loss, tf.float32)]
+                + [tf.cast(metrics[m], tf.float32) for m in metric_names]
+            )
+            # One all-reduce (packed) for the gradients and the loss/metrics to report.
             mean = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.MEAN, [tf.stack([loss, acc]), *grads], options=options
+                tf.distribute.ReduceOp.MEAN, [reported, *grads], options=options
             )
             return mean[0], mean[1:]
 
@@ -243,14 +260,16 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
         )
         # A resumed run draws a fresh stream (seeded by its start step), not a replay of the
         # first batches of its shard.
-        feed = data_mod.batches(
-            x_tr, y_tr, cfg.data.batch_size, seed=stream_seed(cfg, task.replica_index, gs)
+        feed = iter(
+            work.train_dataset(
+                task.replica_index, task.n_replicas, stream_seed(cfg, task.replica_index, gs)
+            )
         )
         runs, t = 0, cfg.trainer
         last_ckpt_time = 0.0
         while gs < t.max_steps:
             bx, by = next(feed)
-            loss, acc = (float(v) for v in train_step(tf.constant(bx), tf.constant(by)).numpy())
+            loss, *values = (float(v) for v in train_step(bx, by).numpy())
             gs, runs = int(step.numpy()), runs + 1
             if not np.isfinite(loss):
                 raise TrainingFailed(
@@ -258,13 +277,15 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
                     "or check the data",
                     3,
                 )
-            progress.update(gs, [loss], [acc])
+            progress.update(gs, [loss], dict(zip(metric_names, values, strict=True)))
             if task.is_chief and (
                 (t.checkpoint_secs and progress.wall - last_ckpt_time >= t.checkpoint_secs)
                 or (not t.checkpoint_secs and gs % (t.checkpoint_steps or t.max_steps) == 0)
             ):
                 state.write(gs)
                 last_ckpt_time = progress.wall
+    except (tf.errors.InvalidArgumentError, StopIteration) as e:
+        raise input_failure(e, cfg, gs) from None
     except GROUP_ERRORS as e:
         last = state.last_step if task.is_chief else None
         where = f"the last checkpoint (step={last})" if last is not None else "the last checkpoint"
@@ -278,7 +299,7 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
     if task.is_chief:
         final = state.last_path if state.last_step == gs else None
         final = final or state.write(gs)
-        write_result(cfg, final, ds, progress, task.n_replicas, 0, log, op_threads(task))
+        write_result(cfg, final, work, progress, task.n_replicas, 0, log, op_threads(task))
     progress.close()
     log(f"{task.type}/{task.index} finished after {runs} steps")
     return 0

@@ -21,12 +21,12 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from recipes import data as data_mod
 from recipes.config import ConfigError, RunConfig, TaskInfo
-from recipes.evaluator import CheckpointScorer
+from recipes.evaluator import CheckpointScorer, final_line, result_scores
 from recipes.models import Params
 from recipes.replica import write_json_atomic
 from recipes.strategies import CKPT_KEY_SUFFIX
+from recipes.workload import Workload
 
 __all__ = [
     "CKPT_KEY_SUFFIX",
@@ -136,8 +136,9 @@ class Checkpoints:
     ``output_dir/checkpoint`` (so ``tf.train.latest_checkpoint`` and the evaluator find them),
     written and read by the task that owns this object (the chief), on its own host.
 
-    Keys: ``global_step``, ``model/<param>`` (e.g. ``model/dense0/w``) and
-    ``optimizer/<slot>/<param>``, each followed by ``/.ATTRIBUTES/VARIABLE_VALUE``. Written with
+    Keys: ``global_step``, ``model/<param>`` (e.g. ``model/dense0/w``; the model's non-trainable
+    state too, e.g. a batch norm's ``moving_mean``) and ``optimizer/<slot>/<param>``, each
+    followed by ``/.ATTRIBUTES/VARIABLE_VALUE``. Written with
     ``Checkpoint.write`` (no save counter: one more variable that TF would create lazily, and
     in a distribution scope on one task only).
     """
@@ -149,11 +150,12 @@ class Checkpoints:
         params: Params,
         slots: Params,
         task: Optional[TaskInfo] = None,
+        state: Optional[Params] = None,
     ) -> None:
         self.output_dir = output_dir
-        self._params = params
+        self._params = {**params, **(state or {})}
         self._ckpt = tf.train.Checkpoint(
-            global_step=step, model=_tree(params), optimizer=_tree(slots)
+            global_step=step, model=_tree(self._params), optimizer=_tree(slots)
         )
         # Why: by default each variable's device does the file I/O, so pss's ps would write
         # (and read) their shards on their own hosts; every read and write of the checkpoint
@@ -240,9 +242,12 @@ class Progress:
         self._log_gs = self._sum_gs = 0
         self._log_t = self._sum_t = self.t_start
 
-    def update(self, gs: int, losses: Iterable[float], accuracies: Iterable[float]) -> None:
-        """Record the global step ``gs`` reached and the minibatch losses since the last call."""
-        losses, accuracies = list(losses), list(accuracies)
+    def update(
+        self, gs: int, losses: Iterable[float], metrics: Optional[dict[str, float]] = None
+    ) -> None:
+        """Record the global step ``gs`` reached, the minibatch losses since the last call and
+        the last minibatch's metrics (``model.metrics``)."""
+        losses = list(losses)
         self.recent.extend(losses)
         now = self.t_last = time.monotonic()
         t = self.cfg.trainer
@@ -263,7 +268,8 @@ class Progress:
         ):
             with self.writer.as_default():
                 tf.summary.scalar("loss", losses[-1], step=gs)
-                tf.summary.scalar("accuracy", accuracies[-1], step=gs)
+                for name, value in (metrics or {}).items():
+                    tf.summary.scalar(name, value, step=gs)
                 tf.summary.scalar("learning_rate", self.cfg.algo.lr, step=gs)
                 if gs > self._sum_gs:
                     per_sec = (gs - self._sum_gs) / max(now - self._sum_t, 1e-9)
@@ -289,7 +295,7 @@ class Progress:
 def write_result(
     cfg: RunConfig,
     ckpt: str,
-    ds: data_mod.Dataset,
+    work: Workload,
     progress: Progress,
     replicas: int,
     n_ps: int,
@@ -303,25 +309,16 @@ def write_result(
     config = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads
     )
-    scorer = CheckpointScorer(cfg, ds.dim, config)
-    try:
-        gs = scorer.restore(ckpt)
-        eval_loss, acc = scorer.score(ds.x_eval, ds.y_eval)
-        n_train = min(len(ds.x_train), 5000)
-        train_loss, _ = scorer.score(ds.x_train[:n_train], ds.y_train[:n_train])
-    finally:
-        scorer.close()
+    gs, scores = result_scores(CheckpointScorer(work, config), ckpt)
     first = progress.first_gs if progress.first_gs is not None else gs
     wall = progress.train_secs
     result = {
         "status": "succeeded",
         "global_step": gs,
-        "loss": round(train_loss, 6),
         "last_batch_loss": round(float(np.mean(progress.recent)), 6)
         if progress.recent
         else float("nan"),
-        "accuracy": round(acc, 6),
-        "eval_loss": round(eval_loss, 6),
+        **scores,
         "examples_per_sec": round((gs - first) * progress.examples_per_step / max(wall, 1e-9), 1),
         "wall_time_secs": round(wall, 3),
         "algo": cfg.algo.name,
@@ -330,8 +327,5 @@ def write_result(
         "checkpoint": os.path.basename(ckpt),  # the one whose step and weights these are
     }
     write_json_atomic(os.path.join(cfg.output_dir, "result.json"), result)
-    log(
-        f"step={gs} final: loss={result['loss']} accuracy={result['accuracy']} "
-        f"examples_per_sec={result['examples_per_sec']}"
-    )
+    log(f"step={gs} final: {final_line(result)}")
     return result

@@ -43,10 +43,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from recipes import data as data_mod
 from recipes.config import ConfigError, RunConfig, TaskInfo
-from recipes.models import Model, loss_and_accuracy
-from recipes.replica import TrainingFailed
+from recipes.replica import TrainingFailed, input_failure
 from recipes.runtime import op_threads
 from recipes.strategies.common import (
     EXIT_GROUP_LOST,
@@ -58,6 +56,7 @@ from recipes.strategies.common import (
     stream_seed,
     write_result,
 )
+from recipes.workload import Workload
 
 __all__ = ["run_pss", "run_pss_server", "send_done_tokens"]
 
@@ -235,7 +234,7 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
         TrainingFailed: NaN loss (3), a ps lost or a server that never came up (5).
     """
     startup = float(cfg.algo.get("startup_timeout_secs", 120.0))
-    ds = data_mod.load(cfg.data)
+    work = Workload.of(cfg, task.n_ps)  # before the servers: a missing file fails in a second
     os.makedirs(cfg.output_dir, exist_ok=True)
     result_path = os.path.join(cfg.output_dir, "result.json")
     if os.path.exists(result_path):
@@ -247,15 +246,18 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # see allreduce.py: TF may swallow SIGTERM
-    model = Model(cfg.model, cfg.data.image_size, cfg.data.channels, cfg.data.num_classes)
+    model = work.model
     opt = Optimizer(cfg.algo.optimizer, cfg.algo.lr)
     tf.random.set_seed(cfg.trainer.seed)
+    model.prepare()  # a Keras model is built outside the strategy's scope
     with strategy.scope():
         params = model.create_variables()
+        model_state = model.create_state_variables()
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         slots = opt.create_slots(params, colocate=strategy.extended.colocate_vars_with)
-    state = Checkpoints(cfg.output_dir, step, params, slots, task)
+    state = Checkpoints(cfg.output_dir, step, params, slots, task, model_state)
     names = list(params)
+    metric_names = work.metric_names()
     train_vars = [params[k] for k in names]
     n_workers = len(task.cluster["worker"])
 
@@ -263,25 +265,32 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
     if per_closure < 1:
         raise ConfigError(f"algo.steps_per_closure={per_closure}: use at least 1")
 
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec([None, None, ds.dim], tf.float32),
-            tf.TensorSpec([None, None], tf.int64),
-        ]
+    dataset = work.train_dataset(0, 1, stream_seed(cfg, 0, 0))
+    stacked = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([None, *s.shape], s.dtype), dataset.element_spec
     )
+
+    @tf.function(input_signature=list(stacked))
     def train_steps(xs: Any, ys: Any) -> Any:
-        """len(xs) minibatches in a row on one worker, each one async update of the ps."""
+        """K minibatches in a row on one worker, each one async update of the ps."""
 
         def replica_fn(xs: Any, ys: Any) -> Any:
-            total = tf.zeros([2], tf.float32)
-            for i in tf.range(tf.shape(xs)[0]):
+            total = tf.zeros([1 + len(metric_names)], tf.float32)
+            k = tf.shape(ys)[0]
+            for i in tf.range(k):
+                x = tf.nest.map_structure(lambda t, i=i: t[i], xs)
                 with tf.GradientTape() as tape:
-                    loss, acc = loss_and_accuracy(model.logits(params, xs[i]), ys[i])
+                    out = model.forward(params, x, True, model_state)
+                    loss = work.objective.loss_of(out, ys[i])
                 grads = tape.gradient(loss, train_vars)
                 opt.apply(params, dict(zip(names, grads, strict=True)), slots, step)
                 step.assign_add(1)
-                total += tf.stack([loss, acc])
-            return total / tf.cast(tf.shape(xs)[0], tf.float32)
+                metrics = work.objective.metric_values(out, ys[i])
+                total += tf.stack(
+                    [tf.cast(loss, tf.float32)]
+                    + [tf.cast(metrics[m], tf.float32) for m in metric_names]
+                )
+            return total / tf.cast(k, tf.float32)
 
         return strategy.run(replica_fn, args=(xs, ys))
 
@@ -299,9 +308,9 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
             )
         )
         progress = Progress(cfg, cfg.data.batch_size, process_start, True, log)
-        feed = data_mod.batches(
-            ds.x_train, ds.y_train, cfg.data.batch_size, seed=stream_seed(cfg, 0, gs)
-        )
+        if gs:  # a resumed run draws a fresh stream, not a replay of the first batches
+            dataset = work.train_dataset(0, 1, stream_seed(cfg, 0, gs))
+        feed = iter(dataset)
         runs, last_ckpt_time = 0, 0.0
         while gs < t.max_steps:
             # The first chunk is one step, for the first-step line; then up to the next boundary.
@@ -311,8 +320,8 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
             while left > 0:
                 batch = [next(feed) for _ in range(min(per_closure, left))]
                 left -= len(batch)
-                xs = tf.constant(np.stack([b[0] for b in batch]))
-                ys = tf.constant(np.stack([b[1] for b in batch]))
+                xs = tf.nest.map_structure(lambda *t: tf.stack(t), *[b[0] for b in batch])
+                ys = tf.stack([b[1] for b in batch])
                 pending.append(coordinator.schedule(train_steps, args=(xs, ys)))
             coordinator.join()
             runs += target - gs
@@ -324,7 +333,9 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
                     "or check the data",
                     3,
                 )
-            progress.update(gs, metrics[:, 0], metrics[:, 1])
+            progress.update(
+                gs, metrics[:, 0], dict(zip(metric_names, metrics[-1, 1:], strict=True))
+            )
             if (t.checkpoint_secs and progress.wall - last_ckpt_time >= t.checkpoint_secs) or (
                 not t.checkpoint_secs and gs % (t.checkpoint_steps or t.max_steps) == 0
             ):
@@ -332,6 +343,8 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
                 last_ckpt_time = progress.wall
         final = state.last_path if state.last_step == gs else None
         final = final or state.write(gs)
+    except (tf.errors.InvalidArgumentError, StopIteration) as e:
+        raise input_failure(e, cfg, gs) from None
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as e:
         where = f"step={state.last_step}" if state.last_step is not None else "its start"
         raise TrainingFailed(
@@ -339,7 +352,7 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
             f"{first_line(e)}); restart it and the chief: training resumes from {where}",
             EXIT_GROUP_LOST,
         ) from None
-    write_result(cfg, final, ds, progress, n_workers, task.n_ps, log, op_threads(task))
+    write_result(cfg, final, work, progress, n_workers, task.n_ps, log, op_threads(task))
     progress.close()
     send_done_tokens(task, log)
     log(f"chief/0 finished after {runs} steps; servers told to stop")

@@ -1,0 +1,90 @@
+"""Print a run config's model variables as JSON: ``python -m recipes.inspect_model run.yaml [N]``
+(``N``: the parameter servers, which a large variable is split over: ``model.partition_bytes``).
+
+What a launcher needs to preview where the variables go without building the model itself (the
+planner imports no TensorFlow): every global variable the model creates, in creation order
+(``replica_device_setter`` places them round-robin in that order), with ``global_step`` first as
+the replicas create it, under the names the checkpoints use (``model/<name>``), their shapes and
+bytes. Built exactly as a TF1 replica builds it: graph mode, under a device setter.
+
+Output: ``{"variables": [{"name", "shape", "bytes", "trainable", "ps"}, ...]}`` on stdout. A model or
+data problem is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+__all__ = ["model_variables"]
+
+
+def model_variables(config_path: str, partitions: int = 1) -> list[dict[str, object]]:
+    """The variables, as described above.
+
+    Raises:
+        recipes.config.ConfigError, recipes.data.DataError, recipes.keras_model.ModelError:
+            the config, the data or the model cannot be used.
+    """
+    import tensorflow as tf
+
+    from recipes.config import load_run_config
+    from recipes.workload import Workload
+
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    cfg = load_run_config(config_path)
+    work = Workload.of(cfg, partitions)
+    with tf.Graph().as_default():
+        with v1.device(v1.train.replica_device_setter(ps_tasks=max(1, partitions))):
+            step = v1.train.get_or_create_global_step()
+            params = work.model.create_params()
+            state = work.model.state_variables()
+        names = {id(step): "global_step"}
+        names.update({id(v): f"model/{k}" for k, v in [*params.items(), *state.items()]})
+        trainable = {id(v) for v in params.values()}
+        out = []
+        for var in v1.global_variables():
+            shape = [int(d) for d in var.shape]
+            size = 1
+            for d in shape:
+                size *= d
+            out.append(
+                {
+                    "name": names.get(id(var), var.op.name),
+                    "shape": shape,
+                    "bytes": size * var.dtype.base_dtype.size,
+                    "trainable": id(var) in trainable,
+                    # where replica_device_setter put it (its round-robin counts every variable
+                    # created under it, in order)
+                    "ps": tf.DeviceSpec.from_string(var.device).task or 0,
+                }
+            )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (1, 2):
+        print("usage: python -m recipes.inspect_model RUN_YAML [PS_COUNT]", file=sys.stderr)
+        return 2
+    from recipes.config import ConfigError
+    from recipes.data import DataError
+    from recipes.keras_model import ModelError
+    from recipes.objective import ObjectiveError
+
+    try:
+        variables = model_variables(argv[0], int(argv[1]) if len(argv) > 1 else 1)
+    except (ConfigError, DataError, ModelError, ObjectiveError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"variables": variables}))
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)

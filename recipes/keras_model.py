@@ -1,0 +1,339 @@
+"""A Keras 3 model as the recipes' model: the recipes own the variables, Keras does the forward pass.
+
+Why not Keras' own training: Keras 3 (bundled since TF 2.16) has no parameter-server training
+(keras-team/keras#18624) and its ``fit`` fails under MultiWorkerMirroredStrategy
+(keras-team/keras#20585). Its layers still build and run in TF1 graph mode, and
+``Model.stateless_call(trainable, non_trainable, inputs)`` computes a forward pass from any values
+given for the model's variables. So every algorithm trains a Keras model the way it trains the
+built-in ones: it creates parameter sets (the shared set on the parameter servers, local copies on a
+worker, the evaluator's set) and builds forward passes from any dict of them (variables, or tensors
+such as EAMSGD's look-ahead point or multi_gpu's per-tower reads). ``tf_keras`` is not needed.
+
+- The model's parameters are its trainable variables, named by their Keras path (``dense/kernel``);
+  checkpoints store them as ``model/<path>``. Keras names layers from a per-process counter
+  (``dense``, ``dense_1``, ...): the counter is reset before each build so that every process, and
+  every graph in one process, gives the same names.
+- TF1 graph mode: the first :meth:`create_params` in a graph (the shared set, under the
+  ``replica_device_setter``) builds the model itself there: its variables, with Keras' own
+  initialisers, are the parameters. Later sets (worker-local copies, which the windowed algorithms
+  assign from the center before the first step) are zero-initialised variables of the same shapes.
+- Non-trainable state (BatchNormalization's moving statistics, dropout's seed) stays with the model's
+  own variables (on the parameter servers in graph mode): a training forward pass reads them and
+  assigns the values Keras returns, so every replica updates one shared copy.
+- TF2 (``create_variables``): the model is built eagerly outside any strategy scope, only to learn
+  shapes and initial values; the parameters are new ``tf.Variable`` objects created in the caller's
+  scope (a strategy places or mirrors them).
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+__all__ = ["KerasModel", "ModelError", "import_target"]
+
+v1 = tf.compat.v1
+Params = dict[str, Any]
+
+
+class ModelError(Exception):
+    """The user's model cannot be built or used; one line naming the key and the fix."""
+
+
+def import_target(target: str, key: str) -> Callable[..., Any]:
+    """The callable ``pkg.module.name`` names.
+
+    Raises:
+        ModelError: it does not import, or is not callable.
+    """
+    module_name, _, attr = target.rpartition(".")
+    if not module_name:
+        raise ModelError(f"{key}={target!r} is not a dotted path: use my_pkg.module.function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ModelError(
+            f"{key}={target}: cannot import {module_name} ({e}); put its package in "
+            "recipe.code_dir (default: the current directory) so that tfplan ships it"
+        ) from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise ModelError(f"{key}={target}: {module_name} has no callable {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _reset_keras_names() -> None:
+    """Keras' layer-name counter starts again, so that this build names its layers as the first
+    build of a fresh process does (private API: without it names still work within one build)."""
+    try:
+        from keras.src.backend.common import global_state
+
+        global_state.set_global_attribute("object_name_uids", collections.defaultdict(int))
+    except ImportError:  # pragma: no cover - another Keras layout
+        pass
+
+
+def _tf_variable(kv: Any) -> Any:
+    """The ``tf.Variable`` behind a Keras variable (what savers, device setters and
+    collections know)."""
+    return getattr(kv, "value", kv)
+
+
+class KerasModel:
+    """Parameter sets and forward passes for the Keras model ``factory(**kwargs)`` returns.
+
+    ``sample``: a function returning one batch of features (a tensor or a dict of them, in the
+    current graph or eagerly) used to build a model that is not built yet (a Sequential without an
+    ``Input``, a subclassed model).
+
+    ``partitions`` > 1 and ``partition_bytes``: a trainable variable larger than
+    ``partition_bytes`` (an embedding table, say) is split along its first axis into
+    ``partitions`` parts, ``<path>/part_<i>``: separate variables, which the device setter (or
+    ParameterServerStrategy) puts on separate parameter servers. A forward pass joins them.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[..., Any],
+        kwargs: Optional[dict[str, Any]] = None,
+        sample: Optional[Callable[[], Any]] = None,
+        key: str = "model._target_",
+        partitions: int = 1,
+        partition_bytes: Optional[int] = None,
+    ) -> None:
+        self._factory = factory
+        self._kwargs = dict(kwargs or {})
+        self._sample = sample
+        self._key = key
+        self._partitions = max(1, int(partitions))
+        self._partition_bytes = partition_bytes
+        self.parts: dict[str, list[tuple[int, int]]] = {}  # path -> row ranges of its parts
+        self._graphs: dict[int, Any] = {}  # id(graph) -> the model built in it (graph mode)
+        self._eager: Any = None
+        self.keys: list[str] = []  # trainable parameters' names, in the model's order
+        self.state_keys: list[str] = []  # non-trainable variables' names
+
+    # -- building -------------------------------------------------------------------------
+    def _build(self) -> Any:
+        import keras
+
+        _reset_keras_names()
+        try:
+            model = self._factory(**self._kwargs)
+        except TypeError as e:
+            raise ModelError(f"{self._key}: calling it failed ({e}); check model.* keys") from None
+        if not isinstance(model, keras.Model):
+            kind = type(model).__module__ + "." + type(model).__name__
+            hint = (
+                " (a tf_keras model: tfplan's algorithms train Keras 3 models; import keras, "
+                "not tf_keras, and unset TF_USE_LEGACY_KERAS)"
+                if "tf_keras" in kind
+                else ""
+            )
+            raise ModelError(f"{self._key} returned {kind}, not a keras.Model{hint}")
+        if not model.built or not model.weights:
+            if self._sample is None:
+                raise ModelError(
+                    f"{self._key}: the model is not built and no input is known to build it; "
+                    "give it a keras.Input"
+                )
+            model(self._sample(), training=False)
+        names = [w.path for w in model.trainable_variables]
+        state = [w.path for w in model.non_trainable_variables]
+        if len(set(names + state)) != len(names + state):
+            raise ModelError(f"{self._key}: two variables share a name ({names + state})")
+        if not names:
+            raise ModelError(f"{self._key}: the model has no trainable variable")
+        if self.keys and (names, state) != (self.keys, self.state_keys):
+            raise ModelError(f"{self._key}: two builds gave other variables; is it deterministic?")
+        self.keys, self.state_keys = names, state
+        self.parts = self._split(model)
+        return model
+
+    def _split(self, model: Any) -> dict[str, list[tuple[int, int]]]:
+        """Which trainable variables are partitioned, and each part's rows."""
+        if self._partitions < 2 or self._partition_bytes is None:
+            return {}
+        parts = {}
+        for w in model.trainable_variables:
+            shape = [int(d) for d in w.shape]
+            size = tf.as_dtype(w.dtype).size
+            for d in shape:
+                size *= d
+            if shape and size > self._partition_bytes and shape[0] >= self._partitions:
+                n, rows = self._partitions, shape[0]
+                bounds = [rows * i // n for i in range(n + 1)]
+                parts[w.path] = list(zip(bounds[:-1], bounds[1:], strict=True))
+        return parts
+
+    def param_keys(self) -> list[str]:
+        """The parameter sets' keys: the trainable variables' paths, a partitioned one as its
+        parts ``<path>/part_<i>``."""
+        keys = []
+        for k in self.keys:
+            keys += [f"{k}/part_{i}" for i in range(len(self.parts[k]))] if k in self.parts else [k]
+        return keys
+
+    def _pieces(self, w: Any) -> list[tuple[str, Optional[tuple[int, int]]]]:
+        if w.path not in self.parts:
+            return [(w.path, None)]
+        return [(f"{w.path}/part_{i}", rows) for i, rows in enumerate(self.parts[w.path])]
+
+    def _graph_model(self) -> Optional[Any]:
+        return self._graphs.get(id(v1.get_default_graph()))
+
+    def template(self) -> Any:
+        """The model built in the current graph (TF1 graph mode) or eagerly (TF2, also when
+        asked from inside a ``tf.function``: the eager build of :meth:`prepare`)."""
+        if v1.executing_eagerly_outside_functions():
+            if self._eager is None:
+                if not tf.executing_eagerly():
+                    raise ModelError(
+                        f"{self._key}: the model must be built before tracing (prepare())"
+                    )
+                self._eager = self._build()
+            return self._eager
+        model = self._graph_model()
+        if model is None:
+            model = self._graphs[id(v1.get_default_graph())] = self._build()
+        return model
+
+    # -- parameters -----------------------------------------------------------------------
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        model = self.template()
+        shapes = []
+        for w in model.trainable_variables:
+            shape = tuple(int(d) for d in w.shape)
+            for key, rows in self._pieces(w):
+                shapes.append((key, shape if rows is None else (rows[1] - rows[0], *shape[1:])))
+        return shapes
+
+    def create_params(
+        self, collections: Optional[list[str]] = None, trainable: bool = True
+    ) -> Params:
+        """Graph mode: a parameter set in the current device and variable scope. The first set of
+        a graph is the model's own variables (built here); later ones are zero-initialised
+        variables ``<scope>/model/<path>`` in ``collections``."""
+        first = self._graph_model() is None
+        model = self.template()
+        if first and collections is None:
+            return self._shared_params(model)
+        params: Params = {}
+        with v1.variable_scope("model"):
+            for key, shape in self.param_shapes():
+                params[key] = v1.get_variable(
+                    key,
+                    shape=shape,
+                    dtype=tf.as_dtype(self._dtypes(model)[key]),
+                    initializer=v1.zeros_initializer(),
+                    collections=collections,
+                    trainable=trainable,
+                    use_resource=True,
+                )
+        return params
+
+    def _dtypes(self, model: Any) -> dict[str, Any]:
+        return {key: w.dtype for w in model.trainable_variables for key, _ in self._pieces(w)}
+
+    def _shared_params(self, model: Any) -> Params:
+        """The first set of a graph: the model's own variables, except that a partitioned one
+        is replaced by its parts (new variables, in creation order, initialised from the rows of
+        its initial value; the whole variable leaves the collections, so it is never
+        initialised, saved or placed in memory)."""
+        params: Params = {}
+        graph = v1.get_default_graph()
+        for w in model.trainable_variables:
+            var = _tf_variable(w)
+            if w.path not in self.parts:
+                params[w.path] = var
+                continue
+            for key, (lo, hi) in self._pieces(w):
+                params[key] = tf.Variable(
+                    var.initial_value[lo:hi], name=f"model/{key}", trainable=True
+                )
+            for name in (v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES):
+                ref = graph.get_collection_ref(name)
+                ref[:] = [v for v in ref if v is not var]
+        return params
+
+    def state_variables(self) -> Params:
+        """The model's non-trainable variables (graph mode: of the current graph's model)."""
+        model = self.template()
+        return {w.path: _tf_variable(w) for w in model.non_trainable_variables}
+
+    def prepare(self) -> None:
+        """TF2: build the model eagerly now, outside any strategy's scope (its variables only
+        carry shapes and initial values: they must not be distributed). Call before entering
+        the strategy's scope; :meth:`create_variables` then copies from it."""
+        self.template()
+
+    def create_variables(self) -> Params:
+        """TF2: the parameters as new ``tf.Variable`` objects in the current (strategy) scope,
+        holding the initial values of the eager build (:meth:`prepare`)."""
+        model = self.template()
+        params: Params = {}
+        for w in model.trainable_variables:
+            value = w.numpy()
+            for key, rows in self._pieces(w):
+                part = value if rows is None else value[rows[0] : rows[1]]
+                params[key] = tf.Variable(part, name=f"model/{key}", trainable=True)
+        return params
+
+    def create_state_variables(self) -> Params:
+        """TF2: the non-trainable state as new variables in the current scope."""
+        model = self.template()
+        # In a strategy's replica context an update needs an aggregation: the replicas' mean
+        # for statistics (a batch norm's), the first replica's value for integers (a seed).
+        return {
+            w.path: tf.Variable(
+                w.numpy(),
+                name=f"model/{w.path}",
+                trainable=False,
+                aggregation=tf.VariableAggregation.MEAN
+                if tf.as_dtype(w.dtype).is_floating
+                else tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
+            for w in model.non_trainable_variables
+        }
+
+    # -- forward --------------------------------------------------------------------------
+    def forward(
+        self,
+        params: Params,
+        features: Any,
+        training: bool,
+        state: Optional[Params] = None,
+    ) -> Any:
+        """The model's outputs for ``features``, computed from ``params`` (variables or tensors,
+        by name). ``state``: the non-trainable values to read and (when training) update; default
+        the model's own. Training updates (moving statistics, the dropout seed) run with the
+        outputs."""
+        model = self.template()
+        missing = [k for k in self.param_keys() if k not in params]
+        if missing:
+            raise ModelError(f"{self._key}: no value for {missing[:3]}")
+        state_vars = self.state_variables() if state is None else state
+        trainable = [
+            tf.concat([params[f"{k}/part_{i}"] for i in range(len(self.parts[k]))], axis=0)
+            if k in self.parts
+            else params[k]
+            for k in self.keys
+        ]
+        non_trainable = [state_vars[k] for k in self.state_keys]
+        outputs, new_state = model.stateless_call(
+            trainable, non_trainable, features, training=training
+        )
+        if not training or not non_trainable:
+            return outputs
+        updates = [
+            var.assign(new)
+            for var, new in zip(non_trainable, new_state, strict=True)
+            if hasattr(var, "assign") and new is not var
+        ]
+        if tf.executing_eagerly():
+            return outputs
+        with tf.control_dependencies(updates):
+            return tf.nest.map_structure(tf.identity, outputs)
