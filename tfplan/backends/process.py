@@ -47,7 +47,7 @@ from tfplan.backends.firewall import (
     parse_detect,
     remove_script,
 )
-from tfplan.backends.staging import RECIPES_DIR, run_yaml
+from tfplan.backends.staging import run_yaml, ship_code
 from tfplan.backends.transports.pool import TransportPool
 from tfplan.backends.transports.preflight import (
     PreflightRequest,
@@ -298,8 +298,7 @@ class ProcessBackend(Backend):
 
         def ship(name: str) -> None:
             transport = self.pool[name]
-            if plan.builtin_recipes:
-                transport.put_tree(RECIPES_DIR, posixpath.join(plan.code_dir, "recipes"))
+            ship_code(plan, transport)
             for task in (t for t in tasks if t.host == name):
                 transport.write_file(posixpath.join(task.workdir, "run.yaml"), config)
 

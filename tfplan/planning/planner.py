@@ -108,8 +108,11 @@ def plan(
     hosts = tuple(HostSpec(p.name, p.address) for p in places)
     output_dir = _absolute(cfg.cluster.output_dir, ctx.cwd)
     workdir = _absolute(cfg.cluster.workdir, ctx.cwd)
-    run_config = _run_config(cfg, output_dir)
-    config_digest = _digest(run_config)
+    run_config = _run_config(cfg, output_dir, ctx.cwd)
+    # the user's code is part of what the tasks run: a change to it restarts them
+    config_digest = _digest(
+        [run_config, [c.digest for c in ctx.user_code]] if ctx.user_code else run_config
+    )
     policy = job_policy(cfg)
     endpoints = _cluster_spec(slots, ports, places)
     cluster_digest = ClusterSpecText(endpoints).digest
@@ -160,6 +163,7 @@ def plan(
         targets=tuple(targets),
         left_out=left_out,
         output_mode=cfg.cluster.output_mode,
+        user_code=ctx.user_code,
     )
 
 
@@ -303,7 +307,8 @@ def _source_config(cfg: Config, ctx: PlanContext, output_dir: str, workdir: str)
     config = plain(cfg)
     config["cluster"]["output_dir"] = output_dir
     config["cluster"]["workdir"] = workdir
-    return {"config": config, "context": dataclasses.asdict(ctx)}
+    context = {**dataclasses.asdict(ctx), "user_code": [c.to_dict() for c in ctx.user_code]}
+    return {"config": config, "context": context}
 
 
 def _held_ports(
@@ -335,6 +340,11 @@ def _cluster_spec(
     return spec
 
 
+def _data_path(path: str, cwd: str) -> str:
+    """A data path or glob, absolute; ``~`` is left for the task's host to expand."""
+    return path if path.startswith("~") else _absolute(path, cwd)
+
+
 def _absolute(path: str, cwd: str) -> str:
     return posixpath.normpath(path if path.startswith("/") else posixpath.join(cwd, path))
 
@@ -352,14 +362,24 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _run_config(cfg: Config, output_dir: str) -> dict[str, Any]:
-    """What every task reads as run.yaml (docs/contract.md)."""
+def _run_config(cfg: Config, output_dir: str, cwd: str) -> dict[str, Any]:
+    """What every task reads as run.yaml (docs/contract.md). The data's paths are made absolute
+    against the directory tfplan runs in, as output_dir is: a task runs in its own workdir."""
+    data = plain(cfg.data)
+    for key in ("train", "eval"):
+        value = data.get(key)
+        if isinstance(value, str):
+            data[key] = _data_path(value, cwd)
+        elif isinstance(value, list):
+            data[key] = [_data_path(str(v), cwd) for v in value]
+    if data.get("path"):
+        data["path"] = _data_path(str(data["path"]), cwd)
     return {
         "experiment": {"id": cfg.experiment.id},
         "output_dir": output_dir,
         "algo": plain(cfg.algo),
         "model": plain(cfg.model),
-        "data": plain(cfg.data),
+        "data": data,
         "trainer": plain(cfg.trainer),
     }
 

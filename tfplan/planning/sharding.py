@@ -10,7 +10,7 @@ from __future__ import annotations
 from tfplan.config.schema import DataConfig, ModelConfig
 from tfplan.planning.plan import ShardingPreview, ShardPlacement, VariableSpec
 
-__all__ = ["model_variables", "preview_sharding", "round_robin", "greedy_bytes"]
+__all__ = ["model_variables", "preview_of", "preview_sharding", "round_robin", "greedy_bytes"]
 
 _FLOAT32 = 4
 _INT64 = 8
@@ -81,11 +81,30 @@ def _placement(
 
 
 def preview_sharding(model: ModelConfig, data: DataConfig, num_ps: int) -> ShardingPreview:
-    """Both strategies side by side, so the plan can show which balances the bytes better."""
-    variables = model_variables(model, data)
+    """Both strategies side by side, so the plan can show which balances the bytes better.
+    A user's model (``model._target_``) has no shapes in its config: an empty preview, which
+    the engine fills from an inspection build (:func:`preview_of`)."""
+    if model._target_:
+        return ShardingPreview(variables=(), placements=(), source="not inspected")
+    return preview_of(model_variables(model, data), num_ps)
+
+
+def preview_of(
+    variables: tuple[VariableSpec, ...],
+    num_ps: int,
+    source: str = "",
+    devices: dict[str, int] | None = None,
+) -> ShardingPreview:
+    """The preview of known variables (creation order, ``global_step`` first) over ``num_ps``;
+    ``devices``: where the device setter put each one when that is known (an inspection build:
+    its round-robin also counts variables the listing leaves out)."""
     if num_ps <= 0:
-        return ShardingPreview(variables=variables, placements=())
+        return ShardingPreview(variables=variables, placements=(), source=source)
+    used = round_robin(variables, num_ps)
+    if devices and all(v.name in devices for v in variables):
+        used = _placement("round_robin", variables, dict(devices), num_ps)
     return ShardingPreview(
         variables=variables,
-        placements=(round_robin(variables, num_ps), greedy_bytes(variables, num_ps)),
+        placements=(used, greedy_bytes(variables, num_ps)),
+        source=source,
     )

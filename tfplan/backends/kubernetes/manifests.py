@@ -105,7 +105,8 @@ def retry_of(plan: Plan, role: str, opts: KubeOptions) -> Retry:
 
 
 def ships_code(plan: Plan, opts: KubeOptions) -> bool:
-    """Whether the recipes package goes into the ConfigMap (else the image has it)."""
+    """Whether the recipes package (and the user's packages) go into the ConfigMap (else the
+    image has them)."""
     return plan.builtin_recipes and opts.code == "configmap"
 
 
@@ -366,6 +367,8 @@ def request_lines(plan: Plan, opts: KubeOptions) -> tuple[str, ...]:
     starts = any(c.action in (Action.CREATE, Action.REPLACE) for c in plan.changes)
     if starts:
         code = "run.yaml and the recipes package" if ships_code(plan, opts) else "run.yaml"
+        if ships_code(plan, opts) and plan.user_code:
+            code += " and " + ", ".join(c.name for c in plan.user_code)
         lines.append(f"+   ConfigMap/{opts.config_map} ({code}; replaced if it exists)")
         lines.append(
             f"+   Service/{opts.service} (headless, port {opts.port}; pods resolve as "

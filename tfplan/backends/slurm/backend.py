@@ -56,7 +56,7 @@ from tfplan.backends.firewall import (
 )
 from tfplan.backends.slurm.commands import Slurm, SlurmUnreachable, last_line
 from tfplan.backends.slurm.options import parse_options
-from tfplan.backends.staging import RECIPES_DIR, run_yaml
+from tfplan.backends.staging import run_yaml, ship_code
 from tfplan.backends.transports.local import LocalTransport
 from tfplan.backends.transports.preflight import (
     PREFLIGHT_SNIPPET,
@@ -284,8 +284,7 @@ class SlurmBackend(Backend):
         Raises:
             PreflightError: a node's problems, in one line.
         """
-        if plan.builtin_recipes:
-            self.local.put_tree(RECIPES_DIR, posixpath.join(plan.code_dir, "recipes"))
+        ship_code(plan, self.local)
         config = run_yaml(plan)
         for task in tasks:
             self.local.write_file(posixpath.join(task.workdir, "run.yaml"), config)
