@@ -28,7 +28,7 @@ from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
 from recipes.evaluator import CheckpointScorer, final_line, result_scores
-from recipes.inputs import InputError, explain_known_error
+from recipes.inputs import InputError, explain_known_error, graph_feeds
 from recipes.runtime import (
     RoleSessionCreator,
     chief_saver,
@@ -262,7 +262,10 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     if task.is_chief and task.n_ps:
         log(placement_line(g.saver_names, task.n_ps))
     scaffold = v1.train.Scaffold(
-        local_init_op=g.local_init_op, summary_op=g.summary_op, saver=chief_saver(g.saver_names)
+        local_init_op=g.local_init_op,
+        summary_op=g.summary_op,
+        saver=chief_saver(g.saver_names),
+        local_init_feed_dict=graph_feeds() or None,  # an in-memory shard, fed at the init
     )
     creator = RoleSessionCreator(
         scaffold, server.target, config, task.is_chief, cfg.output_dir, g.probe, log=log

@@ -281,6 +281,7 @@ class RoleSessionCreator(v1.train.SessionCreator):
                 ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
                 graph=v1.get_default_graph(),
                 recovery_wait_secs=1,
+                local_init_feed_dict=self._scaffold.local_init_feed_dict,
             )
         return self._manager
 
