@@ -201,3 +201,32 @@ class BackgroundTfplan:
                 self.proc.kill()
         self._reader.join(10)
         return self.lines
+
+
+def topology(algo: str) -> list[str]:
+    """Overrides that fit the local cluster (1 ps, 2 workers, worker 0 the chief) to what the
+    registry says ``algo`` needs: no ps for a collective one (allreduce), a chief task of its
+    own for one whose chief coordinates (pss). The planner refuses the others' topology."""
+    from tfplan.config.algorithms import ALGORITHMS
+
+    needs = ALGORITHMS[algo]
+    return [
+        *([] if needs.needs_ps else ["cluster.ps=0"]),
+        *(["cluster.chief=separate"] if needs.chief else []),
+    ]
+
+
+def minibatches_per_step(algo: str) -> int:
+    """Minibatches (of all replicas together) one global step of ``algo`` takes, with the
+    shipped defaults, on 2 training replicas."""
+    import yaml
+
+    from tfplan.config.algorithms import ALGORITHMS
+
+    if ALGORITHMS[algo].collective:  # one step = one minibatch on every replica, in lockstep
+        return 2
+    if algo in ("sync", "sync_lr"):
+        return 2
+    if algo == "sagn":
+        return 2 * int(yaml.safe_load((CONF / "algo" / "sagn.yaml").read_text())["window"])
+    return 1

@@ -18,49 +18,30 @@ from pathlib import Path
 import pytest
 import yaml
 from apply_helpers import (
-    CONF,
     alive,
     base_overrides,
     free_port_base,
     kill_groups,
+    minibatches_per_step,
     recorded_groups,
     state_of,
     tfplan,
+    topology,
 )
 
 from tfplan.config.algorithms import ALGORITHMS
 
 MINIBATCHES = 40
-# The fast tier runs one asynchronous and one synchronous ps algorithm (the TF2 strategies run end
-# to end in tests/test_strategies_apply.py); --tier=full runs every one.
-FAST_TIER = ("downpour", "sync")
+# The fast tier runs the synchronous ps algorithm on the built-in model (a windowed one, downpour,
+# runs end to end on the user's model in tests/test_user_model_apply.py; the TF2 strategies in
+# tests/test_strategies_apply.py); --tier=full runs every one.
+FAST_TIER = ("sync",)
 
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
     kill_groups(recorded_groups(tmp_path))
-
-
-def topology(algo: str) -> list[str]:
-    """Overrides that fit the local cluster (1 ps, 2 workers, worker 0 the chief) to what the
-    registry says ``algo`` needs: no ps for a collective one (allreduce), a chief task of its
-    own for one whose chief coordinates (pss). The planner refuses the others' topology."""
-    needs = ALGORITHMS[algo]
-    return [
-        *([] if needs.needs_ps else ["cluster.ps=0"]),
-        *(["cluster.chief=separate"] if needs.chief else []),
-    ]
-
-
-def minibatches_per_step(algo: str) -> int:
-    if ALGORITHMS[algo].collective:  # one step = one minibatch on every replica, in lockstep
-        return 2
-    if algo in ("sync", "sync_lr"):
-        return 2
-    if algo == "sagn":
-        return 2 * int(yaml.safe_load((CONF / "algo" / "sagn.yaml").read_text())["window"])
-    return 1
 
 
 @pytest.mark.cluster

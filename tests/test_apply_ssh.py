@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -173,3 +175,64 @@ def test_downpour_across_three_namespaced_hosts(ws: Path, netns_testbed: NetnsTe
     state = state_of(ws)
     assert {t["host"] for t in state["tasks"]} == {"h1", "h2", "h3"}
     assert not [t for t in state["tasks"] if alive(t["handle"]["pid"])]
+
+
+@pytest.mark.full
+@pytest.mark.netns
+@pytest.mark.cluster
+def test_the_users_keras_model_trains_across_three_namespaced_hosts(
+    ws: Path, netns_testbed: NetnsTestbed
+) -> None:
+    """examples/tabular from its own folder, over SSH: its package reaches every host through
+    the SSH transport (one tar per host) and the shards are read by path on each."""
+    project = ws / "project"
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "examples" / "tabular",
+        project,
+        ignore=shutil.ignore_patterns("__pycache__", "data"),
+    )
+    subprocess.run(
+        [sys.executable, "make_data.py", "data"],
+        cwd=project,
+        check=True,
+        timeout=240,
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    hosts = [_host(t, port_base=2400) for t in netns_testbed.targets()]
+    env = _conf_with_cluster(
+        ws,
+        "three",
+        {
+            "hosts": hosts,
+            "ps": 1,
+            "workers": 2,
+            "ssh_known_hosts": str(netns_testbed.known_hosts),
+            "workdir": str(ws / "work"),
+            "output_dir": str(netns_testbed.shared_dir / "user"),
+        },
+    )
+    args = [
+        "cluster=three",
+        "algo=easgd",
+        "model._target_=tabular.models.build",
+        "model.units=16",
+        "data=tfrecord",
+        "data.train=data/train-*.tfrecord",
+        "data.eval=data/eval.tfrecord",
+        "trainer.max_steps=60",
+        "trainer.checkpoint_steps=60",
+        "experiment.id=t",
+        "lifecycle.ps_grace_secs=2",
+    ]
+    try:
+        applied = tfplan(project, "apply", "--auto-approve", *args, env=env, timeout=300)
+        assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr
+        result = json.loads((netns_testbed.shared_dir / "user" / "result.json").read_text())
+        assert result["status"] == "succeeded" and result["global_step"] >= 60
+        assert (ws / "work" / "_code" / "tabular" / "models.py").is_file()
+        state = state_of(project)
+        assert len({t["host"] for t in state["tasks"]}) == 3
+        assert not [t for t in state["tasks"] if alive(t["handle"]["pid"])]
+    finally:
+        kill_groups(recorded_groups(project))

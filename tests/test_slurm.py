@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +101,46 @@ def test_downpour_across_three_nodes_trains_and_the_job_is_gone_after(
     assert state["allocation"] is None
     tf_config = {t["name"]: t["address"] for t in state["tasks"]}
     assert set(tf_config.values()) == set(slurm_cluster.addresses.values())
+
+
+@pytest.mark.full
+@pytest.mark.cluster
+def test_the_users_keras_model_trains_on_slurm(ws: Path, slurm_cluster: SlurmTestbed) -> None:
+    """examples/tabular from its own folder on a real Slurm: its package is staged into the
+    shared code folder, each step reads the shards by path, the job is gone after."""
+    project = ws / "project"
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "examples" / "tabular",
+        project,
+        ignore=shutil.ignore_patterns("__pycache__", "data"),
+    )
+    subprocess.run(
+        [sys.executable, "make_data.py", "data"],
+        cwd=project,
+        check=True,
+        timeout=240,
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    env = _env(ws, slurm_cluster)
+    args = _args(
+        "algo=hogwild",
+        "model._target_=tabular.models.build",
+        "data=tfrecord",
+        "data.train=data/train-*.tfrecord",
+        "data.eval=data/eval.tfrecord",
+        "trainer.max_steps=100",
+        "trainer.checkpoint_steps=100",
+    )
+    try:
+        proc = tfplan(project, "apply", "--auto-approve", *args, env=env, timeout=400)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+        result = json.loads((ws / "out" / "result.json").read_text())
+        assert result["status"] == "succeeded" and result["global_step"] >= 100
+        assert (ws / "work" / "_code" / "tabular" / "models.py").is_file()
+        assert _squeue(slurm_cluster) == []
+    finally:
+        kill_groups(recorded_groups(project))
 
 
 def test_status_logs_and_destroy_leave_squeue_empty(ws: Path, slurm_cluster: SlurmTestbed) -> None:

@@ -167,3 +167,28 @@ def test_a_regression_and_a_custom_loss_plan() -> None:
     assert _plan(*USER, "model.loss=my_pkg.losses.fn", code=()).run_config["model"]["loss"] == (
         "my_pkg.losses.fn"
     )
+
+
+def test_kubernetes_carries_the_users_package_in_the_configmap_or_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """The ConfigMap holds the user's files beside the recipes (text only: a binary file is a
+    one-line refusal with the fix); the Job mounts them under the code folder."""
+    import dataclasses
+
+    from k8s_helpers import k8s_plan
+
+    from tfplan.backends.kubernetes import export_manifests
+    from tfplan.errors import TfplanError
+
+    root = _project(tmp_path)
+    code = find_user_code(config(*USER), str(root))
+    made = dataclasses.replace(k8s_plan("algo=downpour"), user_code=code)
+    config_map = export_manifests(made, "jobs")[0]
+    data = config_map["data"]
+    assert data["my_pkg.models.py"] == (root / "my_pkg" / "models.py").read_text()
+    assert "my_pkg.__init__.py" in data and "recipes.train.py" in data
+    (root / "my_pkg" / "weights.bin").write_bytes(b"\xff\xfe\x00")
+    code = find_user_code(config(*USER), str(root))
+    with pytest.raises(TfplanError, match=r"my_pkg/weights.bin .* is not text.*code=image"):
+        export_manifests(dataclasses.replace(made, user_code=code), "jobs")

@@ -1,0 +1,1 @@
+"""A small tabular classification project."""

@@ -1,0 +1,1 @@
+"""Wide-and-deep click prediction over a large id vocabulary."""

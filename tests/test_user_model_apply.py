@@ -1,0 +1,228 @@
+"""The user's own Keras model and files through ``tfplan apply``, as a user would do it.
+
+``tests/user_project`` is laid out as a user's project (its own package ``tabular``, importing
+nothing of tfplan, and a script that writes TFRecord shards and a CSV table). Each test copies it
+to a folder apart from this repository, writes the data with the project's own script, and runs
+tfplan there through its CLI only: ``model._target_=tabular.models.build`` plus keyword arguments,
+``data=tfrecord`` with relative globs, ``data=csv`` for a regression, ``data._target_`` for a
+tf.data factory. tfplan ships the package to the tasks (``<workdir>/_code/tabular``).
+
+The fast tier runs the three representative paths (a windowed TF1 algorithm on TFRecord shards,
+the synchronous TF1 one on a CSV regression, a TF2 strategy on the factory); ``--tier=full`` runs
+every algorithm on the shards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apply_helpers import (
+    alive,
+    base_overrides,
+    free_port_base,
+    kill_groups,
+    minibatches_per_step,
+    recorded_groups,
+    state_of,
+    tfplan,
+    topology,
+)
+
+from tfplan.config.algorithms import ALGORITHMS
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+PROJECT = EXAMPLES / "tabular"
+MINIBATCHES = 60
+SHARDS = ("data=tfrecord", "data.train=data/train-*.tfrecord", "data.eval=data/eval.tfrecord")
+TABULAR = ("model._target_=tabular.models.build", "model.units=16", "data.batch_size=32")
+FAST_TIER = ("downpour",)
+
+
+def _with_data(example: Path, where: Path, *args: str) -> Path:
+    """A copy of an example project at ``where``, its data written by its own script."""
+    shutil.copytree(example, where, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    subprocess.run(
+        [sys.executable, "make_data.py", "data", *args],
+        cwd=where,
+        check=True,
+        capture_output=True,
+        timeout=240,
+        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    return where
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The user's project with its data written by its own script (once per module)."""
+    return _with_data(PROJECT, tmp_path_factory.mktemp("elsewhere") / "project")
+
+
+@pytest.fixture
+def project(generated: Path, tmp_path: Path) -> Iterator[Path]:
+    """A fresh copy of the generated project for one test (its own .tfplan state)."""
+    where = tmp_path / "project"
+    shutil.copytree(generated, where)
+    yield where
+    kill_groups(recorded_groups(where))
+
+
+def _apply(
+    project: Path, algo: str, *overrides: str, package: str = "tabular"
+) -> dict[str, object]:
+    steps = math.ceil(MINIBATCHES / minibatches_per_step(algo))
+    proc = tfplan(
+        project,
+        "apply",
+        "--auto-approve",
+        *base_overrides(project, free_port_base()),
+        f"algo={algo}",
+        *topology(algo),
+        f"trainer.max_steps={steps}",
+        "trainer.log_steps=20",
+        f"trainer.checkpoint_steps={steps}",
+        *overrides,
+        timeout=240,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+    result: dict[str, object] = json.loads((project / "out" / "result.json").read_text())
+    assert result["status"] == "succeeded" and result["algo"] == algo, result
+    assert int(result["global_step"]) >= steps  # type: ignore[call-overload]
+    state = state_of(project)
+    assert not [t["name"] for t in state["tasks"] if alive(int(t["handle"]["pid"]))]
+    # the package went to the tasks beside the recipes, as the user wrote it
+    shipped = project / "work" / "_code" / package / "models.py"
+    assert shipped.read_text() == (project / package / "models.py").read_text()
+    return result
+
+
+def _checkpoint_names(project: Path, result: dict[str, object]) -> set[str]:
+    """The variable names stored in the final checkpoint (TF's reader, in a subprocess)."""
+    code = (
+        "import sys, tensorflow as tf\n"
+        "r = tf.train.load_checkpoint(sys.argv[1])\n"
+        "print('\\n'.join(sorted(r.get_variable_to_shape_map())))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(project / "out" / str(result["checkpoint"]))],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    return {line.split("/.ATTRIBUTES")[0] for line in out.split()}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "algo", [pytest.param(a, marks=() if a in FAST_TIER else pytest.mark.full) for a in ALGORITHMS]
+)
+def test_the_users_keras_model_trains_on_tfrecord_shards(algo: str, project: Path) -> None:
+    result = _apply(project, algo, *TABULAR, *SHARDS)
+    assert 0.0 < float(result["accuracy"]) <= 1.0  # type: ignore[arg-type]
+    assert math.isfinite(float(result["eval_loss"]))  # type: ignore[arg-type]
+    # the user's layers (named in their code) are what was trained and checkpointed
+    names = _checkpoint_names(project, result)
+    assert {"model/hidden/kernel", "model/cat_embedding/embeddings", "model/logits/bias"} <= names
+    run_yaml = (project / "work" / "worker-0" / "run.yaml").read_text()
+    assert "_target_: tabular.models.build" in run_yaml and "units: 16" in run_yaml
+    assert f"{project}/data/train-*.tfrecord" in run_yaml  # made absolute at plan time
+
+
+@pytest.mark.cluster
+def test_a_regression_on_a_csv_table_trains_with_sync(project: Path) -> None:
+    """data=csv (the header names the columns, every column but the label is a feature),
+    model.loss=mse and model.metrics=[mae]: a regression, not a classification."""
+    result = _apply(
+        project,
+        "sync",
+        "model._target_=tabular.models.regressor",
+        "data=csv",
+        "data.train=data/table.csv",
+        "data.label=y",
+        "data.eval_examples=500",
+        "model.loss=mse",
+        "model.metrics=[mae]",
+        "algo.lr=0.05",
+    )
+    assert "accuracy" not in result
+    # y has a variance of about 5.3: a model that learnt nothing has an mse near that
+    assert float(result["eval_loss"]) < 2.0, result  # type: ignore[arg-type]
+    assert 0.0 < float(result["mae"]) < 1.2, result  # type: ignore[arg-type]
+
+
+@pytest.mark.cluster
+def test_a_tf_data_factory_feeds_allreduce(project: Path) -> None:
+    """data._target_: the user's function returns the tf.data.Dataset of each shard."""
+    result = _apply(project, "allreduce", *TABULAR, "data._target_=tabular.data.make")
+    assert 0.0 < float(result["accuracy"]) <= 1.0  # type: ignore[arg-type]
+    names = _checkpoint_names(project, result)
+    assert "model/hidden/kernel" in names and "model/cat_embedding/embeddings" in names
+
+
+def test_bad_input_is_one_line_at_plan_time_and_starts_nothing(project: Path) -> None:
+    cases = {
+        "model._target_=nosuch.models.build": "model._target_: no package 'nosuch'",
+        "data.train=nodata/*.tfrecord": "data.train='",
+        "model.loss=cosine": "model.loss: unknown loss 'cosine'",
+        "model.metrics=[accuracy]": "",  # fine for a classification loss
+    }
+    for override, expected in cases.items():
+        args = [*TABULAR, *SHARDS, override]
+        proc = tfplan(project, "plan", *base_overrides(project, free_port_base()), *args)
+        if not expected:
+            assert proc.returncode == 0, proc.stderr
+            continue
+        assert proc.returncode != 0, (override, proc.stdout)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], (override, proc.stderr)
+    regression = [*TABULAR, *SHARDS, "model.loss=mse"]
+    proc = tfplan(project, "plan", *base_overrides(project, free_port_base()), *regression)
+    assert "model.metrics: accuracy needs a classification loss" in proc.stderr
+    assert not (project / "work").exists()  # nothing staged, nothing started
+
+
+@pytest.mark.cluster
+def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path) -> None:
+    """examples/wide_deep: the 50,000 x 16 table over model.partition_bytes is split by rows,
+    one part per ps; the plan shows each part's ps, the chief reports the same split as
+    placed, and the checkpoint holds the parts."""
+    project = _with_data(EXAMPLES / "wide_deep", tmp_path / "wide_deep", "4000")
+    args = (
+        "model._target_=wide_deep.models.build",
+        "model.partition_bytes=1000000",
+        "data=tfrecord",
+        "data.train=data/train-*.tfrecord",
+        "data.eval=data/eval.tfrecord",
+        "data.label=clicked",
+        "model.loss=binary_crossentropy",
+        "cluster.ps=2",
+    )
+    try:
+        plan = tfplan(project, "plan", *base_overrides(project, free_port_base()), *args)
+        assert plan.returncode == 0, plan.stderr
+        parts = [ln.split() for ln in plan.stdout.splitlines() if "/part_" in ln]
+        assert [p[0] for p in parts] == [
+            "model/item_embedding/embeddings/part_0",
+            "model/item_embedding/embeddings/part_1",
+        ]
+        assert {p[1] for p in parts} == {"25000x16"} and {p[-1] for p in parts} == {"ps/0", "ps/1"}
+        result = _apply(project, "hogwild", *args, package="wide_deep")
+        log = (project / "work" / "worker-0" / "task.log").read_text()
+        placed = re.search(
+            r"model variables: 9 \(3\.3 MiB\) on ps/0 ([\d.]+) MiB, ps/1 ([\d.]+) MiB", log
+        )
+        assert placed and min(float(placed[1]), float(placed[2])) >= 1.5, log[-2000:]
+        names = _checkpoint_names(project, result)
+        assert {f"model/item_embedding/embeddings/part_{i}" for i in (0, 1)} <= names
+        assert "model/item_embedding/embeddings" not in names  # never the whole table
+    finally:
+        kill_groups(recorded_groups(project))
