@@ -230,3 +230,23 @@ def minibatches_per_step(algo: str) -> int:
     if algo == "sagn":
         return 2 * int(yaml.safe_load((CONF / "algo" / "sagn.yaml").read_text())["window"])
     return 1
+
+
+EXAMPLES = REPO / "examples"
+
+
+def example_with_data(example: str, where: Path, *args: str) -> Path:
+    """A copy of ``examples/<example>`` at ``where`` (a folder apart from tfplan, as a user's
+    project is), its data written by the example's own ``make_data.py data ARGS``."""
+    import shutil
+
+    shutil.copytree(EXAMPLES / example, where, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    subprocess.run(
+        [sys.executable, "make_data.py", "data", *args],
+        cwd=where,
+        check=True,
+        capture_output=True,
+        timeout=240,
+        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    return where

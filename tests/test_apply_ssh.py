@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from apply_helpers import (
     CONF,
     alive,
     base_overrides,
+    example_with_data,
     fake_overrides,
     free_port_base,
     kill_groups,
@@ -185,20 +184,7 @@ def test_the_users_keras_model_trains_across_three_namespaced_hosts(
 ) -> None:
     """examples/tabular from its own folder, over SSH: its package reaches every host through
     the SSH transport (one tar per host) and the shards are read by path on each."""
-    project = ws / "project"
-    shutil.copytree(
-        Path(__file__).resolve().parents[1] / "examples" / "tabular",
-        project,
-        ignore=shutil.ignore_patterns("__pycache__", "data"),
-    )
-    subprocess.run(
-        [sys.executable, "make_data.py", "data"],
-        cwd=project,
-        check=True,
-        timeout=240,
-        capture_output=True,
-        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
+    project = example_with_data("tabular", ws / "project")
     hosts = [_host(t, port_base=2400) for t in netns_testbed.targets()]
     env = _conf_with_cluster(
         ws,

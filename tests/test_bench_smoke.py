@@ -38,10 +38,13 @@ REPORTS = [
         "algorithms.md",
         "algorithms.png",
         "bench_apply.md",
+        "bench_inputs.md",
         "bench_plan.md",
         "bench_slurm.md",
+        "bench_streaming.md",
         "bench_strategies.md",
         "bench_training.md",
+        "bench_user_model.md",
         "reliability.md",
     )
 ]
@@ -114,6 +117,66 @@ def test_bench_apply(tmp_path: Path) -> None:
     assert figure(text, "training done -> all tasks exited") > 0
     assert figure(text, "tfplan destroy of a running cluster") > 0
     assert "| processes left after destroy (all rounds) | 0 | pass |" in text
+
+
+@pytest.mark.timeout(600)
+def test_bench_inputs(tmp_path: Path) -> None:
+    out = tmp_path / "bench_inputs.md"
+    run_bench(
+        "bench_inputs.py",
+        "--rounds",
+        "1",
+        "--secs",
+        "0.5",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=480,
+    )
+    text = out.read_text()
+    for variant in ("feed", "tf.data", "tf.data + keras", "tfrecord"):
+        assert figure(text, f"| {variant} |", column=0) > 0  # examples/s
+        assert figure(text, f"| {variant} |", column=1) > 0  # vs feed_dict
+
+
+@pytest.mark.timeout(600)
+def test_bench_streaming(tmp_path: Path) -> None:
+    out = tmp_path / "bench_streaming.md"
+    run_bench(
+        "bench_streaming.py",
+        "--limit-mib",
+        "1200",
+        "--ratio",
+        "0.1",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=480,
+    )
+    text = out.read_text()
+    assert figure(text, "| data (TFRecord files) |", column=0) > 0
+    assert figure(text, "| peak memory use of the cgroup |", column=0) > 0
+    assert "| processes killed by the OOM killer | 0 |" in text
+    assert "| trained to the end under the limit | yes |" in text
+
+
+@pytest.mark.timeout(600)
+def test_bench_user_model(tmp_path: Path) -> None:
+    out = tmp_path / "bench_user_model.md"
+    run_bench(
+        "bench_user_model.py",
+        "--examples",
+        "3200",
+        "--only",
+        "downpour",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=480,
+    )
+    text = out.read_text()
+    assert 0 < figure(text, "| one process, Keras fit |", column=0) <= 1
+    assert 0 < figure(text, "| downpour |", column=0) <= 1
 
 
 @pytest.mark.timeout(300)

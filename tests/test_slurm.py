@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apply_helpers import FAKE_TASK, kill_groups, recorded_groups, state_of, tfplan, wait_until
+from apply_helpers import (
+    FAKE_TASK,
+    example_with_data,
+    kill_groups,
+    recorded_groups,
+    state_of,
+    tfplan,
+    wait_until,
+)
 from chaos_helpers import ApplyRun
 from slurm_testbed import SlurmTestbed
 from test_apply_ssh import _conf_with_cluster
@@ -108,20 +114,7 @@ def test_downpour_across_three_nodes_trains_and_the_job_is_gone_after(
 def test_the_users_keras_model_trains_on_slurm(ws: Path, slurm_cluster: SlurmTestbed) -> None:
     """examples/tabular from its own folder on a real Slurm: its package is staged into the
     shared code folder, each step reads the shards by path, the job is gone after."""
-    project = ws / "project"
-    shutil.copytree(
-        Path(__file__).resolve().parents[1] / "examples" / "tabular",
-        project,
-        ignore=shutil.ignore_patterns("__pycache__", "data"),
-    )
-    subprocess.run(
-        [sys.executable, "make_data.py", "data"],
-        cwd=project,
-        check=True,
-        timeout=240,
-        capture_output=True,
-        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
+    project = example_with_data("tabular", ws / "project")
     env = _env(ws, slurm_cluster)
     args = _args(
         "algo=hogwild",

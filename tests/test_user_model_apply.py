@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 from apply_helpers import (
+    EXAMPLES,
     alive,
     base_overrides,
+    example_with_data,
     free_port_base,
     kill_groups,
     minibatches_per_step,
@@ -38,7 +40,6 @@ from apply_helpers import (
 
 from tfplan.config.algorithms import ALGORITHMS
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PROJECT = EXAMPLES / "tabular"
 MINIBATCHES = 60
 SHARDS = ("data=tfrecord", "data.train=data/train-*.tfrecord", "data.eval=data/eval.tfrecord")
@@ -46,24 +47,10 @@ TABULAR = ("model._target_=tabular.models.build", "model.units=16", "data.batch_
 FAST_TIER = ("downpour",)
 
 
-def _with_data(example: Path, where: Path, *args: str) -> Path:
-    """A copy of an example project at ``where``, its data written by its own script."""
-    shutil.copytree(example, where, ignore=shutil.ignore_patterns("__pycache__", "data"))
-    subprocess.run(
-        [sys.executable, "make_data.py", "data", *args],
-        cwd=where,
-        check=True,
-        capture_output=True,
-        timeout=240,
-        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-    return where
-
-
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The user's project with its data written by its own script (once per module)."""
-    return _with_data(PROJECT, tmp_path_factory.mktemp("elsewhere") / "project")
+    return example_with_data("tabular", tmp_path_factory.mktemp("elsewhere") / "project")
 
 
 @pytest.fixture
@@ -195,7 +182,7 @@ def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path) -
     """examples/wide_deep: the 50,000 x 16 table over model.partition_bytes is split by rows,
     one part per ps; the plan shows each part's ps, the chief reports the same split as
     placed, and the checkpoint holds the parts."""
-    project = _with_data(EXAMPLES / "wide_deep", tmp_path / "wide_deep", "4000")
+    project = example_with_data("wide_deep", tmp_path / "wide_deep", "4000")
     args = (
         "model._target_=wide_deep.models.build",
         "model.partition_bytes=1000000",
