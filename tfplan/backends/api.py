@@ -157,6 +157,9 @@ class Capabilities:
     # the hosts share none): the backend tells the modes apart (locate_output) and copies the
     # chief's outputs back to this machine (fetch_outputs). Otherwise per_host is refused at plan.
     per_host_output: bool = False
+    # how many ``launch`` calls apply may make at once (each start is a round trip: an SSH
+    # exec, an srun, an API call); 1: one after the other
+    launch_fanout: int = 1
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,19 @@ class Backend(ABC):
     @abstractmethod
     def read_log(self, task: TaskRecord, offset: int = 0, max_bytes: int = 16 << 20) -> bytes:
         """A task's log from byte ``offset`` (negative: from the end); b"" when none yet."""
+
+    def read_log_tails(
+        self, tasks: Sequence[TaskRecord], max_bytes: int
+    ) -> dict[str, bytes | Exception]:
+        """The last ``max_bytes`` of each task's log (``tfplan status``). Backends that can
+        read many logs in one round trip per host override this; by default one read each."""
+        out: dict[str, bytes | Exception] = {}
+        for task in tasks:
+            try:
+                out[task.name] = self.read_log(task, -max_bytes)
+            except Exception as error:  # noqa: BLE001 - one unreadable log is data
+                out[task.name] = error
+        return out
 
     @abstractmethod
     def read_file(self, path: str, near: str | None = None) -> bytes | None:

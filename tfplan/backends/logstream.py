@@ -1,14 +1,33 @@
-"""A thread that delivers a followed log to a callback, whole line by whole line."""
+"""A followed log: whole lines to a callback, in order, until its task is gone."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
-__all__ = ["LogStream"]
+__all__ = ["LogStream", "ThreadLogStream"]
 
 
-class LogStream:
+class LogStream(Protocol):
+    """What a backend's ``stream_log`` returns: a thread of its own
+    (:class:`ThreadLogStream`) or a share of a host's watcher
+    (:class:`~tfplan.backends.transports.hostwatch.WatchedStream`)."""
+
+    error: BaseException | None
+    lines: int
+
+    @property
+    def done(self) -> bool: ...
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None: ...
+
+    def join(self, timeout: float | None = None) -> bool: ...
+
+    def stop(self, timeout: float = 2.0) -> None: ...
+
+
+class ThreadLogStream:
     """A thread delivering whole lines of a followed log to ``on_line``, in order.
 
     Ends by itself once the task is dead and the log fully read; :meth:`stop` ends it early.

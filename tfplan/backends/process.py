@@ -61,7 +61,13 @@ from tfplan.backends.transports.scripts import (
     q,
     standby_exit_file,
 )
-from tfplan.backends.transports.specs import HostTarget, LaunchSpec, ProcessInfo, is_loopback
+from tfplan.backends.transports.specs import (
+    HostTarget,
+    LaunchSpec,
+    ProcessInfo,
+    StopResult,
+    is_loopback,
+)
 from tfplan.errors import BackendError, ConfigError, PreflightError
 from tfplan.files import write_atomic
 from tfplan.planning.plan import BackendRef, Plan, Task
@@ -75,6 +81,8 @@ if TYPE_CHECKING:
 __all__ = ["ProcessBackend", "host_name"]
 
 TRANSPORT_KINDS = ("auto", "local", "ssh")
+# starts at once: over SSH each is a round trip of a few ms; locally a fork+exec
+LAUNCH_FANOUT = 16
 
 
 def host_name(host: HostConfig) -> str:
@@ -86,7 +94,11 @@ class ProcessBackend(Backend):
 
     name = "process"
     capabilities = Capabilities(
-        firewall=True, replace_lost_hosts=True, standby=True, per_host_output=True
+        firewall=True,
+        replace_lost_hosts=True,
+        standby=True,
+        per_host_output=True,
+        launch_fanout=LAUNCH_FANOUT,
     )
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
@@ -341,7 +353,8 @@ class ProcessBackend(Backend):
 
     # ---- observe and control -------------------------------------------------------------
     def describe(self, tasks: Sequence[TaskRecord]) -> dict[str, TaskInfo]:
-        """One ``ps`` per host for all of its tasks, every host at once."""
+        """What each host's watcher reported where it can answer; otherwise one ``ps`` per
+        host for all of its tasks, every host at once."""
         by_host: dict[str, list[TaskRecord]] = {}
         for task in tasks:
             by_host.setdefault(task.host, []).append(task)
@@ -353,6 +366,15 @@ class ProcessBackend(Backend):
             )
 
         out: dict[str, TaskInfo] = {}
+        # what the hosts' watchers reported needs no round trip (nor a thread)
+        for host in list(by_host):
+            mine = by_host[host]
+            heard = self.pool[host].heard_status(
+                [_pid(t) for t in mine], [handle_exit_file(t.handle, t.workdir) for t in mine]
+            )
+            if heard is not None:
+                for task in by_host.pop(host):
+                    out[task.name] = _info(heard.get(_pid(task)), host)
         for host, result in run_on_hosts(by_host, ask).items():
             for task in by_host[host]:
                 if isinstance(result, Exception):
@@ -364,11 +386,25 @@ class ProcessBackend(Backend):
     def cancel(
         self, tasks: Sequence[TaskRecord], grace_secs: float
     ) -> dict[str, CancelResult | Exception]:
-        def stop(task: TaskRecord) -> CancelResult:
-            result = self.pool[task.host].stop(_pid(task), int(task.handle["pgid"]), grace_secs)
-            return CancelResult(result.outcome, result.elapsed_secs)
+        """One script per host stops all of that host's tasks; every host at once."""
+        by_host: dict[str, list[TaskRecord]] = {}
+        for task in tasks:
+            by_host.setdefault(task.host, []).append(task)
 
-        return dict(run_on_hosts({t.name: t for t in tasks}, stop))
+        def stop(mine: list[TaskRecord]) -> dict[int, object]:
+            groups = [(_pid(t), int(t.handle["pgid"])) for t in mine]
+            return dict(self.pool[mine[0].host].stop_groups(groups, grace_secs))
+
+        out: dict[str, CancelResult | Exception] = {}
+        for host, result in run_on_hosts(by_host, stop).items():
+            for task in by_host[host]:
+                got = result if isinstance(result, Exception) else result[int(task.handle["pgid"])]
+                if isinstance(got, Exception):
+                    out[task.name] = got
+                else:
+                    assert isinstance(got, StopResult)
+                    out[task.name] = CancelResult(got.outcome, got.elapsed_secs)
+        return out
 
     def signal(self, task: TaskRecord, name: str) -> None:
         """``kill -NAME -PGID`` on the task's host: the program gets it; the wrapper traps it."""
@@ -378,11 +414,34 @@ class ProcessBackend(Backend):
         self.pool[task.host].move_all(moves)
 
     def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
-        return self.pool[task.host].stream_log(task.log_path, _pid(task), on_line)
+        return self.pool[task.host].stream_log(
+            task.log_path,
+            _pid(task),
+            on_line,
+            exit_file=handle_exit_file(task.handle, task.workdir),
+            pgid=int(task.handle["pgid"]),
+        )
 
     def read_log(self, task: TaskRecord, offset: int = 0, max_bytes: int = 16 << 20) -> bytes:
         data, _ = self.pool[task.host].read_log(task.log_path, offset, max_bytes)
         return data
+
+    def read_log_tails(
+        self, tasks: Sequence[TaskRecord], max_bytes: int
+    ) -> dict[str, bytes | Exception]:
+        """One round trip per host for all of its tasks' logs, every host at once."""
+        by_host: dict[str, list[TaskRecord]] = {}
+        for task in tasks:
+            by_host.setdefault(task.host, []).append(task)
+
+        def read(mine: list[TaskRecord]) -> list[bytes]:
+            return self.pool[mine[0].host].read_tails([t.log_path for t in mine], max_bytes)
+
+        out: dict[str, bytes | Exception] = {}
+        for host, result in run_on_hosts(by_host, read).items():
+            for i, task in enumerate(by_host[host]):
+                out[task.name] = result if isinstance(result, Exception) else result[i]
+        return out
 
     def read_file(self, path: str, near: str | None = None) -> bytes | None:
         host = near if near in self.pool.targets else self.hosts[0].name

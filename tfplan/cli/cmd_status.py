@@ -41,12 +41,13 @@ def run_status(args: argparse.Namespace) -> int:
     with backend_of(store, state) as backend:
         observed = [*state.running, *state.standbys]
         infos = backend.describe(observed) if observed else {}
+        tails = backend.read_log_tails([*state.tasks, *state.standbys], _TAIL_BYTES)
         rows = [
-            _row(backend, task, infos.get(task.name))
+            _row(backend, task, infos.get(task.name), tails.get(task.name))
             for task in sorted(state.tasks, key=task_order)
         ]
         standbys = [
-            _row(backend, standby, infos.get(standby.name), standby=True)
+            _row(backend, standby, infos.get(standby.name), tails.get(standby.name), True)
             for standby in sorted(state.standbys, key=task_order)
         ]
     supervisor = _supervisor(state)
@@ -109,7 +110,11 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def _row(
-    backend: Backend, task: TaskRecord, info: TaskInfo | None, standby: bool = False
+    backend: Backend,
+    task: TaskRecord,
+    info: TaskInfo | None,
+    tail: bytes | Exception | None,
+    standby: bool = False,
 ) -> dict[str, Any]:
     """One task (or a warm standby: state ``standby`` while it waits) as status shows it."""
     status, exit_code = task.status.value, task.exit_code
@@ -125,7 +130,7 @@ def _row(
             status = "unreachable"
         else:
             status, exit_code = info.phase.value, info.exit_code
-    step, last = _tail(backend, task)
+    step, last = _tail(tail)
     if standby:
         step = None
     return {
@@ -153,13 +158,11 @@ def _row(
     }
 
 
-def _tail(backend: Backend, task: TaskRecord) -> tuple[int | None, str]:
+def _tail(data: bytes | Exception | None) -> tuple[int | None, str]:
     """(last global step seen, last line) of the task's log; TensorFlow's start-up messages
     are never its last line (a task that has just imported TensorFlow shows what it printed
     before them)."""
-    try:
-        data = backend.read_log(task, -_TAIL_BYTES)
-    except Exception:  # noqa: BLE001 - status shows what it can
+    if data is None or isinstance(data, Exception):
         return None, "(log unreadable)"
     lines = [
         line

@@ -12,6 +12,7 @@ from typing import Any
 
 from tfplan.backends.api import LogStream, TaskInfo, TaskPhase
 from tfplan.backends.kubernetes.options import CONTAINER
+from tfplan.backends.logstream import ThreadLogStream
 
 __all__ = ["PERMANENT_WAITING", "PodLog", "pod_info", "terminated", "waiting"]
 
@@ -31,7 +32,7 @@ class PodLog:
         self.gone = False  # the Job is gone: its pod will never log
 
     def stream(self, on_line: Callable[[str], None]) -> LogStream:
-        return LogStream(self.name, self.read_chunk, self.end, self.end, on_line)
+        return ThreadLogStream(self.name, self.read_chunk, self.end, self.end, on_line)
 
     def read_chunk(self) -> bytes:
         while not self.stopped.is_set():

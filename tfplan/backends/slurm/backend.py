@@ -65,7 +65,7 @@ from tfplan.backends.transports.preflight import (
     request_json,
 )
 from tfplan.backends.transports.scripts import handle_exit_file, standby_exit_file
-from tfplan.backends.transports.specs import HostTarget, LaunchSpec, ProcessInfo
+from tfplan.backends.transports.specs import HostTarget, LaunchSpec, ProcessInfo, StopResult
 from tfplan.errors import BackendError, ConfigError, PreflightError
 from tfplan.planning.plan import BackendRef, Plan, Task
 from tfplan.planning.state import Allocation, TaskRecord
@@ -99,7 +99,7 @@ class SlurmBackend(Backend):
     """Tasks as steps of one Slurm job (see the module docstring)."""
 
     name = "slurm"
-    capabilities = Capabilities(firewall=True, standby=True)
+    capabilities = Capabilities(firewall=True, standby=True, launch_fanout=8)
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
@@ -473,11 +473,16 @@ class SlurmBackend(Backend):
         orphans = [t for t in tasks if t not in live and t.name in ids]
         self.slurm.cancel(sorted(ids[t.name] for t in (*left, *orphans) if t.name in ids))
         results: dict[str, CancelResult | Exception] = {}
+        try:
+            stops: dict[int, StopResult | BackendError] = self.local.stop_groups(
+                [(_pid(t), int(t.handle["pgid"])) for t in tasks], 2.0
+            )
+        except BackendError as error:
+            stops = {int(t.handle["pgid"]): error for t in tasks}
         for task in tasks:
-            try:
-                stopped = self.local.stop(_pid(task), int(task.handle["pgid"]), 2.0)
-            except BackendError as error:
-                results[task.name] = error
+            stopped = stops[int(task.handle["pgid"])]
+            if isinstance(stopped, BackendError):
+                results[task.name] = stopped
                 continue
             outcome = "none" if task not in live else ("killed" if task in left else "terminated")
             if stopped.outcome == "killed":
@@ -513,11 +518,27 @@ class SlurmBackend(Backend):
         return info is not None and info.alive
 
     def stream_log(self, task: TaskRecord, on_line: Callable[[str], None]) -> LogStream:
-        return self.local.stream_log(task.log_path, _pid(task), on_line)
+        return self.local.stream_log(
+            task.log_path,
+            _pid(task),
+            on_line,
+            exit_file=_exit_files([task])[0],
+            pgid=int(task.handle["pgid"]),
+        )
 
     def read_log(self, task: TaskRecord, offset: int = 0, max_bytes: int = 16 << 20) -> bytes:
         data, _ = self.local.read_log(task.log_path, offset, max_bytes)
         return data
+
+    def read_log_tails(
+        self, tasks: Sequence[TaskRecord], max_bytes: int
+    ) -> dict[str, bytes | Exception]:
+        """Every log is on this machine (the shared workdir): one read for all."""
+        try:
+            tails = self.local.read_tails([t.log_path for t in tasks], max_bytes)
+        except BackendError as error:
+            return {t.name: error for t in tasks}
+        return {t.name: tail for t, tail in zip(tasks, tails, strict=True)}
 
     def read_file(self, path: str, near: str | None = None) -> bytes | None:
         try:

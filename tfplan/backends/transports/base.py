@@ -11,14 +11,16 @@ from __future__ import annotations
 import base64
 import io
 import tarfile
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tfplan.backends.logstream import LogStream
+from tfplan.backends.logstream import LogStream, ThreadLogStream
 from tfplan.backends.transports import scripts as _scripts
+from tfplan.backends.transports.hostwatch import HostWatch, WatchedStream, agent_command
 from tfplan.backends.transports.preflight import (
     PREFLIGHT_SNIPPET,
     PreflightRequest,
@@ -33,13 +35,15 @@ from tfplan.backends.transports.specs import (
     LaunchSpec,
     ProcessInfo,
     StopResult,
+    StreamPipe,
 )
 from tfplan.errors import BackendError
 
-__all__ = ["STATUS_TIMEOUT_SECS", "Transport"]
+__all__ = ["STATUS_TIMEOUT_SECS", "WATCH_RETRY_SECS", "Transport"]
 
 
 STATUS_TIMEOUT_SECS = 5.0
+WATCH_RETRY_SECS = 30.0
 
 
 class Transport(ABC):
@@ -55,6 +59,10 @@ class Transport(ABC):
 
     def __init__(self, target: HostTarget) -> None:
         self.target = target
+        self._watch: HostWatch | None = None
+        self._watch_lock = threading.Lock()
+        self._watch_failed_at: float | None = None
+        self.watch_problem: str | None = None  # why the host's watcher could not start
 
     # ---- hooks -------------------------------------------------------------------------
     @abstractmethod
@@ -66,10 +74,8 @@ class Transport(ABC):
         """Start the wrapped command detached (see ``_scripts.TASK_WRAPPER``)."""
 
     @abstractmethod
-    def _open_stream(
-        self, script: str
-    ) -> tuple[Callable[[], bytes], Callable[[], None], Callable[[], None]]:
-        """Run a long script; return (read a chunk, b'' at EOF; close its stdin; force close)."""
+    def _open_stream(self, script: str) -> StreamPipe:
+        """Run a long script; return its pipe (read, write, close its stdin, force close)."""
 
     @abstractmethod
     def _close(self) -> None:
@@ -214,6 +220,24 @@ class Transport(ABC):
         """
         return self._read(path, offset, max_bytes, missing_ok=False)
 
+    def read_tails(self, paths: Sequence[str], max_bytes: int) -> list[bytes]:
+        """The last ``max_bytes`` of many files in one round trip (b"" for a missing one).
+
+        Raises:
+            BackendError: the host could not be reached.
+        """
+        if not paths:
+            return []
+        result = self.run_script(
+            _scripts.tails_script(self.python, paths, max_bytes),
+            f"read {len(paths)} log(s)",
+            timeout=30.0,
+        )
+        try:
+            return _scripts.parse_tails(result.stdout.decode(errors="replace"), len(paths))
+        except ValueError as error:
+            raise BackendError(f"host {self.target.name}: reading logs failed: {error}") from None
+
     def read_log(self, path: str, offset: int = 0, max_bytes: int = 16 << 20) -> tuple[bytes, int]:
         """Like :meth:`read_file`, but a log that does not exist yet reads as empty."""
         return self._read(path, offset, max_bytes, missing_ok=True)
@@ -318,6 +342,41 @@ class Transport(ABC):
             )
         return StopResult(pid, pgid, outcome, _since(began))
 
+    def stop_groups(
+        self, groups: Sequence[tuple[int, int]], grace_secs: float = 10.0
+    ) -> dict[int, StopResult | BackendError]:
+        """:meth:`stop` for many tasks in one round trip: ``(pid, pgid)`` each; pgid -> its
+        result, or the error of a group that survived SIGKILL.
+
+        Raises:
+            BackendError: a pgid is not a real group, or the host could not be reached.
+        """
+        if not groups:
+            return {}
+        if any(pgid <= 1 or pid <= 1 for pid, pgid in groups):
+            raise BackendError(f"host {self.target.name}: refusing to signal {list(groups)}")
+        began = time.monotonic()
+        result = self.run_script(
+            _scripts.stop_groups_script([pgid for _, pgid in groups], grace_secs),
+            f"stop {len(groups)} process group(s)",
+            timeout=grace_secs + 30.0,
+        )
+        elapsed = _since(began)
+        outcomes = dict(
+            line.split(" ", 1) for line in result.stdout.decode().splitlines() if " " in line
+        )
+        out: dict[int, StopResult | BackendError] = {}
+        for pid, pgid in groups:
+            outcome = outcomes.get(str(pgid), "missing")
+            if outcome in ("none", "terminated", "killed"):
+                out[pgid] = StopResult(pid, pgid, outcome, elapsed)
+            else:
+                out[pgid] = BackendError(
+                    f"host {self.target.name}: process group {pgid} survived SIGKILL "
+                    f"({outcome}): it is probably stuck in the kernel (D state); check the host"
+                )
+        return out
+
     def status(
         self,
         pids: Sequence[int],
@@ -347,28 +406,86 @@ class Transport(ABC):
             files = [_scripts.exit_file(w) if w else None for w in workdirs]
         else:
             files = [None] * len(pids)
+        heard = self.heard_status(pids, files)
+        if heard is not None:
+            return heard
         # Short: the supervisor polls this, and a host that went silent must not stall it.
         result = self.run_script(
             _scripts.status_script(pids, files), "read process status", timeout=STATUS_TIMEOUT_SECS
         )
         return _parse_status(pids, result.stdout.decode())
 
-    def stream_log(self, path: str, pid: int, on_line: Callable[[str], None]) -> LogStream:
+    def heard_status(
+        self, pids: Sequence[int], exit_files: Sequence[str | None]
+    ) -> dict[int, ProcessInfo] | None:
+        """:meth:`status` from what the host's watcher reported, without asking the host; None
+        when it cannot answer for every one of ``pids`` (see :meth:`HostWatch.status`)."""
+        watch = self._watch
+        if watch is None or not pids:
+            return None
+        return watch.status(pids, exit_files)
+
+    def stream_log(
+        self,
+        path: str,
+        pid: int,
+        on_line: Callable[[str], None],
+        exit_file: str | None = None,
+        pgid: int | None = None,
+    ) -> LogStream | WatchedStream:
         """Follow a task's log from its start, line by line, until the task is dead.
+
+        Every log of a host goes through the host's one watcher (:mod:`.hostwatch`), which
+        also learns each task's end (and, given ``exit_file``, its exit code, so
+        :meth:`status` can answer without asking the host). Where the watcher cannot start, a
+        follower per task does the same.
 
         Args:
             path: the log file (may not exist yet).
             pid: the task; the stream ends once it is gone and the log fully delivered.
             on_line: called from the stream's thread with each whole line (no newline).
+            exit_file: where the task's wrapper records its exit status.
+            pgid: the task's process group (default: ``pid``, as :meth:`start` makes it).
 
         Returns:
             The running stream; ``.stop()`` ends it early, ``.join()`` waits for its end.
         """
-        read_chunk, end_input, force_close = self._open_stream(_scripts.stream_script(path, pid))
-        return LogStream(f"{self.target.name}:{path}", read_chunk, end_input, force_close, on_line)
+        watch = self.host_watch()
+        if watch is not None:
+            return watch.follow(path, pid, pgid or pid, exit_file, on_line)
+        pipe = self._open_stream(_scripts.stream_script(path, pid))
+        return ThreadLogStream(
+            f"{self.target.name}:{path}", pipe.read, pipe.end_input, pipe.force_close, on_line
+        )
+
+    def host_watch(self) -> HostWatch | None:
+        """The host's watcher, started on first use (and again after it ended); None when it
+        cannot start here (tried again after :data:`WATCH_RETRY_SECS`)."""
+        with self._watch_lock:
+            if self._watch is not None and not self._watch.closed:
+                return self._watch
+            failed = self._watch_failed_at
+            if failed is not None and time.monotonic() - failed < WATCH_RETRY_SECS:
+                return None
+            try:
+                command, source = agent_command(self.python)
+                pipe = self._open_stream(command)
+                self._watch = HostWatch(self.target.name, pipe, source)
+            except (OSError, BackendError) as error:
+                self._watch = None
+                self._watch_failed_at = time.monotonic()
+                self.watch_problem = str(error)
+                return None
+            self._watch_failed_at = None
+            self.watch_problem = None
+            return self._watch
 
     def close(self) -> None:
-        """Release the connection; running tasks are not affected."""
+        """Release the connection and the watcher; running tasks are not affected."""
+        with self._watch_lock:
+            watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
         self._close()
 
     def __enter__(self) -> Transport:

@@ -4,26 +4,80 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 from tfplan.backends.transports import scripts as _scripts
 from tfplan.backends.transports.base import Transport
-from tfplan.backends.transports.specs import CommandResult, Launched, LaunchSpec
+from tfplan.backends.transports.specs import CommandResult, Launched, LaunchSpec, StreamPipe
 from tfplan.errors import BackendError
 
-__all__ = ["LocalTransport"]
+__all__ = ["REAPER", "LocalTransport", "Reaper"]
+
+
+class Reaper:
+    """Waits for the processes this one started, all of them on one thread: each child's
+    ``pidfd`` becomes readable when it exits, then it is reaped. Without pidfds (Linux < 5.3,
+    Python < 3.9) a thread per child waits, as before."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # pidfd -> child
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread: threading.Thread | None = None
+
+    def add(self, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            threading.Thread(target=proc.wait, name=f"reap:{proc.pid}", daemon=True).start()
+            return
+        with self._lock:
+            self._children[pidfd] = proc
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="reaper", daemon=True)
+                self._thread.start()
+        os.write(self._wake_write, b"+")
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._children)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_read, select.POLLIN)
+        registered: set[int] = set()
+        while True:
+            with self._lock:
+                for pidfd in self._children.keys() - registered:
+                    poller.register(pidfd, select.POLLIN)
+                    registered.add(pidfd)
+            for fd, _ in poller.poll():
+                if fd == self._wake_read:
+                    os.read(self._wake_read, 4096)
+                    continue
+                with self._lock:
+                    proc = self._children.pop(fd)
+                poller.unregister(fd)
+                registered.discard(fd)
+                proc.wait()
+                os.close(fd)
+
+
+REAPER = Reaper()
 
 
 class LocalTransport(Transport):
     """Runs the shared sh scripts with ``sh -c`` and starts tasks with ``start_new_session``.
 
-    tfplan is the parent of the tasks it starts here, so a reaper thread per task waits for it:
-    otherwise an ended task would stay a zombie for as long as tfplan runs.
+    tfplan is the parent of the tasks it starts here, so one reaper thread waits for all of
+    them (:class:`Reaper`): otherwise an ended task would stay a zombie for as long as tfplan
+    runs.
     """
 
     kind = "local"
@@ -73,12 +127,10 @@ class LocalTransport(Transport):
                 f"host {self.target.name}: cannot start task {spec.name} in {spec.workdir}: "
                 f"{exc.strerror or exc}"
             ) from exc
-        threading.Thread(target=proc.wait, name=f"reap:{proc.pid}", daemon=True).start()
+        REAPER.add(proc)
         return Launched(pid=proc.pid, pgid=proc.pid, started_at=began)
 
-    def _open_stream(
-        self, script: str
-    ) -> tuple[Callable[[], bytes], Callable[[], None], Callable[[], None]]:
+    def _open_stream(self, script: str) -> StreamPipe:
         proc = subprocess.Popen(
             ["/bin/sh", "-c", script],
             stdin=subprocess.PIPE,
@@ -92,6 +144,10 @@ class LocalTransport(Transport):
 
         def read_chunk() -> bytes:
             return stdout.read1(65536)
+
+        def write(data: bytes) -> None:
+            stdin.write(data)
+            stdin.flush()
 
         def end_input() -> None:
             try:
@@ -107,7 +163,7 @@ class LocalTransport(Transport):
                     pass
             proc.wait()
 
-        return read_chunk, end_input, force_close
+        return StreamPipe(read_chunk, write, end_input, force_close)
 
     def _close(self) -> None:
         pass

@@ -7,6 +7,7 @@ stop/status/streaming/file transfer, and only process creation and transport dif
 
 from __future__ import annotations
 
+import base64
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ __all__ = [
     "read_script",
     "remote_start_script",
     "status_script",
+    "stop_groups_script",
     "stop_script",
     "stream_script",
     "write_file_script",
@@ -149,6 +151,37 @@ def stop_script(pgid: int, grace_secs: float) -> str:
     )
 
 
+def stop_groups_script(pgids: Sequence[int], grace_secs: float) -> str:
+    """:func:`stop_script` for many groups at once: one ``ps`` per tenth of a second for all.
+
+    SIGTERM every live group, wait until all are gone or the grace period has passed, SIGKILL
+    what is left and verify. Prints one line per group: ``<pgid> <outcome>`` (``none``,
+    ``terminated``, ``killed`` or ``stuck``).
+    """
+    ticks = max(0, int(round(grace_secs / 0.1)))
+    wanted = " ".join(str(g) for g in pgids)
+    return (
+        f"w={q(wanted)}; "
+        'alive() { ps -e -o pgid=,stat= | awk -v w="$w" '
+        '\'BEGIN {n=split(w,a," "); for (i=1;i<=n;i++) k[a[i]]=1} '
+        '($1 in k) && ($2 !~ /^Z/ || $2 ~ /l/) {c[$1]=1} END {for (g in c) printf " %s", g}\'; }; '
+        'has() { case "$1 " in *" $2 "*) return 0;; esac; return 1; }; '
+        'first="$(alive)"; '
+        "for g in $first; do kill -TERM -$g 2>/dev/null; done; "
+        'i=0; while [ -n "$(alive)" ] && [ $i -lt ' + str(ticks) + " ]; do "
+        "sleep 0.1; i=$((i+1)); done; "
+        'rest="$(alive)"; for g in $rest; do kill -KILL -$g 2>/dev/null; done; '
+        'j=0; while [ -n "$rest" ] && [ -n "$(alive)" ] && [ $j -lt 50 ]; do '
+        "sleep 0.1; j=$((j+1)); done; "
+        'final=""; [ -n "$rest" ] && final="$(alive)"; '
+        "for g in $w; do "
+        'if ! has "$first" $g; then echo "$g none"; '
+        'elif has "$final" $g; then echo "$g stuck"; '
+        'elif has "$rest" $g; then echo "$g killed"; '
+        'else echo "$g terminated"; fi; done'
+    )
+
+
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "KILL", "STOP", "CONT")
 
 
@@ -262,6 +295,33 @@ def read_script(path: str, offset: int, max_bytes: int, missing_ok: bool) -> str
         f"[ -e {q(path)} ] || {{ {missing}; }}; {start}; echo $start; "
         f"tail -c +$((start + 1)) {q(path)} | head -c {max_bytes} | base64"
     )
+
+
+# Prints, per file given, a line: its tail base64-encoded (empty for a missing file).
+_TAILS_CODE = (
+    "import base64,os,sys\n"
+    "n=int(sys.argv[1])\n"
+    "for p in sys.argv[2:]:\n"
+    "  try:\n"
+    "    f=open(p,'rb'); f.seek(max(0,os.fstat(f.fileno()).st_size-n)); d=f.read(n); f.close()\n"
+    "  except OSError:\n"
+    "    d=b''\n"
+    "  sys.stdout.write(base64.b64encode(d).decode()+'\\n')\n"
+)
+
+
+def tails_script(python: str, paths: Sequence[str], max_bytes: int) -> str:
+    """The last ``max_bytes`` of each file, in one process (the host's Python): a line per
+    file, its tail base64 encoded (empty for a missing file)."""
+    return f"{q(python)} -c {q(_TAILS_CODE)} {max_bytes} " + " ".join(q(p) for p in paths)
+
+
+def parse_tails(text: str, count: int) -> list[bytes]:
+    """What :func:`tails_script` printed, one entry per file (b"" for a missing one)."""
+    lines = text.splitlines()
+    if len(lines) != count:
+        raise ValueError(f"expected {count} tails, got {len(lines)} lines")
+    return [base64.b64decode(line) for line in lines]
 
 
 def _dq(value: str) -> str:

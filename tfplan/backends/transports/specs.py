@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import ip_address
 
@@ -13,6 +14,7 @@ __all__ = [
     "Launched",
     "ProcessInfo",
     "StopResult",
+    "StreamPipe",
 ]
 
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
@@ -104,3 +106,13 @@ class CommandResult:
     def err_line(self) -> str:
         lines = self.stderr.decode(errors="replace").strip().splitlines()
         return lines[-1] if lines else f"exit status {self.returncode}"
+
+
+@dataclass(frozen=True)
+class StreamPipe:
+    """A long-running script on a host: read its output, write to its input."""
+
+    read: Callable[[], bytes]  # a chunk of stdout; b"" at the end
+    write: Callable[[bytes], None]  # to its stdin (raises OSError once it is gone)
+    end_input: Callable[[], None]  # close its stdin: the script sees its input end
+    force_close: Callable[[], None]  # end it now (and release what it holds)

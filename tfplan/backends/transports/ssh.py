@@ -11,7 +11,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,13 @@ from fabric import Config, Connection
 
 from tfplan.backends.transports import scripts as _scripts
 from tfplan.backends.transports.base import Transport
-from tfplan.backends.transports.specs import CommandResult, HostTarget, Launched, LaunchSpec
+from tfplan.backends.transports.specs import (
+    CommandResult,
+    HostTarget,
+    Launched,
+    LaunchSpec,
+    StreamPipe,
+)
 from tfplan.errors import BackendError
 
 __all__ = ["SSHTransport"]
@@ -245,9 +250,7 @@ class SSHTransport(Transport):
         pid = int(last[0])
         return Launched(pid=pid, pgid=pid, started_at=began)
 
-    def _open_stream(
-        self, script: str
-    ) -> tuple[Callable[[], bytes], Callable[[], None], Callable[[], None]]:
+    def _open_stream(self, script: str) -> StreamPipe:
         chan = self._open_channel()
         try:
             _exec(chan, "sh -c " + _scripts.q(script), CONNECT_TIMEOUT_SECS)
@@ -266,7 +269,13 @@ class SSHTransport(Transport):
             except (OSError, EOFError, paramiko.SSHException):
                 pass
 
-        return read_chunk, end_input, chan.close
+        def write(data: bytes) -> None:
+            try:
+                chan.sendall(data)
+            except (EOFError, paramiko.SSHException) as exc:
+                raise OSError(str(exc)) from exc
+
+        return StreamPipe(read_chunk, write, end_input, chan.close)
 
     def _close(self) -> None:
         with self._lock:
