@@ -17,7 +17,12 @@ from tfplan.cli.common import (
     refuse_targets_in_sweeps,
     workspace_from,
 )
-from tfplan.cli.output import LogPrinter, add_all_lines_argument, step_progress
+from tfplan.cli.output import (
+    LogPrinter,
+    add_all_lines_argument,
+    start_progress,
+    step_progress,
+)
 from tfplan.cli.render import print_lines, print_plan, targeting_warning
 from tfplan.cli.sweep import add_sweep_arguments, run_sweep_command
 from tfplan.engine.background import start_background_supervisor
@@ -82,7 +87,8 @@ def run_apply(args: argparse.Namespace) -> int:
     say = lambda line: out.print(f"tfplan | {line}", highlight=False)  # noqa: E731
     with ExperimentRun(plan, workspace, say, config_yaml) as run:
         started = time.monotonic()
-        result = run.apply()
+        with start_progress(out) as progress:
+            result = run.apply(progress)
         counts = plan.counts()
         out.print(
             f"\nApply complete! Tasks: {len(result.started)} started, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -12,7 +13,7 @@ from rich.text import Text
 
 from tfplan.engine.lognoise import HIDDEN_HINT, NoiseFilter
 
-__all__ = ["LogPrinter", "add_all_lines_argument", "step_progress"]
+__all__ = ["LogPrinter", "add_all_lines_argument", "start_progress", "step_progress"]
 
 _ROLE_STYLE = {
     "ps": "blue",
@@ -85,3 +86,45 @@ def step_progress(console: Console, max_steps: int | None) -> Iterator[Callable[
     bar = progress.add_task("train", total=max_steps)
     with progress:
         yield lambda step: progress.update(bar, completed=step)
+
+
+@contextmanager
+def start_progress(console: Console, show_from: int = 25) -> Iterator[Callable[[int, int], None]]:
+    """Tasks started so far, for an apply of ``show_from`` tasks or more: a live bar on a
+    terminal; when output is piped, a plain line at every tenth."""
+    shown: list[int] = []
+    if not console.is_terminal:
+
+        def plain(done: int, total: int) -> None:
+            if total < show_from or done == 0:
+                return
+            tenth = done * 10 // total
+            if not shown or tenth > shown[-1]:
+                shown.append(tenth)
+                console.print(f"tfplan | started {done}/{total} tasks", highlight=False)
+
+        yield plain
+        return
+    progress = Progress(
+        TextColumn("starting tasks"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    bar: list[Any] = []
+
+    def live(done: int, total: int) -> None:
+        if total < show_from:
+            return
+        if not bar:
+            progress.start()
+            bar.append(progress.add_task("start", total=total))
+        progress.update(bar[0], completed=done)
+
+    try:
+        yield live
+    finally:
+        if bar:
+            progress.stop()

@@ -9,7 +9,8 @@ what it allocated, and raises :class:`ApplyError` naming the problem.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend, CancelResult
@@ -25,9 +26,17 @@ from tfplan.planning.state import (
     check_plan_is_current,
 )
 
-__all__ = ["ApplyResult", "apply_plan", "release_if_idle", "stop_standbys", "stop_tasks"]
+__all__ = [
+    "ApplyResult",
+    "Progress",
+    "apply_plan",
+    "release_if_idle",
+    "stop_standbys",
+    "stop_tasks",
+]
 
 Say = Callable[[str], None]
+Progress = Callable[[int, int], None]  # (tasks started, tasks to start)
 
 
 @dataclass(frozen=True)
@@ -38,8 +47,16 @@ class ApplyResult:
     updated: tuple[str, ...]
 
 
-def apply_plan(plan: Plan, store: StateStore, backend: Backend, say: Say) -> ApplyResult:
+def apply_plan(
+    plan: Plan,
+    store: StateStore,
+    backend: Backend,
+    say: Say,
+    progress: Progress | None = None,
+) -> ApplyResult:
     """Carry out ``plan``; the caller holds ``store.lock()``.
+
+    ``progress(started, total)`` is called as tasks start (a progress bar's feed).
 
     Raises:
         StaleStateError: the state moved on since the plan was made.
@@ -72,7 +89,7 @@ def apply_plan(plan: Plan, store: StateStore, backend: Backend, say: Say) -> App
     state = store.write(state)
     if to_start:
         backend.preflight(plan, to_start)
-        state = _start_all(plan, to_start, state, store, backend, say)
+        state = _start_all(plan, to_start, state, store, backend, say, progress)
     return ApplyResult(
         state=state,
         started=tuple(t.name for t in to_start),
@@ -94,7 +111,13 @@ def _abandon(tasks: list[TaskRecord], state: State, say: Say) -> State:
 
 
 def _start_all(
-    plan: Plan, tasks: list[Task], state: State, store: StateStore, backend: Backend, say: Say
+    plan: Plan,
+    tasks: list[Task],
+    state: State,
+    store: StateStore,
+    backend: Backend,
+    say: Say,
+    progress: Progress | None,
 ) -> State:
     had_allocation = state.allocation is not None
     holder = [state]
@@ -114,27 +137,15 @@ def _start_all(
     try:
         backend.stage(plan, tasks, allocation)
         launches = PlanLaunches(plan, allocation)
-        for task in tasks:
-            request = launches.request(task)
-            try:
-                launched = backend.launch(request, allocation)
-            except TfplanError as error:
-                raise ApplyError(
-                    f"{task.name} could not start on host {task.host} ({error}); stopped the "
-                    f"{len(started)} task(s) this apply had started"
-                ) from error
-            record = TaskRecord.from_task(
-                task,
-                plan,
-                launched.handle,
-                launched.started_at,
-                host=launched.host,
-                address=launched.address or launches.address(task),
-                command=request.command,
-            )
-            started.append(record)
-            state = store.write(state.with_task(record))
-            say(f"{task.name}: started on {launched.host} ({backend.handle_text(record)})")
+        for batch in _launch_all(tasks, launches, backend, allocation, progress):
+            started.extend(batch)
+            state = store.write(state.with_tasks(batch))
+            if len(tasks) <= TASK_LINES_UP_TO:
+                for record in batch:
+                    say(f"{record.name}: started on {record.host} ({backend.handle_text(record)})")
+        if len(tasks) > TASK_LINES_UP_TO:
+            hosts = len({r.host for r in started})
+            say(f"started {len(started)} tasks on {hosts} host(s)")
     except BaseException as error:
         if isinstance(error, TfplanError) and not isinstance(error, ApplyError):
             say(f"apply failed: {error}")
@@ -143,6 +154,95 @@ def _start_all(
             state = _release(state, store, backend, say)
         raise
     return state
+
+
+# Each started task is a line up to this many; a larger apply says one line (and the CLI
+# shows a progress bar on a terminal).
+TASK_LINES_UP_TO = 24
+
+
+def _launch_all(
+    tasks: list[Task],
+    launches: PlanLaunches,
+    backend: Backend,
+    allocation: Allocation,
+    progress: Progress | None,
+) -> Iterator[list[TaskRecord]]:
+    """Start ``tasks``, up to the backend's ``launch_fanout`` at once, in plan order; yield
+    the records of those started since the last batch (the caller records them at once).
+
+    The first failure stops further starts; what was already under way is still yielded, then
+    ApplyError is raised naming the task that failed.
+    """
+    plan = launches.plan
+    fanout = max(1, min(backend.capabilities.launch_fanout, len(tasks)))
+    total = len(tasks)
+    done = 0
+
+    def one(task: Task) -> TaskRecord:
+        request = launches.request(task)
+        try:
+            launched = backend.launch(request, allocation)
+        except TfplanError as error:
+            raise ApplyError(
+                f"{task.name} could not start on host {task.host} ({error})"
+            ) from error
+        return TaskRecord.from_task(
+            task,
+            plan,
+            launched.handle,
+            launched.started_at,
+            host=launched.host,
+            address=launched.address or launches.address(task),
+            command=request.command,
+        )
+
+    if progress is not None:
+        progress(0, total)
+    if fanout == 1:
+        for task in tasks:
+            try:
+                record = one(task)
+            except ApplyError as error:
+                raise _failed(error, done) from error
+            done += 1
+            if progress is not None:
+                progress(done, total)
+            yield [record]
+        return
+    failure: ApplyError | None = None
+    order = {task.name: i for i, task in enumerate(tasks)}
+    with ThreadPoolExecutor(max_workers=fanout, thread_name_prefix="launch") as pool:
+        waiting = {pool.submit(one, task): task for task in tasks}
+        while waiting:
+            finished, _ = wait(waiting, return_when=FIRST_COMPLETED)
+            batch = []
+            for future in finished:
+                del waiting[future]
+                error = future.exception()
+                if error is None:
+                    batch.append(future.result())
+                elif failure is None:
+                    failure = error if isinstance(error, ApplyError) else ApplyError(str(error))
+                    for pending in waiting:
+                        pending.cancel()
+            waiting = {f: t for f, t in waiting.items() if not f.cancelled()}
+            done += len(batch)
+            if progress is not None:
+                progress(done, total)
+            if batch:
+                batch.sort(key=lambda r: order[r.name])
+                yield batch
+    if failure is not None:
+        raise _failed(failure, done) from failure
+
+
+def _failed(error: ApplyError, started: int) -> ApplyError:
+    return ApplyError(
+        f"{error}; stopped the {started} task(s) this apply had started"
+        if started
+        else f"{error}; nothing else was started"
+    )
 
 
 def _release(state: State, store: StateStore, backend: Backend, say: Say) -> State:
@@ -221,6 +321,8 @@ def stop_tasks(
         t.name if t.running else f"{t.name} (left over by its {t.status.value} life)"
         for t in stopped
     )
+    if len(stopped) > TASK_LINES_UP_TO:
+        names = f"{len(stopped)} tasks"
     if names:
         say(f"Stopped {names} ({time.monotonic() - began:.1f}s)")
     if failures:

@@ -27,7 +27,7 @@ from typing import Any
 
 from tfplan.backends import open_backend
 from tfplan.backends.api import Backend, OutputPlace
-from tfplan.engine.applier import ApplyResult, apply_plan
+from tfplan.engine.applier import ApplyResult, Progress, apply_plan
 from tfplan.engine.background import me, take_over_from_background
 from tfplan.engine.experiment import (
     ExperimentFolder,
@@ -281,8 +281,9 @@ class ExperimentRun:
             return None  # an unreachable host is preflight's to report
         return checkpoint_step(data.decode(errors="replace")) if data else None
 
-    def apply(self) -> ApplyResult:
-        """Record the start, then start the tasks (:func:`tfplan.engine.applier.apply_plan`)."""
+    def apply(self, progress: Progress | None = None) -> ApplyResult:
+        """Record the start, then start the tasks (:func:`tfplan.engine.applier.apply_plan`;
+        ``progress(started, total)`` as they start)."""
         plan = self.plan
         if self.resumed_from is not None:
             max_steps = plan.run_config.get("trainer", {}).get("max_steps")
@@ -300,7 +301,7 @@ class ExperimentRun:
         self.folder.begin(plan.experiment_id, plan.to_json(), config_yaml, self.resumed_from)
         self._began = True
         index_output(self.workspace, plan.experiment_id, self.record_dir, "experiment")
-        applied = apply_plan(plan, self.store, self.backend, self.say)
+        applied = apply_plan(plan, self.store, self.backend, self.say, progress)
         if (self.record_dir, self.copy_back) != (applied.state.record_dir, applied.state.copy_back):
             where = replace(applied.state, record_dir=self.record_dir, copy_back=self.copy_back)
             applied = replace(applied, state=self.store.write(where, bump=False))

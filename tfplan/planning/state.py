@@ -12,6 +12,7 @@ hosts, so TF_CONFIG is never stored per task.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -240,6 +241,12 @@ class State:
         if self.task(task.name) is None:
             return replace(self, tasks=(*self.tasks, task))
         return replace(self, tasks=tuple(task if t.name == task.name else t for t in self.tasks))
+
+    def with_tasks(self, tasks: Sequence[TaskRecord]) -> State:
+        """:meth:`with_task` for many at once (new ones appended in order)."""
+        new = {t.name: t for t in tasks}
+        kept = tuple(new.pop(t.name, t) for t in self.tasks)
+        return replace(self, tasks=(*kept, *new.values()))
 
     def without_task(self, name: str) -> State:
         return replace(self, tasks=tuple(t for t in self.tasks if t.name != name))

@@ -81,7 +81,7 @@ class KubernetesBackend(Backend):
     """Tasks as one-pod Jobs under a headless Service, through the official client."""
 
     name = "kubernetes"
-    capabilities = Capabilities(shared_output=False)
+    capabilities = Capabilities(shared_output=False, launch_fanout=8)
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
