@@ -124,6 +124,20 @@ class TestConformance:
         assert not info.alive and info.cpu_percent is None
         print(f"\n[{transport.kind}] start latency {start_secs * 1000:.1f} ms")
 
+    def test_a_script_longer_than_one_argument_still_runs(
+        self, transport: Transport, tmp_path: Path
+    ) -> None:
+        """Linux refuses one argument over 128 KiB: the status of 1,000 tasks in deep folders
+        is longer; it goes to the shell on its stdin."""
+        files = [tmp_path / f"{'d' * 100}{i}" for i in range(1500)]
+        for i, path in enumerate(files[:3]):
+            path.write_bytes(f"tail {i}".encode())
+        tails = transport.read_tails([str(p) for p in files], 64)
+        assert tails[:3] == [b"tail 0", b"tail 1", b"tail 2"] and tails[3:] == [b""] * 1497
+        pids = [4_000_000 + i for i in range(len(files))]  # no such processes
+        infos = transport.status(pids, exit_files=[str(p) for p in files])
+        assert not any(info.alive for info in infos.values()) and len(infos) == len(files)
+
     def test_env_cwd_and_quoting(self, transport: Transport, tmp_path: Path) -> None:
         tf_config = json.dumps({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": 0}})
         spec = py_task(

@@ -153,7 +153,7 @@ def _row(
         "rss_bytes": rss,
         "step": step,
         "last_line": last,
-        "detail": info.detail if info is not None else "",
+        "detail": (info.detail or info.error or "") if info is not None else "",
         "standby": standby,
     }
 

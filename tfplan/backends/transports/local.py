@@ -88,8 +88,9 @@ class LocalTransport(Transport):
 
     def _run(self, script: str, stdin: bytes | None, timeout: float) -> CommandResult:
         try:
+            argv, stdin = _scripts.shell_invocation(script, stdin)
             done = subprocess.run(
-                ["/bin/sh", "-c", script],
+                ["/bin/sh", *argv[1:]],
                 input=stdin if stdin is not None else b"",
                 capture_output=True,
                 timeout=timeout,

@@ -33,6 +33,9 @@ __all__ = [
 ]
 
 EXIT_CODE_FILE = "exit_code"
+# Linux refuses a single argument over 128 KiB (MAX_ARG_STRLEN): a longer script (a status or
+# the log tails of a thousand tasks) is fed to ``sh -s`` on its stdin instead of ``sh -c``.
+LONG_SCRIPT_BYTES = 64 * 1024
 STREAM_POLL_SECS = 0.2
 
 # Runs the task's argv ("$@") and records its exit status atomically in $TFPLAN_EXIT_FILE.
@@ -51,6 +54,14 @@ TASK_WRAPPER = (
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def shell_invocation(script: str, stdin: bytes | None) -> tuple[list[str], bytes | None]:
+    """``(argv of sh, its stdin)`` to run ``script``: ``sh -c SCRIPT``, or for a long script
+    that reads nothing ``sh -s`` with the script as its input."""
+    if len(script) > LONG_SCRIPT_BYTES and not stdin:
+        return ["sh", "-s"], script.encode()
+    return ["sh", "-c", script], stdin
 
 
 def check_env_names(env: Mapping[str, str]) -> None:
@@ -211,9 +222,11 @@ def status_script(pids: Sequence[int], exit_files: Sequence[str | None]) -> str:
         + ' \'BEGIN {n=split(w,a," "); for (i=1;i<=n;i++) k[a[i]]=1} '
         '($1 in k) || ($2 in k) {print "P", $1, $2, $3, $4, $5}\''
     ]
+    # `read` and the redirection are shell builtins: no process per task (a `$(cat ...)` each
+    # made a status of 1,000 tasks take longer than its timeout)
     for pid, path in zip(pids, exit_files, strict=True):
         if path:
-            lines.append(f'printf "E {pid} %s\\n" "$(cat {q(path)} 2>/dev/null)"')
+            lines.append(f'c=; read -r c < {q(path)} 2>/dev/null; echo "E {pid} $c"')
     return "; ".join(lines) + "; exit 0"
 
 

@@ -207,10 +207,11 @@ class SSHTransport(Transport):
 
     # ---- hooks -------------------------------------------------------------------------
     def _run(self, script: str, stdin: bytes | None, timeout: float) -> CommandResult:
+        argv, stdin = _scripts.shell_invocation(script, stdin)
         chan = self._open_channel()
         try:
             chan.settimeout(timeout)
-            _exec(chan, "sh -c " + _scripts.q(script), timeout)
+            _exec(chan, " ".join(_scripts.q(word) for word in argv), timeout)
             err: list[bytes] = []
             reader = threading.Thread(
                 target=lambda: err.append(chan.makefile_stderr("rb").read()), daemon=True
