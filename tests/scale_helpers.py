@@ -37,7 +37,8 @@ IDLE_PROGRAM = "sleep 100000"  # waits for a signal: SIGTERM (a stop) ends it
 
 @dataclass(frozen=True)
 class Usage:
-    """One process tree's footprint: RSS (bytes), threads, processes, CPU seconds so far."""
+    """One process tree's footprint: RSS (bytes), threads, processes, CPU seconds so far (its
+    processes' own and their reaped children's)."""
 
     rss: int
     threads: int
@@ -83,7 +84,8 @@ def tree_usage(root: int) -> Usage:
         processes += 1
         threads += int(fields[17])
         rss += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        cpu += (int(fields[11]) + int(fields[12])) / ticks
+        # its own time and its reaped children's (a shell loop's `ps` and `sleep`)
+        cpu += sum(int(fields[i]) for i in (11, 12, 13, 14)) / ticks
         todo.extend(children.get(pid, []))
     return Usage(rss, threads, processes, cpu)
 

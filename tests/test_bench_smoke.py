@@ -40,6 +40,8 @@ REPORTS = [
         "bench_apply.md",
         "bench_inputs.md",
         "bench_plan.md",
+        "bench_scale.md",
+        "bench_scale.png",
         "bench_slurm.md",
         "bench_streaming.md",
         "bench_strategies.md",
@@ -221,6 +223,23 @@ def test_bench_reliability(tmp_path: Path) -> None:
     assert figure(text, f"| {fault}", column=2) > 0  # fault -> victim back (s)
     assert figure(text, "| false") > 0 and figure(text, "| true") > 0  # examples/s
     assert re.search(r"CPU [\d.]+ % of one core, RSS \d+ MiB", text), text
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(600)
+def test_bench_scale(tmp_path: Path) -> None:
+    """Tiny: 3 local tasks (this checkout as its own baseline), 2 namespace hosts x 2 tasks."""
+    out = tmp_path / "bench_scale.md"
+    args = ["--sizes", "3", "--baseline", str(REPO), "--ssh-hosts", "2", "--ssh-tasks", "2"]
+    args += ["--settle", "0.5", "--measure", "1", "--training-repeats", "1"]
+    args += ["--training-steps", "40", "--out", str(out)]
+    run_bench("bench_scale.py", *args, cwd=tmp_path, timeout=540)
+    text = out.read_text()
+    assert figure(text, "| now | local | 3", column=3) >= 0  # processes per task
+    assert figure(text, "| before | local | 3", column=5) > 0  # supervisor RSS
+    assert "| now | ssh 2x2 | 4 |" in text and text.count("| 0 |") >= 3  # nothing left
+    assert figure(text, "| hogwild", column=1) > 0 and figure(text, "| downpour") > 0
+    assert (tmp_path / "bench_scale.png").stat().st_size > 0
 
 
 @pytest.mark.timeout(300)
