@@ -66,6 +66,8 @@ class Point:
     status_secs: float
     destroy_secs: float
     left: int
+    status_running: int  # tasks `tfplan status` saw running (all of them, or it failed)
+    status_note: str  # why one was not seen running
 
     @property
     def added_busy(self) -> float:
@@ -99,9 +101,10 @@ def measure(
         groups = run.groups()
         in_groups = sum(_group_sizes(groups).values())
         status_secs, status = run.status()
-        running = sum(1 for t in status.get("tasks", []) if t.get("state") == "running")
-        if running != tasks:
-            raise RuntimeError(f"status shows {running} of {tasks} tasks running")
+        rows = status.get("tasks", [])
+        running = sum(1 for t in rows if t.get("state") == "running")
+        odd = next((t for t in rows if t.get("state") != "running"), None)
+        note = f"{odd['state']}: {odd['detail']}"[:120] if odd else ""
         destroy_secs = run.destroy()
         left = _alive_in(groups)
     finally:
@@ -122,6 +125,8 @@ def measure(
         status_secs=status_secs,
         destroy_secs=destroy_secs,
         left=left,
+        status_running=running,
+        status_note=note,
     )
 
 
@@ -185,7 +190,8 @@ def _line(p: Point) -> str:
         f"(tfplan {100 * p.tfplan_cpu:4.1f}%), {p.added_per_task:.2f} proc/task, "
         f"{p.per_host_other:.1f} other/host, "
         f"RSS {p.rss_mib:.0f} MiB, {p.threads} threads, apply {p.apply_secs:.1f}s, "
-        f"status {p.status_secs:.1f}s, destroy {p.destroy_secs:.1f}s, left {p.left}"
+        f"status {p.status_secs:.1f}s ({p.status_running} running), "
+        f"destroy {p.destroy_secs:.1f}s, left {p.left} {p.status_note}"
     )
 
 
@@ -291,6 +297,11 @@ def report(
         "",
         f"Command: `.venv/bin/python bench/bench_scale.py {' '.join(sys.argv[1:])}`".rstrip(),
         "",
+        *(
+            [f"Before: the checkout given as `--baseline`, at commit {_commit(args.baseline)}.", ""]
+            if args.baseline
+            else []
+        ),
         "Every task is `sleep` (it waits for a signal), started by `tfplan apply --detach` "
         "and supervised by the background supervisor. *Machine busy* is the whole machine "
         "(all cores) above the same machine measured just before with nothing running; "
@@ -302,15 +313,23 @@ def report(
         "",
         "| code | where | tasks | machine busy | tfplan CPU | processes per task | "
         "other per host | supervisor RSS | threads | tfplan processes | apply | status | "
-        "destroy | left |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "status saw running | destroy | left |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         lines.append(
             f"| {'before' if p.code == 'baseline' else 'now'} | {p.where} | {p.tasks} | "
             f"{100 * p.added_busy:.1f} % | {100 * p.tfplan_cpu:.2f} % | {p.added_per_task:.2f} | "
             f"{p.per_host_other:.1f} | {p.rss_mib:.0f} MiB | {p.threads} | {p.tfplan_processes} | {p.apply_secs:.1f} s | "
-            f"{p.status_secs:.2f} s | {p.destroy_secs:.2f} s | {p.left} |"
+            f"{p.status_secs:.2f} s | {p.status_running} | {p.destroy_secs:.2f} s | {p.left} |"
+        )
+    failed = [p for p in points if p.status_running != p.tasks]
+    for p in failed:
+        lines.append("")
+        lines.append(
+            f"`tfplan status` of {p.tasks} tasks ({'before' if p.code == 'baseline' else 'now'}, "
+            f"{p.where}) saw {p.status_running} running; the first other row said: "
+            f"`{p.status_note}`"
         )
     lines += ["", f"![CPU and footprint against tasks]({png.name})", ""]
     lines += goals(points)
@@ -333,6 +352,13 @@ def report(
                 f"{', '.join(f'{x:.0f}' for x in new)} | {', '.join(f'{x:.0f}' for x in old)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _commit(folder: Path) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or "(not a git checkout)"
 
 
 def goals(points: list[Point]) -> list[str]:
