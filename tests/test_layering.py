@@ -1,6 +1,6 @@
 """The architecture as a test: lower layers never import higher ones, recipes never import tfplan.
 
-    config < planning < backends < engine < sweeps < cli
+    config < planning < diagnosis < backends < engine < sweeps < cli
 
 Every ``import`` and ``from ... import`` in the package is read with ``ast`` (function-level
 imports included, ``if TYPE_CHECKING:`` ones too: a type is a dependency as well).
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("config", "planning", "backends", "engine", "sweeps", "cli")
+LAYERS = ("config", "planning", "diagnosis", "backends", "engine", "sweeps", "cli")
 # Modules at the top of the package that everyone may use.
 SHARED = {"tfplan", "tfplan.errors", "tfplan.files"}
 

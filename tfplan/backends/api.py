@@ -300,6 +300,12 @@ class Backend(ABC):
     def read_log(self, task: TaskRecord, offset: int = 0, max_bytes: int = 16 << 20) -> bytes:
         """A task's log from byte ``offset`` (negative: from the end); b"" when none yet."""
 
+    def oom_kills(self, task: TaskRecord) -> list[dict[str, object]]:
+        """The out-of-memory kills the kernel of ``task``'s host recorded since it started
+        (``pid``, ``name``, ``rss`` in bytes, ``at`` unix time), to explain a task that was
+        SIGKILLed; empty where the backend cannot tell (the default)."""
+        return []
+
     def read_log_tails(
         self, tasks: Sequence[TaskRecord], max_bytes: int
     ) -> dict[str, bytes | Exception]:

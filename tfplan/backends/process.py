@@ -236,6 +236,8 @@ class ProcessBackend(Backend):
                 tf_version=plan.tf_version if plan.builtin_recipes else None,
                 ports=tuple(t.port for t in mine if t.port is not None),
                 writable_dirs=(*(t.workdir for t in mine), plan.code_dir, plan.output_dir),
+                legacy_keras=any(t.env.get("TF_USE_LEGACY_KERAS") == "1" for t in mine),
+                gpus=len({d for t in mine for d in t.devices}),
             )
             result = self.pool[name].preflight(request)
             if self.firewall:
@@ -425,6 +427,10 @@ class ProcessBackend(Backend):
     def read_log(self, task: TaskRecord, offset: int = 0, max_bytes: int = 16 << 20) -> bytes:
         data, _ = self.pool[task.host].read_log(task.log_path, offset, max_bytes)
         return data
+
+    def oom_kills(self, task: TaskRecord) -> list[dict[str, object]]:
+        """From the host's kernel log (root, or ``kernel.dmesg_restrict=0``)."""
+        return self.pool[task.host].oom_kills(task.started_at)
 
     def read_log_tails(
         self, tasks: Sequence[TaskRecord], max_bytes: int

@@ -183,5 +183,6 @@ def _report(
         out.print(f"Result ({result_at}): {fields}")
     if not outcome.succeeded:
         raise ApplyError(
-            f"training failed: {outcome.reason}; see `tfplan logs -e {plan.experiment_id}`"
+            f"training failed: {outcome.reason}; `tfplan explain -e {plan.experiment_id}` says "
+            f"why, `tfplan logs -e {plan.experiment_id}` shows the logs"
         )

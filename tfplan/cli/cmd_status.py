@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 from rich.table import Table
 
 from tfplan.backends.api import Backend, TaskInfo, TaskPhase
 from tfplan.cli.common import add_experiment_arguments, backend_of, console, load_experiment
+from tfplan.engine.diagnose import diagnose, diagnose_output, oom_of
 from tfplan.engine.lognoise import is_noise
 from tfplan.engine.logs import STEP_PATTERN
 from tfplan.planning.plan import ROLE_ORDER
@@ -46,6 +48,8 @@ def run_status(args: argparse.Namespace) -> int:
             _row(backend, task, infos.get(task.name), tails.get(task.name))
             for task in sorted(state.tasks, key=task_order)
         ]
+        for row, task in zip(rows, sorted(state.tasks, key=task_order), strict=True):
+            row["explanation"] = _explanation(backend, task, row, tails.get(task.name), state)
         standbys = [
             _row(backend, standby, infos.get(standby.name), tails.get(standby.name), True)
             for standby in sorted(state.standbys, key=task_order)
@@ -100,7 +104,7 @@ def run_status(args: argparse.Namespace) -> int:
             f"{row['cpu_percent']:.0f}" if row["cpu_percent"] is not None else "",
             f"{row['rss_bytes'] / 2**20:.0f} MiB" if row["rss_bytes"] is not None else "",
             str(row["step"]) if row["step"] is not None else "",
-            row["last_line"],
+            row.get("explanation") or row["last_line"],
         )
     out.print(table)
     out.print(_supervisor_line(supervisor))
@@ -156,6 +160,26 @@ def _row(
         "detail": (info.detail or info.error or "") if info is not None else "",
         "standby": standby,
     }
+
+
+def _explanation(
+    backend: Backend,
+    task: TaskRecord,
+    row: dict[str, Any],
+    tail: bytes | Exception | None,
+    state: State,
+) -> str:
+    """Why a failed task failed, in one line, when the failure is a known one; else ""."""
+    if row["state"] != "failed":
+        return ""
+    record = replace(task, exit_code=row["exit_code"])
+    if isinstance(tail, bytes):
+        found = diagnose_output(
+            record, tail.decode(errors="replace"), state.output_dir or "", oom_of(backend, record)
+        )
+    else:
+        found = diagnose(backend, record, state.output_dir or "")
+    return found.line if found.explanation is not None else ""
 
 
 def _tail(data: bytes | Exception | None) -> tuple[int | None, str]:

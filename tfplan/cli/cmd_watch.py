@@ -93,7 +93,8 @@ def run_watch(args: argparse.Namespace) -> int:
         )
     if not outcome.succeeded:
         raise ApplyError(
-            f"training failed: {outcome.reason}; see `tfplan logs -e {state.experiment_id}`"
+            f"training failed: {outcome.reason}; `tfplan explain -e {state.experiment_id}` says "
+            f"why, `tfplan logs -e {state.experiment_id}` shows the logs"
         )
     out.print(f"Training complete: {outcome.reason}.")
     return 0

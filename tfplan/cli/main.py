@@ -21,6 +21,7 @@ VERBS = {
     "show": "cmd_plan",
     "apply": "cmd_apply",
     "status": "cmd_status",
+    "explain": "cmd_explain",
     "logs": "cmd_logs",
     "watch": "cmd_watch",
     "destroy": "cmd_destroy",

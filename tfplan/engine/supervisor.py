@@ -24,6 +24,11 @@ Lifecycle (PEERS.md: what TFJob, TonY and RiseML users expect):
 - ``deadline_secs`` passes: every task is stopped and the job fails;
 - Ctrl-C: every task is stopped and the state records it.
 
+A task that fails is explained as soon as it is seen: its log's end (and, for a killed task, its
+host's out-of-memory record) is read on a helper thread and matched against the known failures
+(:mod:`tfplan.engine.diagnose`); a known one is said in one line, cause and fix, right after the
+task's own last lines. A restart due meanwhile does not wait for it.
+
 When the job ends (whichever way), every process of every task is stopped, whatever its
 recorded status (a failed task whose program outlived its wrapper included), and every standby.
 """
@@ -33,10 +38,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend, TaskInfo, TaskPhase
 from tfplan.engine.applier import apply_plan, release_if_idle, stop_standbys, stop_tasks
+from tfplan.engine.diagnose import Diagnosis, diagnose
 from tfplan.engine.launching import restart_request, standby_request
 from tfplan.engine.logs import Emit, LogFanIn
 from tfplan.engine.store import StateStore
@@ -71,7 +79,8 @@ STANDBY_RETRY_SECS = 5.0  # after a standby ended by itself, times its failures 
 # end it): a restart due then waits for its first line, polling this often, at most this long.
 STANDBY_READY_POLL_SECS = 0.1
 STANDBY_READY_WAIT_SECS = 60.0
-PREVIOUS_LOG_SECS = 1.0  # how long the stream of a life that ended may take to deliver its end
+PREVIOUS_LOG_SECS = 1.0
+EXPLAIN_WAIT_SECS = 5.0  # at the end, how long the explanations still being read may take  # how long the stream of a life that ended may take to deliver its end
 
 
 class HandedOver(Exception):
@@ -144,10 +153,40 @@ class Supervisor:
         self._standby_failures: dict[str, int] = {}
         self._standby_checked = 0.0
         self._awaiting_standby: dict[str, float] = {}  # task -> when its restart began to wait
+        self._explainer: ThreadPoolExecutor | None = None
+        self._explaining: list[Future[Diagnosis]] = []
 
     @property
     def last_step(self) -> int | None:
         return self.logs.last_step
+
+    # -- why a task failed ----------------------------------------------------------------
+
+    def _explain_later(self, task: TaskRecord, output_dir: str) -> None:
+        """Read the failed task's evidence on a helper thread (a restart due meanwhile is not
+        delayed); the loop says the explanation as soon as it is there."""
+        if self._explainer is None:
+            self._explainer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="explain")
+
+        def work() -> Diagnosis:
+            try:
+                return diagnose(self.backend, task, output_dir)
+            finally:
+                self.logs.ended.set()  # wake the loop to say it
+
+        self._explaining.append(self._explainer.submit(work))
+
+    def _say_explanations(self, wait: float = 0.0) -> None:
+        if wait and self._explaining:
+            futures_wait(self._explaining, timeout=wait)
+        for future in [f for f in self._explaining if f.done()]:
+            self._explaining.remove(future)
+            try:
+                diagnosis = future.result()
+            except Exception:  # noqa: BLE001 - an explanation must never break supervision
+                continue
+            if diagnosis.explanation is not None:
+                self._say(diagnosis.line)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -172,6 +211,9 @@ class Supervisor:
         finally:
             self.logs.stop_all()
             self.logs.drain()
+            self._say_explanations(wait=EXPLAIN_WAIT_SECS)
+            if self._explainer is not None:
+                self._explainer.shutdown(wait=False, cancel_futures=True)
 
     # -- logs -----------------------------------------------------------------------------
 
@@ -192,6 +234,7 @@ class Supervisor:
             if self.interrupt is not None and self.interrupt.is_set():
                 raise KeyboardInterrupt()
             self.logs.drain()
+            self._say_explanations()
             state = self._observe(state)
             state = self._kill_hung(state)
             state = self._restart_due(state)
@@ -296,6 +339,8 @@ class Supervisor:
         if self._done_at is not None or (task.is_chief and task.status is TaskStatus.SUCCEEDED):
             self._say(f"{task.name} {task.status.value} ({shown})")
             return state
+        if task.status is TaskStatus.FAILED:
+            self._explain_later(task, state.output_dir or "")
         policy = state.policy.for_role(task.role)
         decision = decide_restart(
             policy.restart,

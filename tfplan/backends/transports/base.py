@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import tarfile
 import threading
 import time
@@ -219,6 +220,21 @@ class Transport(ABC):
             BackendError: the file does not exist or cannot be read.
         """
         return self._read(path, offset, max_bytes, missing_ok=False)
+
+    def oom_kills(self, since: float) -> list[dict[str, object]]:
+        """The processes the host's kernel killed for want of memory since ``since`` (unix
+        time): ``pid``, ``name``, ``rss`` (bytes), ``at`` (unix time). Empty where the kernel's
+        log cannot be read (not root and ``kernel.dmesg_restrict=1``).
+
+        Raises:
+            BackendError: the host could not be reached.
+        """
+        result = self.run_script(_scripts.oom_script(self.python, since), "read the kernel log")
+        try:
+            found = json.loads(result.stdout.decode(errors="replace") or "[]")
+        except ValueError:
+            return []
+        return [f for f in found if isinstance(f, dict)]
 
     def read_tails(self, paths: Sequence[str], max_bytes: int) -> list[bytes]:
         """The last ``max_bytes`` of many files in one round trip (b"" for a missing one).

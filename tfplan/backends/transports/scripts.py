@@ -323,6 +323,53 @@ _TAILS_CODE = (
 )
 
 
+# Prints the kernel's out-of-memory kills since a unix time, one JSON list: /dev/kmsg (root),
+# else `dmesg` (kernel.dmesg_restrict=0); [] when neither can be read.
+_OOM_CODE = r"""
+import json, os, re, subprocess, sys, time
+since = float(sys.argv[1])
+pat = re.compile(r"Killed process (\d+) \(([^)]*)\).*?anon-rss:(\d+)kB(?:, file-rss:(\d+)kB)?")
+now_unix, now_mono = time.time(), time.clock_gettime(time.CLOCK_MONOTONIC)
+lines = []
+try:
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    while True:
+        try:
+            rec = os.read(fd, 8192).decode(errors="replace")
+        except BlockingIOError:
+            break
+        except OSError:
+            continue
+        head, _, text = rec.partition(";")
+        parts = head.split(",")
+        if len(parts) >= 3:
+            lines.append((int(parts[2]) / 1e6, text))
+    os.close(fd)
+except OSError:
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        m = re.match(r"\[\s*([\d.]+)\]\s*(.*)", line)
+        if m:
+            lines.append((float(m.group(1)), m.group(2)))
+found = []
+for mono, text in lines:
+    m = pat.search(text)
+    at = now_unix - (now_mono - mono)
+    if m and at >= since - 1:
+        rss = (int(m.group(3)) + int(m.group(4) or 0)) * 1024
+        found.append({"pid": int(m.group(1)), "name": m.group(2), "rss": rss, "at": at})
+print(json.dumps(found))
+"""
+
+
+def oom_script(python: str, since: float) -> str:
+    """The kernel's out-of-memory kills since ``since`` (unix time), as one JSON list."""
+    return f"{q(python)} -c {q(_OOM_CODE)} {since:.3f}"
+
+
 def tails_script(python: str, paths: Sequence[str], max_bytes: int) -> str:
     """The last ``max_bytes`` of each file, in one process (the host's Python): a line per
     file, its tail base64 encoded (empty for a missing file)."""

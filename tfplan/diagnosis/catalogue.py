@@ -1,0 +1,160 @@
+"""The known failures of distributed TensorFlow: how each looks from outside, its cause, its fix.
+
+Plain data (docs/troubleshooting.md lists every entry, and a test checks it does): a signature
+(the exit status, patterns in the task's output, the host's record of an out-of-memory kill), a
+cause and a fix, both one line with ``{placeholders}`` filled from the pattern's named groups and
+from what tfplan knows of the task (``task``, ``host``, ``output_dir``, ``rss``, ...). The first
+entry whose signature matches explains the failure; an extension appends its own
+(:func:`register`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["CATALOGUE", "KnownFailure", "register"]
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """One known failure.
+
+    Attributes:
+        id: a stable name (``tfplan explain`` shows it; docs/troubleshooting.md is keyed by it).
+        title: what it is, for the docs.
+        patterns: regular expressions searched in the end of the task's output (the last error is
+            at the end); any one matching is enough. Empty: the exit status alone decides.
+        exit_codes: the task's exit status must be one of these (empty: any failure).
+        needs_oom_record: the host's kernel must have recorded an out-of-memory kill in the
+            task's life (``OomKill``).
+        cause: one line, ``{task}``, ``{host}``, ``{output_dir}``, the pattern's named groups...
+        fix: one line naming the key or command to change.
+        reproduce: how the test provokes it (the docs say it).
+        where: ``run`` (seen after a failure) or ``preflight`` (refused before anything starts).
+    """
+
+    id: str
+    title: str
+    cause: str
+    fix: str
+    reproduce: str
+    patterns: tuple[str, ...] = ()
+    exit_codes: tuple[int, ...] = ()
+    needs_oom_record: bool = False
+    where: str = "run"
+    _compiled: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_compiled", tuple(re.compile(p, re.M) for p in self.patterns))
+
+    @property
+    def compiled(self) -> tuple[re.Pattern[str], ...]:
+        return self._compiled
+
+
+CATALOGUE: list[KnownFailure] = [
+    KnownFailure(
+        id="oom-killed",
+        title="Killed by the out-of-memory killer",
+        exit_codes=(137, -9),
+        needs_oom_record=True,
+        cause="killed by the out-of-memory killer on host {host} at RSS {rss}",
+        fix="give the task more memory, or make it use less (a smaller data.batch_size or model, "
+        "fewer tasks per host: the host's cpu_slots)",
+        reproduce="a task whose memory limit (a cgroup) is below what it allocates",
+    ),
+    KnownFailure(
+        id="keras3-multiworker-fit",
+        title="Keras 3 and MultiWorkerMirroredStrategy in model.fit",
+        patterns=(r"Attempt to convert a value \(PerReplica:",),
+        cause="Keras 3 (bundled since TensorFlow 2.16) does not support "
+        "MultiWorkerMirroredStrategy in fit (keras-team/keras#20585)",
+        fix="set recipe.legacy_keras=true (Keras 2 from the tf_keras package, "
+        "TF_USE_LEGACY_KERAS=1)",
+        reproduce="TensorFlow's multi-worker Keras tutorial (MultiWorkerMirroredStrategy, "
+        "model.fit) on two workers",
+    ),
+    KnownFailure(
+        id="estimator-removed",
+        title="tf.estimator is gone (TensorFlow 2.16 and later)",
+        patterns=(
+            r"No module named '?tensorflow_estimator'?",
+            r"No module named '?tensorflow\.estimator'?",
+            r"module 'tensorflow' has no attribute 'estimator'",
+            r"module 'tensorflow\.compat\.v1' has no attribute 'estimator'",
+        ),
+        cause="the program uses tf.estimator, which TensorFlow removed in 2.16",
+        fix="run it with TensorFlow <= 2.15 and tensorflow-estimator: point cluster.python (or "
+        "the host's python) at an interpreter that has them",
+        reproduce="an Estimator program (train_and_evaluate) under TensorFlow 2.16 or later",
+    ),
+    KnownFailure(
+        id="foreign-checkpoint",
+        title="The output folder holds another model's checkpoints",
+        patterns=(
+            r"Key (?P<key>\S+) not found in checkpoint",
+            r"Assign requires shapes of both tensors to match",
+            r"tensor_name = (?P<key>\S+); expected compatible shape",
+            r"Shapes? .* (?:are|is) incompatible.*checkpoint",
+        ),
+        cause="the checkpoints in {output_dir} were written by another model",
+        fix="use a new experiment.id or remove them",
+        reproduce="an experiment trained with one model, then applied again with another",
+    ),
+    KnownFailure(
+        id="nan-loss",
+        title="The loss became NaN",
+        patterns=(
+            r"loss became NaN near step=(?P<step>\d+)",
+            r"NaN loss during training",
+            r"Model diverged with loss = NaN",
+            r"[Ll]oss (?:is|became) (?:NaN|nan)(?: at step (?P<step2>\d+))?",
+        ),
+        cause="the loss became NaN{at_step}",
+        fix="lower the learning rate (algo.lr), or check the data for NaN or huge values",
+        reproduce="a learning rate of 1e6",
+    ),
+    KnownFailure(
+        id="missing-flag",
+        title="A flag-style program started without a flag it needs",
+        patterns=(
+            r"error: the following arguments are required: (?P<flags>.+)",
+            r"Flag --(?P<flag>[\w-]+) must (?:have a value other than None|be specified)",
+            r"error: argument (?P<flag2>\S+): expected one argument",
+        ),
+        cause="the program needs {flags}, which recipe.command does not pass",
+        fix="add it to recipe.command; {{ps_hosts}}, {{worker_hosts}}, {{job_name}} and "
+        "{{task_index}} fill in each task's own values",
+        reproduce="a program with a required --job_name flag, started without it",
+    ),
+    KnownFailure(
+        id="peer-unreachable",
+        title="A task cannot reach another (route, firewall, wrong address)",
+        patterns=(
+            r"failed to connect to all addresses[^\n]*?(?:ipv4:|ipv6:)(?P<address>\[?[\w.:]+\]?:\d+)",
+            r"UnavailableError[^\n]*?(?:ipv4:|ipv6:)(?P<address2>\[?[\w.:]+\]?:\d+)",
+            r"failed to connect to all addresses",
+        ),
+        cause="{task} on {host} cannot reach {peer}",
+        fix="check the route and the firewall between the hosts (cluster.firewall opens the "
+        "cluster's ports to its own hosts only) and each host's address in cluster.hosts",
+        reproduce="a route to the parameter server's host dropped on a worker's host",
+    ),
+    KnownFailure(
+        id="gpus-missing",
+        title="TensorFlow sees fewer GPUs than the plan assigns",
+        where="preflight",
+        cause="host {host} has {assigned} GPU(s) assigned but TensorFlow there sees {seen}",
+        fix="fix the host's CUDA install (nvidia-smi, the tensorflow[and-cuda] package), or set "
+        "the host's gpus to what it has",
+        reproduce="a cluster that assigns one GPU on a host without one",
+    ),
+]
+
+
+def register(entry: KnownFailure, first: bool = False) -> None:
+    """Add an entry (``first``: before the built-in ones, so that it wins)."""
+    if any(e.id == entry.id for e in CATALOGUE):
+        raise ValueError(f"a known failure {entry.id!r} is already registered")
+    CATALOGUE.insert(0, entry) if first else CATALOGUE.append(entry)

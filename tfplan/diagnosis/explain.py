@@ -1,0 +1,118 @@
+"""Match what is known of a failed task against the catalogue: one line, the cause and the fix.
+
+Pure: the caller gathers the evidence (the task's exit status, the end of its log, the host's
+out-of-memory record) through its backend; nothing here reads files or runs anything.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tfplan.diagnosis.catalogue import CATALOGUE, KnownFailure
+
+__all__ = ["Evidence", "Explanation", "OomKill", "explain", "last_lines", "size_text"]
+
+# the end of a log is enough: a program's fatal error is its last words
+TAIL_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class OomKill:
+    """The kernel's record of a process it killed for want of memory."""
+
+    pid: int
+    name: str
+    rss_bytes: int
+    at: float  # unix time
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What tfplan knows of one failed task."""
+
+    task: str
+    host: str
+    exit_code: int | None
+    output: str  # the end of its log
+    output_dir: str = ""
+    oom: OomKill | None = None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    id: str
+    cause: str
+    fix: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.cause} -> {self.fix}"
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _fields(entry: KnownFailure, evidence: Evidence, groups: dict[str, str]) -> dict[str, str]:
+    step = groups.get("step") or groups.get("step2")
+    flags = groups.get("flags") or groups.get("flag") or groups.get("flag2") or "a flag"
+    if groups.get("flag") and not flags.startswith("-"):
+        flags = f"--{flags}"
+    peer = groups.get("address") or groups.get("address2") or "another task of the cluster"
+    fields = {
+        "task": evidence.task,
+        "host": evidence.host,
+        "output_dir": evidence.output_dir or "the output folder",
+        "exit_code": "?" if evidence.exit_code is None else str(evidence.exit_code),
+        "rss": size_text(evidence.oom.rss_bytes) if evidence.oom else "?",
+        "at_step": f" at step {step}" if step else "",
+        "flags": flags.strip(),
+        "peer": peer,
+    }
+    fields.update({k: v for k, v in groups.items() if v is not None and k not in fields})
+    return fields
+
+
+def explain(
+    evidence: Evidence, catalogue: Sequence[KnownFailure] | None = None
+) -> Explanation | None:
+    """The first entry whose signature matches, with its cause and fix filled in; None when no
+    entry knows this failure (the caller shows the last lines of the log instead)."""
+    for entry in CATALOGUE if catalogue is None else catalogue:
+        if entry.where != "run":
+            continue
+        if entry.exit_codes and evidence.exit_code not in entry.exit_codes:
+            continue
+        if entry.needs_oom_record and evidence.oom is None:
+            continue
+        groups: dict[str, str] | None = {} if not entry.compiled else None
+        for pattern in entry.compiled:
+            matches = list(pattern.finditer(evidence.output))
+            if matches:
+                groups = {k: v for k, v in matches[-1].groupdict().items() if v is not None}
+                break
+        if groups is None:
+            continue
+        fields = _fields(entry, evidence, groups)
+        return Explanation(entry.id, _fill(entry.cause, fields), _fill(entry.fix, fields))
+    return None
+
+
+def _fill(template: str, fields: dict[str, str]) -> str:
+    return template.format_map(_Missing(fields))
+
+
+class _Missing(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+_NOISE = re.compile(r"^\s*$")
+
+
+def last_lines(output: str, count: int = 3) -> list[str]:
+    """The last non-empty lines of a log (what an unrecognised failure shows)."""
+    lines = [line.rstrip() for line in output.splitlines() if not _NOISE.match(line)]
+    return lines[-count:]

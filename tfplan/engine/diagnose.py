@@ -1,0 +1,87 @@
+"""Why did a task fail: gather the evidence through the backend, match it against the catalogue.
+
+Used by the supervisor at the moment a task fails (one line after its own last lines), by
+``tfplan status`` for failed tasks, and by ``tfplan explain`` after the fact. Reading the
+evidence costs one read of the log's end and, for a task killed by SIGKILL, one read of its
+host's kernel log: per failure, never per poll.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfplan.backends.api import Backend
+from tfplan.diagnosis.explain import (
+    TAIL_BYTES,
+    Evidence,
+    Explanation,
+    OomKill,
+    explain,
+    last_lines,
+)
+from tfplan.errors import TfplanError
+from tfplan.planning.state import TaskRecord
+
+__all__ = ["Diagnosis", "diagnose", "diagnose_output", "oom_of"]
+
+KILLED = (137, -9)  # SIGKILL, as the wrapper records it (128 + 9) or as a signal
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A failed task: its explanation when the failure is known, else its last lines."""
+
+    task: str
+    host: str
+    exit_code: int | None
+    explanation: Explanation | None
+    last_lines: tuple[str, ...]
+
+    @property
+    def line(self) -> str:
+        """One line: ``worker/0 failed: <cause> -> <fix>``, or the exit status and last line."""
+        if self.explanation is not None:
+            return f"{self.task} failed: {self.explanation.line}"
+        code = "killed or vanished" if self.exit_code is None else f"exit code {self.exit_code}"
+        last = f"; its last line: {self.last_lines[-1]}" if self.last_lines else ""
+        return f"{self.task} failed ({code}){last}"
+
+
+def oom_of(backend: Backend, task: TaskRecord) -> OomKill | None:
+    """The kernel's record of an out-of-memory kill of ``task``, for a task that was killed."""
+    if task.exit_code is not None and task.exit_code not in KILLED:
+        return None
+    try:
+        kills = backend.oom_kills(task)
+    except TfplanError:
+        return None
+    if not kills:
+        return None
+    last = max(kills, key=lambda k: float(k.get("at", 0)))  # type: ignore[arg-type]
+    return OomKill(
+        pid=int(last.get("pid", 0)),  # type: ignore[call-overload]
+        name=str(last.get("name", "")),
+        rss_bytes=int(last.get("rss", 0)),  # type: ignore[call-overload]
+        at=float(last.get("at", 0)),  # type: ignore[arg-type]
+    )
+
+
+def diagnose_output(
+    task: TaskRecord, output: str, output_dir: str, oom: OomKill | None = None
+) -> Diagnosis:
+    """:func:`diagnose` from evidence already read (``tfplan status`` reads every log's end
+    in one round trip per host)."""
+    evidence = Evidence(task.name, task.host, task.exit_code, output, output_dir, oom)
+    return Diagnosis(
+        task.name, task.host, task.exit_code, explain(evidence), tuple(last_lines(output))
+    )
+
+
+def diagnose(backend: Backend, task: TaskRecord, output_dir: str) -> Diagnosis:
+    """Read the end of ``task``'s log (and its host's out-of-memory record, for a task that was
+    killed) and explain its failure. Never raises: what cannot be read is left out."""
+    try:
+        output = backend.read_log(task, -TAIL_BYTES).decode(errors="replace")
+    except TfplanError:
+        output = ""
+    return diagnose_output(task, output, output_dir, oom_of(backend, task))
