@@ -21,9 +21,10 @@ trap 'rm -rf "$work"' EXIT
 "$PYTHON" -m venv "$work/venv"
 pip=("$work/venv/bin/python" -m pip)
 "${pip[@]}" install -q --upgrade pip setuptools wheel
-# the same two installs as scripts/setup.sh, without the lock
+# the same installs as scripts/setup.sh, without the lock
 "${pip[@]}" install -q '.[dev]'
 "${pip[@]}" install -q --no-deps 'kubeflow-training>=1.9,<2'
+"${pip[@]}" install -q --no-deps 'tf_keras>=2.16,<3'
 {
   echo "# The lock: every package of a development install, pinned (pip freeze of a new venv)."
   echo "# Made by scripts/lock.sh with $("$work/venv/bin/python" --version) on $(uname -m); refresh with"

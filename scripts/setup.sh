@@ -41,4 +41,8 @@ lock=(-c constraints.txt)
 # training-operator v1's SDK, for its TFJob model types only (tests/k8s_helpers.py); without its
 # dependencies: it pins kubernetes<36, the client tfplan uses is newer.
 .venv/bin/python -m pip install -q "${lock[@]}" --no-deps 'kubeflow-training>=1.9,<2'
+# Keras 2 for recipe.legacy_keras (tests/test_known_failures.py trains TensorFlow's multi-worker
+# Keras tutorial with it); without its dependencies: it requires the full `tensorflow` package,
+# which would install beside tensorflow-cpu (both are the `tensorflow` module).
+.venv/bin/python -m pip install -q "${lock[@]}" --no-deps 'tf_keras>=2.16,<3'
 .venv/bin/tfplan --version

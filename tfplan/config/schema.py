@@ -289,6 +289,10 @@ class RecipeConfig:
     # the folder holding your own packages (model._target_, data._target_): the packages they
     # name are shipped from it to every host beside the recipes. null: the current directory
     code_dir: str | None = None
+    # Keras 2 from the tf_keras package instead of Keras 3 (TF_USE_LEGACY_KERAS=1 in every task):
+    # what TensorFlow's own multi-worker Keras programs (MultiWorkerMirroredStrategy in fit,
+    # ParameterServerStrategy) need since TF 2.16; preflight checks tf_keras matches TensorFlow
+    legacy_keras: bool = False
 
 
 @dataclass

@@ -410,6 +410,7 @@ def _task(
     )
     env = {
         **_QUIET_ENV,
+        **({"TF_USE_LEGACY_KERAS": "1"} if cfg.recipe.legacy_keras else {}),
         **dict(cfg.recipe.env or {}),
         "CUDA_VISIBLE_DEVICES": ",".join(slot.devices),
         "PYTHONPATH": posixpath.join(workdir, "_code"),

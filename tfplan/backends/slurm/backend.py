@@ -318,6 +318,8 @@ class SlurmBackend(Backend):
                 writable_dirs=(plan.output_dir,),
                 shared_dir=plan.output_dir,
                 marker_token=marker,
+                legacy_keras=any(t.env.get("TF_USE_LEGACY_KERAS") == "1" for t in mine),
+                gpus=len({d for t in mine for d in t.devices}),
             )
             files = " ".join(_sh_quote(posixpath.join(t.workdir, "run.yaml")) for t in mine)
             script = (

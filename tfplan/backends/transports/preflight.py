@@ -41,6 +41,8 @@ class PreflightRequest:
     marker_token: str = field(default_factory=lambda: uuid.uuid4().hex)
     bind_address: str = "0.0.0.0"
     import_tensorflow: bool = False  # True: really import it (seconds); False: find it + version
+    legacy_keras: bool = False  # recipe.legacy_keras: tf_keras must match TensorFlow's version
+    gpus: int = 0  # GPUs the plan assigns on this host: TensorFlow must see as many (imports it)
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,33 @@ if want and have and have != "unknown":
     if have.split(".")[:len(want.split("."))] != want.split("."):
         bad("tensorflow %s found, %s wanted: install tensorflow==%s on this host"
             % (have, want, want))
+def minor(version):
+    return ".".join(version.split(".")[:2])
+if req.get("legacy_keras") and have:
+    import importlib.util
+    fix = "%s -m pip install --no-deps 'tf_keras~=%s.0'" % (sys.executable, minor(have))
+    if importlib.util.find_spec("tf_keras") is None:
+        bad("recipe.legacy_keras=true but tf_keras is not installed: " + fix)
+    else:
+        try:
+            from importlib import metadata
+            keras2 = metadata.version("tf_keras")
+        except Exception:
+            keras2 = None
+        if keras2 and have != "unknown" and minor(keras2) != minor(have):
+            bad("recipe.legacy_keras=true but tf_keras %s does not match tensorflow %s: %s"
+                % (keras2, have, fix))
+if req.get("gpus") and have:
+    try:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        import tensorflow as tf
+        seen = len(tf.config.list_physical_devices("GPU"))
+    except Exception as exc:
+        seen = 0
+    if seen < req["gpus"]:
+        bad("%d GPU(s) assigned on this host but TensorFlow sees %d (it would train on the CPU):"
+            " fix the host's CUDA install (nvidia-smi, pip install 'tensorflow[and-cuda]') or"
+            " set the host's gpus to %d" % (req["gpus"], seen, seen))
 for port in req["ports"]:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -154,6 +183,8 @@ def request_json(req: PreflightRequest) -> str:
             "marker_token": req.marker_token,
             "bind_address": req.bind_address,
             "import_tensorflow": req.import_tensorflow,
+            "legacy_keras": req.legacy_keras,
+            "gpus": req.gpus,
         }
     )
 
