@@ -125,6 +125,7 @@ def test_the_users_keras_model_trains_on_tfrecord_shards(algo: str, project: Pat
 
 
 @pytest.mark.cluster
+@pytest.mark.full  # the CSV reader and sync each run end to end in the fast tier elsewhere
 def test_a_regression_on_a_csv_table_trains_with_sync(project: Path) -> None:
     """data=csv (the header names the columns, every column but the label is a feature),
     model.loss=mse and model.metrics=[mae]: a regression, not a classification."""
@@ -147,6 +148,7 @@ def test_a_regression_on_a_csv_table_trains_with_sync(project: Path) -> None:
 
 
 @pytest.mark.cluster
+@pytest.mark.full  # factories are unit-tested in the fast tier, allreduce runs there too
 def test_a_tf_data_factory_feeds_allreduce(project: Path) -> None:
     """data._target_: the user's function returns the tf.data.Dataset of each shard."""
     result = _apply(project, "allreduce", *TABULAR, "data._target_=tabular.data.make")
