@@ -114,7 +114,9 @@ def test_a_flag_style_tensorflow_program_runs_and_the_job_ends_cleanly(ws: Path)
     assert "ps/0         | ps/0 joining" in out
     assert "worker/0     | worker/0 done" in out and "Training complete" in out
     # the ps never exits by itself (server.join()): the lifecycle stopped it after the chief
-    assert "training is over; stopping ps/0" in out
+    # (with worker/1 too when that one had not finished its last step yet on a busy machine)
+    stopping = [line for line in out.splitlines() if "training is over; stopping" in line]
+    assert stopping and "ps/0" in stopping[0], out[-3000:]
     state = state_of(ws)
     assert not [t["name"] for t in state["tasks"] if alive(int(t["handle"]["pid"]))]
     ps = next(t for t in state["tasks"] if t["name"] == "ps/0")
