@@ -137,6 +137,8 @@ def test_ssh_problems_are_one_line_errors_and_start_nothing(
 
 @pytest.mark.netns
 @pytest.mark.cluster
+@pytest.mark.full  # apply across namespace hosts stays in the fast tier through the firewall
+# and per-host-output tests
 def test_downpour_across_three_namespaced_hosts(ws: Path, netns_testbed: NetnsTestbed) -> None:
     hosts = [_host(t, port_base=2300) for t in netns_testbed.targets()]
     env = _conf_with_cluster(
