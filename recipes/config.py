@@ -112,6 +112,7 @@ class TrainerConf:
     log_steps: int = 100
     eval_secs: float = 2.0
     seed: int = 0
+    peer_wait_secs: float = 300.0
 
 
 @dataclass(frozen=True)

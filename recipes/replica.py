@@ -30,6 +30,7 @@ from recipes.config import RunConfig, TaskInfo
 from recipes.evaluator import CheckpointScorer, final_line, result_scores
 from recipes.inputs import InputError, explain_known_error, graph_feeds
 from recipes.runtime import (
+    PeerUnreachable,
     RoleSessionCreator,
     chief_saver,
     done_queue_sizes,
@@ -39,6 +40,7 @@ from recipes.runtime import (
     session_config,
     touches_ps,
     wait_for_done_tokens,
+    wait_for_peers,
 )
 from recipes.workload import Workload, saver_names
 
@@ -257,6 +259,10 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         if os.path.exists(result_path):
             os.remove(result_path)  # stale, from an earlier run: the evaluator watches for it
     server = _make_server(task, get_algorithm(cfg.algo.name).cpu_devices(cfg.algo))
+    try:
+        wait_for_peers(task, cfg.trainer.peer_wait_secs, log)
+    except PeerUnreachable as e:
+        raise TrainingFailed(str(e), 4) from None
     config = session_config(task)
     g = build_replica_graph(cfg, task, work)
     if task.is_chief and task.n_ps:

@@ -26,6 +26,7 @@ import tensorflow as tf
 from recipes.config import TaskInfo
 
 __all__ = [
+    "PeerUnreachable",
     "RoleSessionCreator",
     "chief_saver",
     "done_queue_sizes",
@@ -36,6 +37,7 @@ __all__ = [
     "session_config",
     "touches_ps",
     "wait_for_done_tokens",
+    "wait_for_peers",
     "wait_until_initialized",
 ]
 
@@ -67,6 +69,52 @@ def op_threads(task: TaskInfo) -> int:
     if sharing <= 1:
         return 0
     return max(1, cores // sharing)
+
+
+class PeerUnreachable(Exception):
+    """A parameter server this replica needs could not be reached in time."""
+
+
+def wait_for_peers(task: TaskInfo, timeout_secs: float, log: Any = print) -> None:
+    """Wait until every parameter server accepts a TCP connection, saying every 10 s which
+    one is awaited and why. TensorFlow itself waits silently and forever for an unreachable ps
+    (``CreateSession still waiting``, hidden at the log levels the tasks run with).
+
+    A ps that is starting refuses connections for a few seconds: that is waited for too.
+
+    Raises:
+        PeerUnreachable: one still cannot be reached after ``timeout_secs``, naming it, its
+            address, this host and the last error.
+    """
+    import socket
+
+    pending = dict(enumerate(task.cluster.get("ps", [])))
+    began = time.monotonic()
+    said = began
+    errors: dict[int, str] = {}
+    while pending:
+        for index, address in list(pending.items()):
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
+                    del pending[index]
+            except OSError as exc:
+                errors[index] = exc.strerror or type(exc).__name__
+        if not pending:
+            return
+        now = time.monotonic()
+        if now - began >= timeout_secs:
+            index = min(pending)
+            raise PeerUnreachable(
+                f"cannot reach ps/{index} at {pending[index]} from {socket.gethostname()} "
+                f"for {now - began:.0f}s ({errors[index]}): check the route and firewall between "
+                "the hosts"
+            )
+        if now - said >= 10.0:
+            said = now
+            waiting = ", ".join(f"ps/{i} at {a} ({errors[i]})" for i, a in pending.items())
+            log(f"{task.type}/{task.index}: waiting for {waiting}, {now - began:.0f}s")
+        time.sleep(0.5)
 
 
 def session_config(task: TaskInfo) -> Any:

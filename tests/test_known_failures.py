@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from apply_helpers import (
+    CONF,
     base_overrides,
     free_port_base,
     kill_groups,
     recorded_groups,
     tfplan,
 )
+from testbed import NetnsTestbed
 
 from tfplan.diagnosis.catalogue import CATALOGUE
 
@@ -245,3 +250,60 @@ def test_keras3_multiworker_fit_fails_and_trains_with_legacy_keras(ws: Path) -> 
     fixed = tfplan(ws, "apply", "--auto-approve", *args, "recipe.legacy_keras=true", timeout=300)
     assert fixed.returncode == 0, fixed.stdout[-3000:] + fixed.stderr
     assert "trained" in (ws / "work" / "worker-1" / "task.log").read_text()
+
+
+@pytest.mark.full
+@pytest.mark.netns
+def test_a_worker_that_cannot_reach_its_parameter_server(
+    ws: Path, netns_testbed: NetnsTestbed
+) -> None:
+    """Three namespace hosts, one task each: ps/0 on h1, the workers on h2 and h3, whose
+    routes to h1 are dropped (a blackhole route). The chief names the ps, its address and its
+    own host."""
+    hosts = [
+        {
+            "address": t.address,
+            "name": t.name,
+            "ssh_user": t.ssh_user,
+            "ssh_key": t.ssh_key,
+            "python": t.python,
+            "executor": "ssh",
+            "cpu_slots": 1,
+        }
+        for t in netns_testbed.targets()
+    ]
+    conf = ws / "conf"
+    shutil.copytree(CONF, conf)
+    cluster = {
+        "defaults": ["schema_cluster", "_self_"],
+        "name": "cut",
+        "hosts": hosts,
+        "ps": 1,
+        "workers": 2,
+        "port_base": 2500,
+        "ssh_known_hosts": str(netns_testbed.known_hosts),
+        "workdir": str(ws / "work"),
+        "output_dir": str(netns_testbed.shared_dir / "cut"),
+    }
+    (conf / "cluster" / "cut.yaml").write_text(yaml.safe_dump(cluster, sort_keys=False))
+    ps_address = hosts[0]["address"]
+    cut = [(ns, f"{ps_address}/32") for ns in netns_testbed.namespaces[1:]]
+    for ns, target in cut:
+        subprocess.run(["ip", "-n", ns, "route", "add", "blackhole", target], check=True)
+    try:
+        args = [
+            "cluster=cut",
+            "experiment.id=t",
+            "trainer.peer_wait_secs=8",
+            "trainer.max_steps=50",
+            "lifecycle.restart.worker=Never",
+            "lifecycle.restart.chief=Never",
+            "lifecycle.ps_grace_secs=1",
+        ]
+        applied = tfplan(ws, "apply", "--auto-approve", *args, env={"TFPLAN_CONF": str(conf)})
+        assert applied.returncode == 1
+        words = f"worker/0 on h2 cannot reach ps/0 at {ps_address}:2500"
+        check_explained(ws, applied.stdout, "worker/0", "peer-unreachable", words)
+    finally:
+        for ns, target in cut:
+            subprocess.run(["ip", "-n", ns, "route", "del", "blackhole", target], check=False)

@@ -274,6 +274,9 @@ class TrainerConfig:
     log_steps: int = 100
     eval_secs: float = 2.0  # how often the evaluator looks for a new checkpoint
     seed: int = 0
+    # a replica waits this long for every parameter server to accept connections (saying
+    # which one every 10 s), then fails naming it (docs/troubleshooting.md, peer-unreachable)
+    peer_wait_secs: float = 300.0
 
 
 @dataclass

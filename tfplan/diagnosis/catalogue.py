@@ -132,8 +132,9 @@ CATALOGUE: list[KnownFailure] = [
         id="peer-unreachable",
         title="A task cannot reach another (route, firewall, wrong address)",
         patterns=(
-            r"failed to connect to all addresses[^\n]*?(?:ipv4:|ipv6:)(?P<address>\[?[\w.:]+\]?:\d+)",
-            r"UnavailableError[^\n]*?(?:ipv4:|ipv6:)(?P<address2>\[?[\w.:]+\]?:\d+)",
+            r"cannot reach (?P<peer_task>\w+/\d+) at (?P<address>\S+) from",
+            r"failed to connect to all addresses[^\n]*?(?:ipv4:|ipv6:)(?P<address2>\[?[\w.:]+\]?:\d+)",
+            r"UnavailableError[^\n]*?(?:ipv4:|ipv6:)(?P<address3>\[?[\w.:]+\]?:\d+)",
             r"failed to connect to all addresses",
         ),
         cause="{task} on {host} cannot reach {peer}",

@@ -60,7 +60,10 @@ def _fields(entry: KnownFailure, evidence: Evidence, groups: dict[str, str]) -> 
     flags = groups.get("flags") or groups.get("flag") or groups.get("flag2") or "a flag"
     if groups.get("flag") and not flags.startswith("-"):
         flags = f"--{flags}"
-    peer = groups.get("address") or groups.get("address2") or "another task of the cluster"
+    address = groups.get("address") or groups.get("address2") or groups.get("address3")
+    peer = address or "another task of the cluster"
+    if groups.get("peer_task") and address:
+        peer = f"{groups['peer_task']} at {address}"
     fields = {
         "task": evidence.task,
         "host": evidence.host,
