@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from apply_helpers import free_port_base  # noqa: E402
 from scale_helpers import (  # noqa: E402
     ScaleRun,
+    group_sizes,
     local_cluster,
     machine_busy,
     netns_cluster,
@@ -99,7 +100,7 @@ def measure(
         last = tree_usage(pid)
         during = processes_on_machine()
         groups = run.groups()
-        in_groups = sum(_group_sizes(groups).values())
+        in_groups = sum(group_sizes(groups).values())
         status_secs, status = run.status()
         rows = status.get("tasks", [])
         running = sum(1 for t in rows if t.get("state") == "running")
@@ -130,23 +131,8 @@ def measure(
     )
 
 
-def _group_sizes(groups: list[int]) -> dict[int, int]:
-    """Live processes per process group, from /proc."""
-    wanted = set(groups)
-    sizes = dict.fromkeys(wanted, 0)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) in wanted:
-                sizes[int(fields[2])] += 1
-    return sizes
-
-
 def _alive_in(groups: list[int]) -> int:
-    return sum(_group_sizes(groups).values())
+    return sum(group_sizes(groups).values())
 
 
 def local_points(

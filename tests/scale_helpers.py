@@ -24,6 +24,7 @@ __all__ = [
     "IDLE_PROGRAM",
     "ScaleRun",
     "conf_with",
+    "group_sizes",
     "Usage",
     "local_cluster",
     "machine_busy",
@@ -62,6 +63,18 @@ def processes_on_machine() -> int:
             fields = _stat(int(entry))
             count += fields is not None and fields[0] != "Z"
     return count
+
+
+def group_sizes(groups: list[int]) -> dict[int, int]:
+    """Live (not zombie) processes per process group, from /proc."""
+    wanted = set(groups)
+    sizes = dict.fromkeys(wanted, 0)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields is not None and fields[0] != "Z" and int(fields[2]) in wanted:
+                sizes[int(fields[2])] += 1
+    return sizes
 
 
 def tree_usage(root: int) -> Usage:

@@ -38,6 +38,7 @@ REPORTS = [
         "algorithms.md",
         "algorithms.png",
         "bench_apply.md",
+        "bench_explain.md",
         "bench_inputs.md",
         "bench_plan.md",
         "bench_scale.md",
@@ -119,6 +120,13 @@ def test_bench_apply(tmp_path: Path) -> None:
     assert figure(text, "training done -> all tasks exited") > 0
     assert figure(text, "tfplan destroy of a running cluster") > 0
     assert "| processes left after destroy (all rounds) | 0 | pass |" in text
+
+
+@pytest.mark.timeout(300)
+def test_bench_explain(tmp_path: Path) -> None:
+    out = tmp_path / "bench_explain.md"
+    run_bench("bench_explain.py", "--repeats", "1", "--out", str(out), cwd=tmp_path, timeout=240)
+    assert figure(out.read_text(), "| exit -> explanation on screen") > 0
 
 
 @pytest.mark.timeout(600)

@@ -18,24 +18,16 @@ from pathlib import Path
 
 import pytest
 from apply_helpers import base_overrides, fake_overrides, free_port_base, tfplan
-from scale_helpers import ScaleRun, conf_with, local_cluster, netns_cluster, tree_usage
+from scale_helpers import (
+    ScaleRun,
+    conf_with,
+    group_sizes,
+    local_cluster,
+    netns_cluster,
+    tree_usage,
+)
 from slurm_testbed import SlurmTestbed, slurm_missing
 from testbed import NetnsTestbed
-
-
-def group_sizes(groups: list[int]) -> dict[int, int]:
-    """Live processes per process group, from /proc."""
-    wanted = set(groups)
-    sizes = dict.fromkeys(wanted, 0)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) in wanted:
-                sizes[int(fields[2])] += 1
-    return sizes
 
 
 def check_scaled_run(run: ScaleRun, tasks: int, hosts: int) -> None:
