@@ -259,10 +259,6 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         if os.path.exists(result_path):
             os.remove(result_path)  # stale, from an earlier run: the evaluator watches for it
     server = _make_server(task, get_algorithm(cfg.algo.name).cpu_devices(cfg.algo))
-    try:
-        wait_for_peers(task, cfg.trainer.peer_wait_secs, log)
-    except PeerUnreachable as e:
-        raise TrainingFailed(str(e), 4) from None
     config = session_config(task)
     g = build_replica_graph(cfg, task, work)
     if task.is_chief and task.n_ps:
@@ -285,6 +281,11 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     i, gs, prev_gs, first_gs, t_start = 0, 0, 0, None, time.monotonic()
     t_last = t_start  # the last step's end: the wall time stops there, not at the session's close
     last_log_gs, last_log_t = 0, t_start
+    try:
+        # after everything that can fail here (the data, the graph): that is said at once
+        wait_for_peers(task, cfg.trainer.peer_wait_secs, log)
+    except PeerUnreachable as e:
+        raise TrainingFailed(str(e), 4) from None
     try:
         with v1.train.MonitoredSession(
             session_creator=creator,
