@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from testbed import NetnsTestbed
 from tfplan.diagnosis.catalogue import CATALOGUE
 
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
 
 
 @pytest.fixture
@@ -110,20 +112,42 @@ def test_a_missing_flag_is_named_with_the_placeholders_that_fill_it(ws: Path) ->
     assert "{job_name}" in str(explained(ws, "worker/0")["fix"])
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not CGROUP_V1.is_dir(), reason="needs root and cgroup v1")
+@contextmanager
+def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
+    """A memory cgroup of ``limit_bytes`` (v1 where its memory controller is mounted, else
+    v2); yields the file a process writes its PID to, to enter it."""
+    name = f"tfplan-test-{os.getpid()}"
+    if CGROUP_V1.is_dir():
+        group = CGROUP_V1 / name
+        group.mkdir()
+        limit = group / "memory.limit_in_bytes"
+    else:
+        root = CGROUP_V2
+        if "memory" not in (root / "cgroup.controllers").read_text().split():
+            pytest.fail("no cgroup memory controller (v1 or v2) on this machine")
+        (root / "cgroup.subtree_control").write_text("+memory")
+        group = root / name
+        group.mkdir()
+        limit = group / "memory.max"
+        (group / "memory.swap.max").write_text("0")
+    try:
+        limit.write_text(str(limit_bytes))
+        yield group / "cgroup.procs"
+    finally:
+        group.rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a memory cgroup needs root (CI runs as root)")
 def test_a_task_killed_by_the_out_of_memory_killer(ws: Path) -> None:
     """The task puts itself in a memory cgroup of 64 MiB and allocates 400 MiB: the kernel
     kills it (SIGKILL) and records it; tfplan finds the record and says so."""
-    group = CGROUP_V1 / f"tfplan-test-{os.getpid()}"
-    group.mkdir()
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(64 * 2**20))
+    with memory_cgroup(64 * 2**20) as procs:
         hog = program(
             ws,
             "hog.py",
             f"""
             import os
-            with open({str(group / "cgroup.procs")!r}, "w") as f:
+            with open({str(procs)!r}, "w") as f:
                 f.write(str(os.getpid()))
             print("allocating", flush=True)
             block = bytearray(400 * 2**20)
@@ -137,8 +161,6 @@ def test_a_task_killed_by_the_out_of_memory_killer(ws: Path) -> None:
         check_explained(ws, applied.stdout, "worker/0", "oom-killed", "out-of-memory killer")
         row = explained(ws, "worker/0")
         assert "host localhost at RSS" in str(row["cause"]) and "MiB" in str(row["cause"])
-    finally:
-        group.rmdir()
 
 
 @pytest.mark.full
