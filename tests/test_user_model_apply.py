@@ -180,6 +180,7 @@ def test_bad_input_is_one_line_at_plan_time_and_starts_nothing(project: Path) ->
 
 
 @pytest.mark.cluster
+@pytest.mark.full  # the split itself is unit-tested in the fast tier (test_recipes_keras_model)
 def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path) -> None:
     """examples/wide_deep: the 50,000 x 16 table over model.partition_bytes is split by rows,
     one part per ps; the plan shows each part's ps, the chief reports the same split as
