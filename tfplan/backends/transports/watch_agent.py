@@ -108,7 +108,6 @@ class Followed:
         self.wd = -1
         self.pidfd = -1
         self.buffer = b""
-        self.gone = False
 
 
 def _proc_stat(pid):
