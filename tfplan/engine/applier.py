@@ -219,11 +219,13 @@ def _launch_all(
             batch = []
             for future in finished:
                 del waiting[future]
-                error = future.exception()
-                if error is None:
+                problem = future.exception()
+                if problem is None:
                     batch.append(future.result())
                 elif failure is None:
-                    failure = error if isinstance(error, ApplyError) else ApplyError(str(error))
+                    failure = (
+                        problem if isinstance(problem, ApplyError) else ApplyError(str(problem))
+                    )
                     for pending in waiting:
                         pending.cancel()
             waiting = {f: t for f, t in waiting.items() if not f.cancelled()}

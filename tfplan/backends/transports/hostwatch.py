@@ -224,10 +224,10 @@ class HostWatch:
             if stream is not None:
                 stream._deliver(text)
         elif kind == b"X":
-            key = rest.split(b" ", 1)[0].decode()
+            ended = rest.split(b" ", 1)[0].decode()
             with self._lock:
-                stream = self._streams.pop(key, None)
-                if stream is not None and self._pids.get(stream.pid) == key:
+                stream = self._streams.pop(ended, None)
+                if stream is not None and self._pids.get(stream.pid) == ended:
                     del self._pids[stream.pid]
             if stream is not None:
                 stream._end()
