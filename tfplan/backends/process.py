@@ -357,9 +357,7 @@ class ProcessBackend(Backend):
     def describe(self, tasks: Sequence[TaskRecord]) -> dict[str, TaskInfo]:
         """What each host's watcher reported where it can answer; otherwise one ``ps`` per
         host for all of its tasks, every host at once."""
-        by_host: dict[str, list[TaskRecord]] = {}
-        for task in tasks:
-            by_host.setdefault(task.host, []).append(task)
+        by_host = _by_host(tasks)
 
         def ask(mine: list[TaskRecord]) -> dict[int, ProcessInfo]:
             return self.pool[mine[0].host].status(
@@ -389,9 +387,7 @@ class ProcessBackend(Backend):
         self, tasks: Sequence[TaskRecord], grace_secs: float
     ) -> dict[str, CancelResult | Exception]:
         """One script per host stops all of that host's tasks; every host at once."""
-        by_host: dict[str, list[TaskRecord]] = {}
-        for task in tasks:
-            by_host.setdefault(task.host, []).append(task)
+        by_host = _by_host(tasks)
 
         def stop(mine: list[TaskRecord]) -> dict[int, object]:
             groups = [(_pid(t), int(t.handle["pgid"])) for t in mine]
@@ -436,9 +432,7 @@ class ProcessBackend(Backend):
         self, tasks: Sequence[TaskRecord], max_bytes: int
     ) -> dict[str, bytes | Exception]:
         """One round trip per host for all of its tasks' logs, every host at once."""
-        by_host: dict[str, list[TaskRecord]] = {}
-        for task in tasks:
-            by_host.setdefault(task.host, []).append(task)
+        by_host = _by_host(tasks)
 
         def read(mine: list[TaskRecord]) -> list[bytes]:
             return self.pool[mine[0].host].read_tails([t.log_path for t in mine], max_bytes)
@@ -526,6 +520,14 @@ def _firewalls(plan: Plan) -> dict[str, HostFirewall]:
     """
     tasks = [(t.host, plan.address_of(t) or t.host, t.port) for t in plan.tasks]
     return cluster_firewalls(plan.experiment_id, tasks)
+
+
+def _by_host(tasks: Sequence[TaskRecord]) -> dict[str, list[TaskRecord]]:
+    """The tasks of each host, in order: what one round trip per host works on."""
+    by_host: dict[str, list[TaskRecord]] = {}
+    for task in tasks:
+        by_host.setdefault(task.host, []).append(task)
+    return by_host
 
 
 def _pid(task: TaskRecord) -> int:
