@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 from apply_helpers import CONF, free_port_base, kill_groups, recorded_groups
+from test_apply_ssh import _host
 
 __all__ = [
     "IDLE_PROGRAM",
@@ -151,19 +152,7 @@ def local_cluster(tmp: Path, tasks: int, tfplan_conf: Path = CONF) -> dict[str, 
 
 def netns_cluster(tmp: Path, testbed: object, per_host: int) -> dict[str, str]:
     """A conf/ whose ``cluster=scale`` is ``per_host`` workers on each namespace host."""
-    hosts = []
-    for target in testbed.targets():  # type: ignore[attr-defined]
-        hosts.append(
-            {
-                "address": target.address,
-                "name": target.name,
-                "ssh_user": target.ssh_user,
-                "ssh_key": target.ssh_key,
-                "python": target.python,
-                "executor": "ssh",
-                "cpu_slots": per_host,
-            }
-        )
+    hosts = [_host(t, cpu_slots=per_host) for t in testbed.targets()]  # type: ignore[attr-defined]
     return conf_with(
         tmp,
         {

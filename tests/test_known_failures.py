@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,15 +18,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import yaml
 from apply_helpers import (
-    CONF,
     base_overrides,
     free_port_base,
     kill_groups,
     recorded_groups,
     tfplan,
 )
+from test_apply_ssh import _conf_with_cluster, _host
 from testbed import NetnsTestbed
 
 from tfplan.diagnosis.catalogue import CATALOGUE
@@ -282,32 +280,20 @@ def test_a_worker_that_cannot_reach_its_parameter_server(
     """Three namespace hosts, one task each: ps/0 on h1, the workers on h2 and h3, whose
     routes to h1 are dropped (a blackhole route). The chief names the ps, its address and its
     own host."""
-    hosts = [
+    hosts = [_host(t, cpu_slots=1) for t in netns_testbed.targets()]
+    env = _conf_with_cluster(
+        ws,
+        "cut",
         {
-            "address": t.address,
-            "name": t.name,
-            "ssh_user": t.ssh_user,
-            "ssh_key": t.ssh_key,
-            "python": t.python,
-            "executor": "ssh",
-            "cpu_slots": 1,
-        }
-        for t in netns_testbed.targets()
-    ]
-    conf = ws / "conf"
-    shutil.copytree(CONF, conf)
-    cluster = {
-        "defaults": ["schema_cluster", "_self_"],
-        "name": "cut",
-        "hosts": hosts,
-        "ps": 1,
-        "workers": 2,
-        "port_base": 2500,
-        "ssh_known_hosts": str(netns_testbed.known_hosts),
-        "workdir": str(ws / "work"),
-        "output_dir": str(netns_testbed.shared_dir / "cut"),
-    }
-    (conf / "cluster" / "cut.yaml").write_text(yaml.safe_dump(cluster, sort_keys=False))
+            "hosts": hosts,
+            "ps": 1,
+            "workers": 2,
+            "port_base": 2500,
+            "ssh_known_hosts": str(netns_testbed.known_hosts),
+            "workdir": str(ws / "work"),
+            "output_dir": str(netns_testbed.shared_dir / "cut"),
+        },
+    )
     ps_address = hosts[0]["address"]
     cut = [(ns, f"{ps_address}/32") for ns in netns_testbed.namespaces[1:]]
     for ns, target in cut:
@@ -322,7 +308,7 @@ def test_a_worker_that_cannot_reach_its_parameter_server(
             "lifecycle.restart.chief=Never",
             "lifecycle.ps_grace_secs=1",
         ]
-        applied = tfplan(ws, "apply", "--auto-approve", *args, env={"TFPLAN_CONF": str(conf)})
+        applied = tfplan(ws, "apply", "--auto-approve", *args, env=env)
         assert applied.returncode == 1
         words = f"worker/0 on h2 cannot reach ps/0 at {ps_address}:2500"
         check_explained(ws, applied.stdout, "worker/0", "peer-unreachable", words)

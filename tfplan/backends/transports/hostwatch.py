@@ -193,11 +193,6 @@ class HostWatch:
                 out[pid] = ProcessInfo(pid, True, "running", None, None, None, 1)
             return out
 
-    @property
-    def followed(self) -> int:
-        with self._lock:
-            return len(self._streams)
-
     # ---- the reader thread ------------------------------------------------------------
     def _read(self) -> None:
         buffer = b""
