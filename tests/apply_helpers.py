@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -56,16 +57,42 @@ FOREVER = "1000000"
 
 
 def free_port_base(count: int = 8) -> int:
-    """A base port with ``count`` free ports after it on loopback."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count >= 65000:
+    """A base port with ``count`` free ports after it on loopback.
+
+    Searched outside the kernel's ephemeral range first: outgoing connections (and their
+    TIME_WAIT leftovers, which block a bind) take ports there at random, so after a long test run
+    a window of a thousand free ports inside it may not exist. The scan starts at a random point so
+    two calls in a row do not hand out the same window.
+    """
+    low, high = _ephemeral_range()
+    regions = [(10000, low), (high + 1, 65000), (low, high + 1)]
+    for start, end in regions:
+        if end - start < count:
             continue
-        if all(_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError("no free port range found")
+        offset = random.randrange(start, end - count)
+        for first, last in ((offset, end), (start, offset + count)):
+            base = _free_window(first, last, count)
+            if base is not None:
+                return base
+    raise RuntimeError(f"no {count} consecutive free ports on this machine")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _free_window(first: int, last: int, count: int) -> int | None:
+    """The lowest port in ``[first, last)`` that starts ``count`` free ports, if any."""
+    run = 0
+    for port in range(first, last):
+        run = run + 1 if _free(port) else 0
+        if run == count:
+            return port - count + 1
+    return None
 
 
 def _free(port: int) -> bool:

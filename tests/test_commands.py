@@ -21,7 +21,14 @@ from apply_helpers import (
 )
 
 from tfplan.errors import ConfigError
-from tfplan.planning.commands import PLACEHOLDERS, TaskFacts, fill_command, placeholders_in
+from tfplan.planning.commands import (
+    PLACEHOLDERS,
+    TaskFacts,
+    fill_command,
+    placeholders_in,
+    split_command,
+    with_python,
+)
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 CLUSTER = {"ps": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2223"]}
@@ -43,6 +50,7 @@ def test_every_placeholder_is_filled_per_task() -> None:
         "--num_workers=2",
         "--is_chief=false",
         "--output_dir=/out",
+        "--python=python3",
     )
     evaluator = dict(
         w.split("=", 1)
@@ -123,3 +131,13 @@ def test_a_flag_style_tensorflow_program_runs_and_the_job_ends_cleanly(ws: Path)
     assert ps["status"] == "stopped"
     assert "--job_name=ps" in ps["command"] and "--ps_hosts=127.0.0.1:" in " ".join(ps["command"])
     assert (ws / "out" / "checkpoint").exists()  # --logdir={output_dir} reached the chief
+
+
+def test_python_is_the_hosts_interpreter_and_fills_in_alone_for_late_templates() -> None:
+    words = split_command("{python} train.py --ps={ps_hosts} --literal={{x}}")
+    facts = TaskFacts("worker", 0, CLUSTER, 2222, True, "/o", "/opt/tf215/bin/python")
+    assert fill_command(words, facts)[0] == "/opt/tf215/bin/python"
+    late = with_python(words, "/opt/tf215/bin/python")
+    assert late[0] == "/opt/tf215/bin/python"
+    assert fill_command(late, facts) == fill_command(words, facts)
+    assert late[2] == "--ps={ps_hosts}" and late[3] == "--literal={{x}}"

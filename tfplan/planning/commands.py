@@ -26,6 +26,7 @@ __all__ = [
     "PLACEHOLDERS",
     "TaskFacts",
     "fill_command",
+    "with_python",
     "placeholders_in",
     "split_command",
     "task_command",
@@ -43,6 +44,7 @@ PLACEHOLDERS = {
     "num_workers": "how many workers",
     "is_chief": "true for the chief (or worker 0 when it is the chief), else false",
     "output_dir": "the experiment's output folder",
+    "python": "the interpreter the plan gives the task's host (its python, or cluster.python)",
 }
 
 
@@ -56,6 +58,7 @@ class TaskFacts:
     port: int | None
     is_chief: bool
     output_dir: str
+    python: str = "python3"
 
     def value(self, name: str) -> str:
         """One placeholder's value (computed on demand: host lists grow with the cluster)."""
@@ -74,6 +77,7 @@ class TaskFacts:
             "port": "" if self.port is None else str(self.port),
             "is_chief": "true" if self.is_chief else "false",
             "output_dir": self.output_dir,
+            "python": self.python,
         }
         return simple[name]
 
@@ -126,6 +130,24 @@ def fill_command(words: Sequence[str], facts: TaskFacts) -> tuple[str, ...]:
     return tuple(word.format_map(values) for word in words)
 
 
+def with_python(words: Sequence[str], python: str) -> tuple[str, ...]:
+    """``words`` with ``{python}`` filled in and every other placeholder kept, for templates
+    filled when the hosts are known (Slurm, Kubernetes: one interpreter for every node)."""
+
+    def literal(text: str) -> str:
+        return text.replace("{", "{{").replace("}", "}}")
+
+    filled = []
+    for word in words:
+        parts = []
+        for text, field, _, _ in string.Formatter().parse(word):
+            parts.append(literal(text))
+            if field is not None:
+                parts.append(literal(python) if field == "python" else "{" + field + "}")
+        filled.append("".join(parts))
+    return tuple(filled)
+
+
 def split_command(text: str) -> tuple[str, ...]:
     """The user's command as words (shell quoting rules).
 
@@ -157,4 +179,5 @@ def task_command(
         return (where.python, "-m", "recipes.train", "--config", run_yaml)
     words = split_command(cfg.recipe.command or "")
     placeholders_in(words)
-    return fill_command(words, TaskFacts(role, index, cluster, port, is_chief, output_dir))
+    facts = TaskFacts(role, index, cluster, port, is_chief, output_dir, where.python)
+    return fill_command(words, facts)

@@ -19,7 +19,7 @@ from typing import Any
 from tfplan.config.algorithms import ALGORITHMS
 from tfplan.config.schema import ChiefMode, Config
 from tfplan.errors import ConfigError
-from tfplan.planning.commands import split_command, task_command
+from tfplan.planning.commands import split_command, task_command, with_python
 from tfplan.planning.context import PlanContext
 from tfplan.planning.placement import PortRange, Slot, allocate_ports, place
 from tfplan.planning.plan import Action, Change, HostSpec, Plan, Role, Task
@@ -156,15 +156,23 @@ def plan(
         state_lineage=state.lineage if state is not None else None,
         state_serial=state.serial if state is not None else 0,
         source_config=_source_config(cfg, ctx, output_dir, workdir),
-        command_template=(
-            split_command(cfg.recipe.command or "") if cfg.recipe.kind == "command" else ()
-        ),
+        command_template=_command_template(cfg, places),
         cluster_digest=cluster_digest,
         targets=tuple(targets),
         left_out=left_out,
         output_mode=cfg.cluster.output_mode,
         user_code=ctx.user_code,
     )
+
+
+def _command_template(cfg: Config, places: Sequence[Place]) -> tuple[str, ...]:
+    """The user's command for backends that fill it in once the hosts are known, with
+    ``{python}`` already filled where every place has the same interpreter."""
+    if cfg.recipe.kind != "command":
+        return ()
+    words = split_command(cfg.recipe.command or "")
+    pythons = {p.python for p in places}
+    return with_python(words, pythons.pop()) if len(pythons) == 1 else words
 
 
 def _evaluator_with_chief(output_mode: str, places: Sequence[Place]) -> str:
