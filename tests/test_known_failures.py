@@ -30,6 +30,8 @@ from testbed import NetnsTestbed
 
 from tfplan.diagnosis.catalogue import CATALOGUE
 
+REPO = Path(__file__).resolve().parent.parent
+PROGRAMS = REPO / "tests" / "programs"
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
@@ -174,6 +176,49 @@ def test_a_program_that_uses_tf_estimator(ws: Path) -> None:
     applied = tfplan(ws, "apply", "--auto-approve", *command_args(ws, f"{sys.executable} {script}"))
     assert applied.returncode == 1
     check_explained(ws, applied.stdout, "worker/0", "estimator-removed", "removed in 2.16")
+
+
+@pytest.fixture(scope="session")
+def legacy_python() -> str:
+    """A second interpreter with TensorFlow 2.15 and tensorflow-estimator (the full tier's
+    set-up makes it once, from the registry, with the versions its lock file names)."""
+    subprocess.run(["bash", str(REPO / "scripts" / "setup_legacy_tf.sh")], check=True)
+    return str(REPO / ".venv-tf215" / "bin" / "python")
+
+
+@pytest.mark.full
+def test_an_estimator_program_trains_on_a_second_interpreter_with_tensorflow_2_15(
+    ws: Path, legacy_python: str
+) -> None:
+    """The fix the estimator-removed entry names, proven: seed 000's kind of program
+    (train_and_evaluate; chief, worker, ps and evaluator from TF_CONFIG) trains under apply on an
+    interpreter of its own, and the plan's preflight and apply show which TensorFlow each host
+    runs."""
+    script = PROGRAMS / "estimator_train_and_evaluate.py"
+    args = [
+        *base_overrides(ws, free_port_base(10)),
+        "recipe=command",
+        f"recipe.command='{{python}} {script} {{output_dir}}/model 300'",
+        "cluster.ps=1",
+        "cluster.workers=1",
+        "cluster.chief=separate",
+        "cluster.evaluator=true",
+        f"cluster.python={legacy_python}",
+    ]
+    ready = f"ready: localhost: {legacy_python} (Python "
+    planned = tfplan(ws, "plan", "--preflight", "--no-save", *args, check=True)
+    said = [x for x in planned.stdout.splitlines() if ready in x]
+    assert said and said[0].endswith("tensorflow 2.15.1"), planned.stdout[-2000:]
+    applied = tfplan(ws, "apply", "--auto-approve", *args)
+    assert applied.returncode == 0, applied.stdout[-3000:]
+    said = [x for x in applied.stdout.splitlines() if ready in x]
+    assert said and said[0].endswith("tensorflow 2.15.1"), applied.stdout[-3000:]
+    for role in ("chief", "worker", "ps", "evaluator"):
+        assert f"tensorflow 2.15.1, task {{'index': 0, 'type': '{role}'}}" in applied.stdout
+    scored = [x for x in applied.stdout.splitlines() if "evaluated: global_step=300" in x]
+    assert scored, applied.stdout[-3000:]
+    assert float(scored[0].rsplit("accuracy=", 1)[1]) > 0.9
+    assert (ws / "out" / "model" / "model.ckpt-300.index").exists()
 
 
 @pytest.mark.full

@@ -47,6 +47,7 @@ from tfplan.planning.plan import BackendRef, Plan, Task
 from tfplan.planning.state import Allocation, TaskRecord
 
 if TYPE_CHECKING:  # the config schemas load OmegaConf: only plan time needs them
+    from tfplan.backends.transports.preflight import PreflightResult
     from tfplan.config.schema import ClusterConfig
     from tfplan.planning.context import PlanContext
     from tfplan.planning.topology import Target
@@ -207,12 +208,15 @@ class Backend(ABC):
         return ()
 
     # ---- apply ---------------------------------------------------------------------------
-    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> None:  # noqa: B027 - optional
-        """Check what can be checked before anything starts or queues.
+    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> Sequence[PreflightResult]:
+        """Check what can be checked before anything starts or queues; return what each host
+        that was asked answered (its interpreter and TensorFlow), or nothing where the
+        backend asks no host (a scheduler that picks the nodes later).
 
         Raises:
             PreflightError: one line per place that is not ready.
         """
+        return ()
 
     def allocate(
         self,
@@ -239,9 +243,12 @@ class Backend(ABC):
         return current or Allocation()
 
     @abstractmethod
-    def stage(self, plan: Plan, tasks: Sequence[Task], allocation: Allocation) -> None:
+    def stage(
+        self, plan: Plan, tasks: Sequence[Task], allocation: Allocation
+    ) -> Sequence[PreflightResult] | None:
         """Put the code (built-in recipes), each task's run config and what else tasks read
-        where they will read it."""
+        where they will read it; a backend that checks the nodes only now (Slurm) returns
+        what each answered, as :meth:`preflight` does."""
 
     @abstractmethod
     def launch(self, request: LaunchRequest, allocation: Allocation) -> Launched:

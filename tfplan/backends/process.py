@@ -220,10 +220,10 @@ class ProcessBackend(Backend):
         )
         return unpack_tree(data, dest) if data else 0
 
-    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> None:
+    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> list[PreflightResult]:
         """Per host: python, TensorFlow (built-in recipes), free ports, writable folders; and
         whether the hosts share the output folder as ``cluster.output_mode`` requires
-        (:meth:`locate_output`).
+        (:meth:`locate_output`). Returns each host's answer.
 
         Raises:
             PreflightError: every host's problems, in one line.
@@ -248,7 +248,8 @@ class ProcessBackend(Backend):
 
         hosts = sorted({t.host for t in tasks})
         firewall_hosts = sorted({t.host for t in plan.tasks}) if self.firewall else []
-        raise_for_preflight(run_on_hosts({h: h for h in sorted({*hosts, *firewall_hosts})}, check))
+        every = {h: h for h in sorted({*hosts, *firewall_hosts})}
+        return raise_for_preflight(run_on_hosts(every, check))
 
     def allocate(
         self,

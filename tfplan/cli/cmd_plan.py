@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfplan.cli.common import (
     add_size_arguments,
@@ -18,9 +19,13 @@ from tfplan.cli.common import (
 from tfplan.cli.render import plan_lines, task_lines
 from tfplan.cli.sweep import add_sweep_arguments, run_sweep_command
 from tfplan.engine.plans import make_plan
+from tfplan.engine.workspace import Workspace
 from tfplan.errors import ConfigError
-from tfplan.planning.plan import Plan
+from tfplan.planning.plan import Action, Plan
 from tfplan.planning.targets import name_examples
+
+if TYPE_CHECKING:
+    from tfplan.config.schema import Config
 
 __all__ = ["add_parsers", "run_plan", "run_show", "task_json"]
 
@@ -49,6 +54,12 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     plan.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
     plan.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     plan.add_argument("--no-save", action="store_true", help="do not write a plan file")
+    plan.add_argument(
+        "--preflight",
+        action="store_true",
+        help="also run apply's preflight on every host (interpreter, TensorFlow version, "
+        "free ports, folders) and show what each runs; nothing starts",
+    )
     add_target_argument(plan, "plan only the changes of")
     add_size_arguments(plan)
     add_sweep_arguments(plan)
@@ -95,6 +106,8 @@ def run_plan(args: argparse.Namespace) -> int:
         print(plan.to_json())
     else:
         show_lines(plan_lines(plan, args.render))
+    if args.preflight:
+        show_lines([("", line) for line in ["", *preflight_lines(plan, workspace, cfg)]])
     if not args.no_save:
         path = workspace.save_plan(plan, Path(args.out) if args.out else None)
         if not args.json:
@@ -111,6 +124,26 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.detailed_exitcode:
         return 2 if plan.has_changes else 0
     return 0
+
+
+def preflight_lines(plan: Plan, workspace: Workspace, cfg: Config) -> list[str]:
+    """Apply's preflight on the plan's hosts, as lines. Tasks that run already keep their ports,
+    so only the ports of tasks to create are checked.
+
+    Raises:
+        PreflightError: a host is not ready (the same one-line error apply would give).
+    """
+    from tfplan.backends import open_backend
+    from tfplan.backends.transports.preflight import readiness_lines
+
+    creates = {c.task for c in plan.changes if c.action is Action.CREATE}
+    tasks = [t if t.name in creates else replace(t, port=None) for t in plan.tasks]
+    with open_backend(plan.backend, workspace.store(cfg.experiment.id).scratch) as backend:
+        lines = readiness_lines(backend.preflight(plan, tasks))
+    return lines or [
+        f"preflight passed ({plan.backend.name}: the interpreters are checked where the tasks "
+        "start, once the backend has placed them)"
+    ]
 
 
 def run_show(args: argparse.Namespace) -> int:

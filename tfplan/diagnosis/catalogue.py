@@ -86,7 +86,8 @@ CATALOGUE: list[KnownFailure] = [
         ),
         cause="the program uses tf.estimator, which TensorFlow removed in 2.16",
         fix="run it with TensorFlow <= 2.15 and tensorflow-estimator: point cluster.python (or "
-        "the host's python) at an interpreter that has them",
+        "the host's python) at an interpreter that has them and start it as "
+        "recipe.command='{python} your_program.py'",
         reproduce="an Estimator program (train_and_evaluate) under TensorFlow 2.16 or later",
     ),
     KnownFailure(

@@ -14,6 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend, CancelResult
+from tfplan.backends.transports.preflight import readiness_lines
 from tfplan.engine.launching import PlanLaunches
 from tfplan.engine.store import StateStore
 from tfplan.errors import ApplyError, TfplanError
@@ -88,7 +89,8 @@ def apply_plan(
     updated = [t.name for t in plan.tasks if by_action.get(t.name) is Action.UPDATE]
     state = store.write(state)
     if to_start:
-        backend.preflight(plan, to_start)
+        for line in readiness_lines(backend.preflight(plan, to_start)):
+            say(line)
         state = _start_all(plan, to_start, state, store, backend, say, progress)
     return ApplyResult(
         state=state,
@@ -135,7 +137,8 @@ def _start_all(
     state = store.write(replace(holder[0], allocation=allocation))
     started: list[TaskRecord] = []
     try:
-        backend.stage(plan, tasks, allocation)
+        for line in readiness_lines(backend.stage(plan, tasks, allocation) or ()):
+            say(line)
         launches = PlanLaunches(plan, allocation)
         for batch in _launch_all(tasks, launches, backend, allocation, progress):
             started.extend(batch)

@@ -121,7 +121,7 @@ class KubernetesBackend(Backend):
         return request_lines(plan, KubeOptions.from_ref(plan.backend))
 
     # ---- apply ---------------------------------------------------------------------------
-    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> None:
+    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> tuple[()]:
         """The API answers, the namespace, the output PVC and the service account exist, no
         Job of these tasks is left over, and the ConfigMap fits.
 
@@ -172,6 +172,7 @@ class KubernetesBackend(Backend):
             )
         if problems:
             raise PreflightError({"kubernetes": "; ".join(problems)})
+        return ()  # the pods' interpreter is the image's: no host to ask
 
     def _exists(self, what: str, read: Callable[..., Any], name: str) -> bool:
         try:

@@ -61,6 +61,7 @@ from tfplan.backends.transports.local import LocalTransport
 from tfplan.backends.transports.preflight import (
     PREFLIGHT_SNIPPET,
     PreflightRequest,
+    PreflightResult,
     parse_preflight_output,
     request_json,
 )
@@ -159,9 +160,10 @@ class SlurmBackend(Backend):
         return tuple(lines)
 
     # ---- apply ---------------------------------------------------------------------------
-    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> None:
+    def preflight(self, plan: Plan, tasks: Sequence[Task]) -> tuple[()]:
         """Slurm answers, the partition exists, ``sbatch --test-only`` accepts the request, and
-        the shared folders are writable here. Nothing is queued.
+        the shared folders are writable here. Nothing is queued; the nodes are asked once they
+        are known (:meth:`stage`).
 
         Raises:
             PreflightError: what is wrong, one line.
@@ -190,6 +192,7 @@ class SlurmBackend(Backend):
             )
         for folder in {plan.code_dir, plan.output_dir, *(t.workdir for t in tasks)}:
             _check_writable(folder)
+        return ()
 
     def allocate(
         self,
@@ -276,7 +279,9 @@ class SlurmBackend(Backend):
                 )
             time.sleep(POLL_SECS)
 
-    def stage(self, plan: Plan, tasks: Sequence[Task], allocation: Allocation) -> None:
+    def stage(
+        self, plan: Plan, tasks: Sequence[Task], allocation: Allocation
+    ) -> list[PreflightResult]:
         """Write the recipes and run.yaml into the shared folders, then check on every node
         that they are there (the folders are shared), TensorFlow is installed (built-in
         recipes), the ports are free and the folders writable.
@@ -291,11 +296,12 @@ class SlurmBackend(Backend):
         marker = uuid.uuid4().hex
         written = _write_marker(plan.output_dir, marker)
         try:
-            failures = self._check_nodes(plan, tasks, allocation, marker, written)
+            failures, answers = self._check_nodes(plan, tasks, allocation, marker, written)
         finally:
             _remove_marker(plan.output_dir, marker)
         if failures:
             raise PreflightError(failures)
+        return answers
 
     def _check_nodes(
         self,
@@ -304,11 +310,13 @@ class SlurmBackend(Backend):
         allocation: Allocation,
         marker: str,
         written: str,
-    ) -> dict[str, str]:
+    ) -> tuple[dict[str, str], list[PreflightResult]]:
         """node -> its problems: python, TensorFlow, ports, writable folders, and whether it
-        sees the submit host's files (run.yaml, the shared-folder marker)."""
+        sees the submit host's files (run.yaml, the shared-folder marker); and what each node
+        that answered runs."""
         python = str(self.ref.config.get("python", "python3"))
         nodes = sorted({allocation.bound[t.host][0] for t in tasks})
+        answers: list[PreflightResult] = []  # list.append is atomic across the threads
 
         def check(node: str) -> str | None:
             mine = [t for t in tasks if allocation.bound[t.host][0] == node]
@@ -351,6 +359,7 @@ class SlurmBackend(Backend):
                 result = parse_preflight_output(node, done.stdout, 0.0)
             except ValueError:
                 return f"{python} failed there: {last_line(done.stderr)}"
+            answers.append(result)
             problems += result.problems
             if result.shared_marker is not None and result.shared_marker != written:
                 problems.append(f"does not see {plan.output_dir} as the submit host does")
@@ -362,7 +371,8 @@ class SlurmBackend(Backend):
             return "; ".join(problems) or None
 
         results = run_on_hosts({n: n for n in nodes}, check)
-        return {node: str(result) for node, result in results.items() if result}
+        failures = {node: str(result) for node, result in results.items() if result}
+        return failures, sorted(answers, key=lambda a: a.host)
 
     def launch(self, request: LaunchRequest, allocation: Allocation) -> Launched:
         if request.host not in allocation.bound:

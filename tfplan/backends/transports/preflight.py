@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ __all__ = [
     "output_sharing",
     "parse_preflight_output",
     "raise_for_preflight",
+    "readiness_lines",
 ]
 
 
@@ -52,6 +53,7 @@ class PreflightResult:
     host: str
     problems: tuple[str, ...]
     hostname: str | None = None
+    python: str | None = None  # the interpreter's path there
     python_version: str | None = None
     tf_version: str | None = None
     shared_marker: str | None = None  # content of the marker file this host read back
@@ -67,7 +69,7 @@ class PreflightResult:
 PREFLIGHT_SNIPPET = r"""
 import json, os, platform, socket, sys, time, uuid
 req = json.loads(sys.argv[1])
-out = {"problems": [], "hostname": socket.gethostname(),
+out = {"problems": [], "hostname": socket.gethostname(), "python": sys.executable,
        "python_version": platform.python_version(), "tf_version": None, "shared_marker": None}
 bad = out["problems"].append
 def tf_version():
@@ -202,6 +204,7 @@ def parse_preflight_output(host: str, stdout: str, elapsed_secs: float) -> Prefl
                 host=host,
                 problems=tuple(data["problems"]),
                 hostname=data.get("hostname"),
+                python=data.get("python"),
                 python_version=data.get("python_version"),
                 tf_version=data.get("tf_version"),
                 shared_marker=data.get("shared_marker"),
@@ -241,8 +244,11 @@ def check_shared_dir(results: Mapping[str, PreflightResult]) -> dict[str, str]:
     }
 
 
-def raise_for_preflight(results: Mapping[str, PreflightResult | BaseException]) -> None:
-    """Raise one error listing every failed host, including shared-dir mismatches.
+def raise_for_preflight(
+    results: Mapping[str, PreflightResult | BaseException],
+) -> list[PreflightResult]:
+    """Raise one error listing every failed host, including shared-dir mismatches; else return
+    every host's result, in host order.
 
     Args:
         results: host name -> result, or the exception the host raised (see ``run_on_hosts``).
@@ -264,6 +270,27 @@ def raise_for_preflight(results: Mapping[str, PreflightResult | BaseException]) 
         failures[host] = f"{failures[host]}; {why}" if host in failures else why
     if failures:
         raise PreflightError(failures)
+    return [good[host] for host in sorted(good)]
+
+
+def readiness_lines(results: Sequence[PreflightResult], shown: int = 4) -> list[str]:
+    """What every host will run, one line per distinct interpreter and TensorFlow:
+    ``ready: localhost, node-2: /usr/bin/python3 (Python 3.11.7), tensorflow 2.21.0``."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for result in results:
+        key = (
+            result.python or "python",
+            result.python_version or "?",
+            result.tf_version or "not installed",
+        )
+        groups.setdefault(key, []).append(result.host)
+    lines = []
+    for (python, version, tf), hosts in sorted(groups.items(), key=lambda kv: kv[1][0]):
+        names = ", ".join(hosts[:shown])
+        if len(hosts) > shown:
+            names = f"{len(hosts)} hosts ({names}, ...)"
+        lines.append(f"ready: {names}: {python} (Python {version}), tensorflow {tf}")
+    return lines
 
 
 @dataclass(frozen=True)
