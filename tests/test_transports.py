@@ -25,7 +25,12 @@ from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.transports.base import Transport
 from tfplan.backends.transports.local import LocalTransport
 from tfplan.backends.transports.pool import transport_for
-from tfplan.backends.transports.preflight import PreflightRequest, raise_for_preflight
+from tfplan.backends.transports.preflight import (
+    PreflightRequest,
+    PreflightResult,
+    raise_for_preflight,
+    readiness_lines,
+)
 from tfplan.backends.transports.specs import HostTarget, LaunchSpec
 from tfplan.backends.transports.ssh import SSHTransport
 from tfplan.errors import BackendError, PreflightError
@@ -343,7 +348,14 @@ class TestConformance:
         assert result.shared_marker and os.path.isdir(f"{tmp_path}/new/dir")
         again = transport.preflight(req)  # a second host on the same folder reads the same marker
         assert again.shared_marker == result.shared_marker
-        raise_for_preflight({"a": result, "b": again})
+        assert [r.host for r in raise_for_preflight({"b": again, "a": result})] == [
+            again.host,
+            result.host,
+        ]
+        assert result.python and os.path.isabs(result.python)
+        ready = readiness_lines([result, again])
+        assert len(ready) == 1 and ready[0].endswith(f"tensorflow {result.tf_version}")
+        assert f": {result.python} (Python {result.python_version})" in ready[0]
 
     def test_preflight_of_hosts_sharing_a_new_folder_at_once(
         self, transport: Transport, tmp_path: Path
@@ -589,3 +601,18 @@ def test_concurrent_put_tree_into_one_shared_folder(tmp_path: Path) -> None:
     assert errors == []
     assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["code"]
     assert len(list((tmp_path / "shared" / "code" / "pkg").iterdir())) == 30
+
+
+def test_readiness_lines_group_hosts_by_interpreter_and_tensorflow() -> None:
+    def host(name: str, python: str, tf: str | None) -> PreflightResult:
+        return PreflightResult(name, (), python=python, python_version="3.11.7", tf_version=tf)
+
+    lines = readiness_lines(
+        [host(f"n{i}", "/usr/bin/python3", "2.21.0") for i in range(6)]
+        + [host("old", "/opt/tf215/bin/python", "2.15.1"), host("bare", "/usr/bin/python3", None)]
+    )
+    assert lines == [
+        "ready: 6 hosts (n0, n1, n2, n3, ...): /usr/bin/python3 (Python 3.11.7), tensorflow 2.21.0",
+        "ready: old: /opt/tf215/bin/python (Python 3.11.7), tensorflow 2.15.1",
+        "ready: bare: /usr/bin/python3 (Python 3.11.7), tensorflow not installed",
+    ]

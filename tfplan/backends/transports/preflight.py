@@ -285,7 +285,7 @@ def readiness_lines(results: Sequence[PreflightResult], shown: int = 4) -> list[
         )
         groups.setdefault(key, []).append(result.host)
     lines = []
-    for (python, version, tf), hosts in sorted(groups.items(), key=lambda kv: kv[1][0]):
+    for (python, version, tf), hosts in groups.items():  # in the order the hosts came
         names = ", ".join(hosts[:shown])
         if len(hosts) > shown:
             names = f"{len(hosts)} hosts ({names}, ...)"
