@@ -173,9 +173,10 @@ class FakeKube:
             self.logs.setdefault(pod["metadata"]["name"], bytearray()).extend(text.encode())
             self.cond.notify_all()
 
-    def exit(self, task: str, code: int) -> None:
+    def exit(self, task: str, code: int, reason: str | None = None) -> None:
+        """The container ends with ``code``; ``reason`` as the kubelet gives it (OOMKilled)."""
         with self.cond:
-            self._end(self._must_pod(task), code)
+            self._end(self._must_pod(task), code, reason)
 
     def _must_pod(self, task: str) -> dict[str, Any]:
         pod = self.pod(task)
@@ -191,9 +192,9 @@ class FakeKube:
         pod["status"]["containerStatuses"][0]["ready"] = True
         self.cond.notify_all()
 
-    def _end(self, pod: dict[str, Any], code: int) -> None:
+    def _end(self, pod: dict[str, Any], code: int, reason: str | None = None) -> None:
         pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
-        reason = "Completed" if code == 0 else "Error"
+        reason = reason or ("Completed" if code == 0 else "Error")
         container = pod["status"]["containerStatuses"][0]
         container["state"] = {"terminated": {"exitCode": code, "reason": reason}}
         container["ready"] = False

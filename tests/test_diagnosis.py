@@ -22,6 +22,17 @@ def test_an_out_of_memory_kill_needs_both_the_exit_status_and_the_kernel_record(
     found = explain(evidence(exit_code=137, oom=oom))
     assert found is not None and found.id == "oom-killed"
     assert found.cause == "killed by the out-of-memory killer on host h2 at RSS 3.0 GiB"
+    unknown = OomKill(pid=0, name="tensorflow", rss_bytes=0, at=0.0)  # a kubelet's OOMKilled
+    found = explain(evidence(exit_code=137, oom=unknown))
+    assert found is not None and found.cause == "killed by the out-of-memory killer on host h2"
+
+
+def test_a_task_that_ended_well_is_explained_only_when_it_never_joined_the_cluster() -> None:
+    assert explain(evidence("loss became NaN near step=3", exit_code=0)) is None
+    assert explain(evidence(exit_code=0)) is None
+    found = explain(evidence(exit_code=0, never_listened=True))
+    assert found is not None and found.id == "tf-config-ignored"
+    assert explain(evidence(exit_code=1, never_listened=True)) is None
 
 
 def test_the_last_match_fills_the_placeholders() -> None:

@@ -13,12 +13,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from apply_helpers import (
+    BackgroundTfplan,
     base_overrides,
     free_port_base,
     kill_groups,
@@ -161,6 +163,44 @@ def test_a_task_killed_by_the_out_of_memory_killer(ws: Path) -> None:
         check_explained(ws, applied.stdout, "worker/0", "oom-killed", "out-of-memory killer")
         row = explained(ws, "worker/0")
         assert "host localhost at RSS" in str(row["cause"]) and "MiB" in str(row["cause"])
+
+
+def test_a_program_that_never_reads_tf_config_is_told_apart(ws: Path) -> None:
+    """Nothing fails: each task trains alone and ends by itself. What shows from outside is
+    that no task ever listened on the port the plan gave it."""
+    script = program(
+        ws,
+        "alone.py",
+        """
+        import os, sys, time
+        gate = sys.argv[1]
+        for step in range(1, 1000000):
+            print(f"step={step} loss={1 / step:.3f}", flush=True)
+            if os.path.exists(gate):
+                break
+            time.sleep(0.2)
+        """,
+    )
+    gate = ws / "go"
+    args = command_args(ws, f"{sys.executable} {script} {gate}", 2, "cluster.ps=1")
+    run = BackgroundTfplan(ws, "apply", "--auto-approve", *args)
+    # The supervisor looks at the ports every second (LOOK_EVERY_SECS): the tasks run on until
+    # each has printed 40 steps of 0.2 s, eight looks' worth, before they are let go.
+    deadline = time.monotonic() + 180
+    while not all(
+        sum(1 for x in run.lines if x.startswith(f"{task} ") and "| step=" in x) >= 40
+        for task in ("ps/0", "worker/0", "worker/1")
+    ):
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.lines[-30:]
+        time.sleep(0.2)
+    gate.touch()
+    out = "\n".join(run.finish(timeout=120))
+    for task in ("ps/0", "worker/0", "worker/1"):
+        said = [x for x in out.splitlines() if f"tfplan       | {task} ended: " in x]
+        assert said and "never listened on its port" in said[0], out[-3000:]
+        row = explained(ws, task)
+        assert row["known"] == "tf-config-ignored" and "TF_CONFIG" in str(row["fix"])
+        assert "never listened" in str(status_row(ws, task)["explanation"])
 
 
 @pytest.mark.full

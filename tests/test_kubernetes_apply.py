@@ -233,7 +233,7 @@ def test_apply_supervises_restarts_and_ends_then_status_logs_destroy(
         fake.write("worker-0", "step=1 loss=0.9\n")
         first = fake.wait_pod("worker-1", "Running")
         fake.write("worker-1", "worker/1 up\n")
-        fake.exit("worker-1", 137)  # killed (OOM): ExitCode retries it
+        fake.exit("worker-1", 137, "OOMKilled")  # killed (OOM): ExitCode retries it
         second = fake.wait_pod("worker-1", "Pending", not_named=first)
         fake.start("worker-1")
         fake.volumes["shared"]["result.json"] = json.dumps(
@@ -254,6 +254,8 @@ def test_apply_supervises_restarts_and_ends_then_status_logs_destroy(
         in out
     )
     assert "worker/1: restarted on tfplan-t-worker-1 (restart 1" in out
+    # the kubelet's OOMKilled, explained (the fake's pods have no memory limit: no RSS to say)
+    assert "worker/1 failed: killed by the out-of-memory killer on host " in out, out[-3000:]
     assert "worker/0     | step=3 loss=0.1" in out
     assert (
         "Training complete" in out and "Result (/tfplan-output/t/result.json): global_step=3" in out

@@ -313,6 +313,12 @@ class Backend(ABC):
         SIGKILLed; empty where the backend cannot tell (the default)."""
         return []
 
+    def listening(self, tasks: Sequence[TaskRecord]) -> set[str] | None:
+        """Which of ``tasks`` have their planned port listened on, on their host (one look per
+        host): how a program that never read TF_CONFIG is told from one that joined the
+        cluster. None where the backend cannot tell (the default)."""
+        return None
+
     def read_log_tails(
         self, tasks: Sequence[TaskRecord], max_bytes: int
     ) -> dict[str, bytes | Exception]:

@@ -56,8 +56,10 @@ from tfplan.backends.transports.preflight import (
     raise_for_preflight,
 )
 from tfplan.backends.transports.scripts import (
+    LISTENING_SCRIPT,
     SHARED_MARKER,
     handle_exit_file,
+    listening_ports,
     q,
     standby_exit_file,
 )
@@ -428,6 +430,20 @@ class ProcessBackend(Backend):
     def oom_kills(self, task: TaskRecord) -> list[dict[str, object]]:
         """From the host's kernel log (root, or ``kernel.dmesg_restrict=0``)."""
         return self.pool[task.host].oom_kills(task.started_at)
+
+    def listening(self, tasks: Sequence[TaskRecord]) -> set[str] | None:
+        """The kernel's table of listening TCP sockets, read once per host, every host at
+        once; a host that cannot be read counts as unknown (its tasks are left out)."""
+        by_host = _by_host([t for t in tasks if t.port is not None])
+
+        def look(mine: list[TaskRecord]) -> set[int]:
+            return listening_ports(self.run_on_host(mine[0].host, LISTENING_SCRIPT, "listening"))
+
+        seen: set[str] = set()
+        for host, result in run_on_hosts(by_host, look).items():
+            if not isinstance(result, BaseException):
+                seen.update(t.name for t in by_host[host] if t.port in result)
+        return seen
 
     def read_log_tails(
         self, tasks: Sequence[TaskRecord], max_bytes: int

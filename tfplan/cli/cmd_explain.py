@@ -41,7 +41,7 @@ def run_explain(args: argparse.Namespace) -> int:
                 f"no task {args.task!r} in experiment {state.experiment_id}: choose one of {names}"
             )
     else:
-        chosen = [t for t in known if t.status is TaskStatus.FAILED]
+        chosen = [t for t in known if t.status is TaskStatus.FAILED or t.never_listened]
     out = console()
     if not chosen:
         if args.json:

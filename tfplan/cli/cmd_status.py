@@ -169,8 +169,9 @@ def _explanation(
     tail: bytes | Exception | None,
     state: State,
 ) -> str:
-    """Why a failed task failed, in one line, when the failure is a known one; else ""."""
-    if row["state"] != "failed":
+    """Why a failed task failed (or why one that ended never joined the cluster), in one line,
+    when the cause is a known one; else ""."""
+    if row["state"] != "failed" and not task.never_listened:
         return ""
     record = replace(task, exit_code=row["exit_code"])
     if isinstance(tail, bytes):

@@ -3,7 +3,7 @@
 Plain data (docs/troubleshooting.md lists every entry, and a test checks it does): a signature
 (the exit status, patterns in the task's output, the host's record of an out-of-memory kill), a
 cause and a fix, both one line with ``{placeholders}`` filled from the pattern's named groups and
-from what tfplan knows of the task (``task``, ``host``, ``output_dir``, ``rss``, ...). The first
+from what tfplan knows of the task (``task``, ``host``, ``output_dir``, ``rss``, ``at_rss``, ...). The first
 entry whose signature matches explains the failure; an extension appends its own
 (:func:`register`).
 """
@@ -25,9 +25,11 @@ class KnownFailure:
         title: what it is, for the docs.
         patterns: regular expressions searched in the end of the task's output (the last error is
             at the end); any one matching is enough. Empty: the exit status alone decides.
-        exit_codes: the task's exit status must be one of these (empty: any failure).
+        exit_codes: the task's exit status must be one of these (empty: any failure, that is
+            anything but 0).
         needs_oom_record: the host's kernel must have recorded an out-of-memory kill in the
             task's life (``OomKill``).
+        needs_never_listened: the task ran with a port and was never seen listening on it.
         cause: one line, ``{task}``, ``{host}``, ``{output_dir}``, the pattern's named groups...
         fix: one line naming the key or command to change.
         reproduce: how the test provokes it (the docs say it).
@@ -42,6 +44,7 @@ class KnownFailure:
     patterns: tuple[str, ...] = ()
     exit_codes: tuple[int, ...] = ()
     needs_oom_record: bool = False
+    needs_never_listened: bool = False
     where: str = "run"
     _compiled: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
 
@@ -59,7 +62,7 @@ CATALOGUE: list[KnownFailure] = [
         title="Killed by the out-of-memory killer",
         exit_codes=(137, -9),
         needs_oom_record=True,
-        cause="killed by the out-of-memory killer on host {host} at RSS {rss}",
+        cause="killed by the out-of-memory killer on host {host}{at_rss}",
         fix="give the task more memory, or make it use less (a smaller data.batch_size or model, "
         "fewer tasks per host: the host's cpu_slots)",
         reproduce="a task whose memory limit (a cgroup) is below what it allocates",
@@ -74,6 +77,19 @@ CATALOGUE: list[KnownFailure] = [
         "TF_USE_LEGACY_KERAS=1)",
         reproduce="TensorFlow's multi-worker Keras tutorial (MultiWorkerMirroredStrategy, "
         "model.fit) on two workers",
+    ),
+    KnownFailure(
+        id="tf-config-ignored",
+        title="A program that never read TF_CONFIG: every task trained alone",
+        exit_codes=(0,),
+        needs_never_listened=True,
+        cause="it never listened on its port, then ended by itself: the program did not "
+        "read TF_CONFIG (nor the {{ps_hosts}}/{{job_name}} placeholders), so every task "
+        "trained alone",
+        fix="build the cluster from TF_CONFIG (a tf.distribute strategy, or "
+        "tf.distribute.cluster_resolver.TFConfigClusterResolver and a tf.distribute.Server), "
+        "or pass the placeholders on recipe.command (docs/contract.md)",
+        reproduce="a program that trains without looking at TF_CONFIG, as a ps and two workers",
     ),
     KnownFailure(
         id="estimator-removed",

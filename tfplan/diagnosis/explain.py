@@ -24,7 +24,7 @@ class OomKill:
 
     pid: int
     name: str
-    rss_bytes: int
+    rss_bytes: int  # 0: not known (a container's kill reported by its scheduler)
     at: float  # unix time
 
 
@@ -38,6 +38,7 @@ class Evidence:
     output: str  # the end of its log
     output_dir: str = ""
     oom: OomKill | None = None
+    never_listened: bool = False  # ran with a port, never seen listening on it
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,11 @@ def _fields(entry: KnownFailure, evidence: Evidence, groups: dict[str, str]) -> 
         "output_dir": evidence.output_dir or "the output folder",
         "exit_code": "?" if evidence.exit_code is None else str(evidence.exit_code),
         "rss": size_text(evidence.oom.rss_bytes) if evidence.oom else "?",
+        "at_rss": (
+            f" at RSS {size_text(evidence.oom.rss_bytes)}"
+            if evidence.oom and evidence.oom.rss_bytes
+            else ""
+        ),
         "at_step": f" at step {step}" if step else "",
         "flags": flags.strip(),
         "peer": peer,
@@ -87,6 +93,10 @@ def explain(
         if entry.where != "run":
             continue
         if entry.exit_codes and evidence.exit_code not in entry.exit_codes:
+            continue
+        if not entry.exit_codes and evidence.exit_code == 0:
+            continue
+        if entry.needs_never_listened and not evidence.never_listened:
             continue
         if entry.needs_oom_record and evidence.oom is None:
             continue

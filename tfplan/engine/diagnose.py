@@ -29,7 +29,8 @@ KILLED = (137, -9)  # SIGKILL, as the wrapper records it (128 + 9) or as a signa
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """A failed task: its explanation when the failure is known, else its last lines."""
+    """A failed task (or one that ended without joining the cluster): its explanation when the
+    failure is known, else its last lines."""
 
     task: str
     host: str
@@ -41,7 +42,8 @@ class Diagnosis:
     def line(self) -> str:
         """One line: ``worker/0 failed: <cause> -> <fix>``, or the exit status and last line."""
         if self.explanation is not None:
-            return f"{self.task} failed: {self.explanation.line}"
+            ended = "ended" if self.exit_code == 0 else "failed"
+            return f"{self.task} {ended}: {self.explanation.line}"
         code = "killed or vanished" if self.exit_code is None else f"exit code {self.exit_code}"
         last = f"; its last line: {self.last_lines[-1]}" if self.last_lines else ""
         return f"{self.task} failed ({code}){last}"
@@ -71,7 +73,9 @@ def diagnose_output(
 ) -> Diagnosis:
     """:func:`diagnose` from evidence already read (``tfplan status`` reads every log's end
     in one round trip per host)."""
-    evidence = Evidence(task.name, task.host, task.exit_code, output, output_dir, oom)
+    evidence = Evidence(
+        task.name, task.host, task.exit_code, output, output_dir, oom, task.never_listened
+    )
     return Diagnosis(
         task.name, task.host, task.exit_code, explain(evidence), tuple(last_lines(output))
     )

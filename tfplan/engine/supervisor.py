@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from tfplan.backends.api import Backend, TaskInfo, TaskPhase
 from tfplan.engine.applier import apply_plan, release_if_idle, stop_standbys, stop_tasks
 from tfplan.engine.diagnose import Diagnosis, diagnose
+from tfplan.engine.joining import JoinWatch
 from tfplan.engine.launching import restart_request, standby_request
 from tfplan.engine.logs import Emit, LogFanIn
 from tfplan.engine.store import StateStore
@@ -155,6 +156,7 @@ class Supervisor:
         self._awaiting_standby: dict[str, float] = {}  # task -> when its restart began to wait
         self._explainer: ThreadPoolExecutor | None = None
         self._explaining: list[Future[Diagnosis]] = []
+        self._joins = JoinWatch(backend, enabled=False)  # a user's program: see run()
 
     @property
     def last_step(self) -> int | None:
@@ -192,6 +194,8 @@ class Supervisor:
 
     def run(self, state: State) -> Outcome:
         """Supervise until every task has ended; Ctrl-C stops them all and re-raises."""
+        recipe = (state.config or {}).get("config", {}).get("recipe", {})
+        self._joins.enabled = recipe.get("kind") == "command"
         for task in state.running:
             self._follow(task)
         for standby in state.standbys:
@@ -236,6 +240,8 @@ class Supervisor:
             self.logs.drain()
             self._say_explanations()
             state = self._observe(state)
+            if self._done_at is None:
+                self._joins.look(state.running)
             state = self._kill_hung(state)
             state = self._restart_due(state)
             state, outcome = self._decide(state)
@@ -269,7 +275,8 @@ class Supervisor:
             if unexpected:
                 self._fatal = self.backend.allocation_problem(state.allocation)
         for task, (status, code) in ended:
-            dead = replace(task, status=status, exit_code=code)
+            alone = status is TaskStatus.SUCCEEDED and self._joins.never_listened(task)
+            dead = replace(task, status=status, exit_code=code, never_listened=alone)
             state = state.with_task(dead)
             if self._fatal is not None:
                 self._say(f"{task.name} {status.value} ({_exit(dead)})")
@@ -336,6 +343,8 @@ class Supervisor:
 
     def _on_ended(self, state: State, task: TaskRecord) -> State:
         shown = _exit(task)
+        if task.never_listened:
+            self._explain_later(task, state.output_dir or "")
         if self._done_at is not None or (task.is_chief and task.status is TaskStatus.SUCCEEDED):
             self._say(f"{task.name} {task.status.value} ({shown})")
             return state

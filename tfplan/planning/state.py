@@ -69,6 +69,9 @@ class TaskRecord:
     status: TaskStatus = TaskStatus.RUNNING
     exit_code: int | None = None
     restarts: int = 0
+    # ran with a port it never listened on, then ended by itself: it never joined the cluster
+    # (a user's program that did not read TF_CONFIG; seen by the supervisor)
+    never_listened: bool = False
 
     @property
     def running(self) -> bool:

@@ -340,6 +340,22 @@ class KubernetesBackend(Backend):
         ]
         return pods[-1] if pods else None
 
+    def oom_kills(self, task: TaskRecord) -> list[dict[str, object]]:
+        """The kubelet's word: the task's container ended ``OOMKilled`` (its memory limit, or
+        the node's memory). The RSS at the kill is the container's memory limit, when it has
+        one."""
+        from kubernetes.utils import parse_quantity
+
+        pod = self._pod_of(task)
+        if pod is None or terminated(pod, CONTAINER)[1] != "OOMKilled":
+            return []
+        limit = 0
+        for container in pod.spec.containers or []:
+            limits = (container.resources.limits or {}) if container.resources else {}
+            if container.name == CONTAINER and limits.get("memory"):
+                limit = int(parse_quantity(limits["memory"]))  # type: ignore[no-untyped-call]
+        return [{"pid": 0, "name": CONTAINER, "rss": limit, "at": time.time()}]
+
     def describe(self, tasks: Sequence[TaskRecord]) -> dict[str, TaskInfo]:
         """One list of the experiment's pods (and of its Jobs when a pod is missing)."""
         try:

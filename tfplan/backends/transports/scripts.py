@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 
 __all__ = [
     "EXIT_CODE_FILE",
+    "LISTENING_SCRIPT",
+    "listening_ports",
     "STREAM_POLL_SECS",
     "TASK_WRAPPER",
     "prepare_start_script",
@@ -425,3 +427,21 @@ def pack_tree_script(folder: str, skip: Sequence[str], prune: Sequence[str], max
         f"find . {pruned} -type f {names} -size -{max_kib}k -print0 "
         "| tar --null -czf - -T - 2>/dev/null | base64"
     )
+
+
+# The kernel's TCP socket tables (IPv4 and IPv6); a socket in state 0A is listening.
+LISTENING_SCRIPT = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; true"
+
+
+def listening_ports(table: str) -> set[int]:
+    """The ports listened on, from :data:`LISTENING_SCRIPT`'s output
+    (``sl local_address rem_address st ...``, addresses as ``HEXIP:HEXPORT``)."""
+    ports: set[int] = set()
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:
+            try:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+            except ValueError:
+                continue
+    return ports
