@@ -15,6 +15,7 @@ import json
 from typing import TYPE_CHECKING
 
 from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
+from tfplan.planning.costs import job_cost
 from tfplan.planning.plan import Action, Change, Plan, Task
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT
 
@@ -114,6 +115,9 @@ def plan_lines(plan: Plan, mode: str = "auto") -> list[Line]:
     lines += _footer(plan)
     lines.append(("", ""))
     lines.append(("bold", summary_line(plan)))
+    cost = job_cost(plan.changes)
+    if cost:
+        lines.append(("yellow", cost))
     return lines
 
 
@@ -145,6 +149,8 @@ def _compact_block(plan: Plan, change: Change) -> list[Line]:
     style, symbol = _STYLE[change.action], _SYMBOL[change.action]
     lines: list[Line] = [("", ""), ("bold", f"  # {change.task} {_VERB[change.action]}")]
     lines += [("dim", f"  #   {reason}") for reason in change.reasons]
+    if change.cost:
+        lines.append(("yellow", f"  #   cost: {change.cost}"))
     if change.action is Action.DESTROY:
         fields = [
             f"{k} = {_value(change.previous[k])}"
@@ -171,6 +177,8 @@ def _change_block(plan: Plan, change: Change) -> list[Line]:
     lines: list[Line] = [("bold", f"  # {change.task} {_VERB[change.action]}")]
     for reason in change.reasons:
         lines.append(("dim", f"  #   {reason}"))
+    if change.cost:
+        lines.append(("yellow", f"  #   cost: {change.cost}"))
     if change.action is Action.DESTROY:
         lines.append((style, f'  {symbol} task "{change.task}" {{'))
         for key in ("host", "port", "status"):
@@ -231,6 +239,7 @@ def task_lines(plan: Plan, name: str) -> list[Line]:
     else:
         head = [("bold", f"  # {name} {_VERB[action]}")]
         head += [("dim", f"  #   {reason}") for reason in change.reasons] if change else []
+        head += [("yellow", f"  #   cost: {change.cost}")] if change and change.cost else []
         style, symbol = _STYLE[action], _SYMBOL[action]
         inner = "~" if action is Action.UPDATE else "+"
     lines = [*head, (style, f'  {symbol} task "{name}" {{')]

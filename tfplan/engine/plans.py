@@ -7,6 +7,7 @@ supervisor's re-plan all come through here).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -101,7 +102,8 @@ def make_plan(
             + (" (cluster.options.output_volume)" if backend.name == "kubernetes" else ""),
         )
     ctx = ctx or plan_context(cfg)
-    made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx), targets)
+    step = checkpoint_step(state) if state is not None and state.running else None
+    made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx), targets, step)
     made = check_data_files(made)
     made = preview_user_model(made, Path(ctx.cwd) / ".tfplan" / "cache", cfg)
     request = backend.dryrun(made)
@@ -109,6 +111,26 @@ def make_plan(
 
 
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+_CHECKPOINT_PATH = re.compile(r'^model_checkpoint_path:\s*"[^"]*?-(\d+)"', re.M)
+
+
+def checkpoint_step(state: State) -> int | None:
+    """The global step of the running job's last checkpoint, from TensorFlow's ``checkpoint``
+    index in its output folder when that folder is readable here (a local host, or a folder
+    shared with this machine): 0 when the folder holds none yet, None when it is not here."""
+    folder = Path(state.output_dir or "")
+    if not state.output_dir or not folder.is_dir():
+        return None
+    chief = next((t for t in state.tasks if t.is_chief), None)
+    chief_here = chief is not None and (chief.address or chief.host) in LOCAL_ADDRESSES
+    try:
+        text = (folder / "checkpoint").read_text()
+    except FileNotFoundError:
+        return 0 if chief_here else None  # elsewhere, the chief's folder may differ from ours
+    except OSError:
+        return None
+    found = _CHECKPOINT_PATH.search(text)
+    return int(found.group(1)) if found else None
 
 
 def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:

@@ -156,14 +156,19 @@ class Change:
     action: Action
     reasons: tuple[str, ...] = ()
     previous: dict[str, Any] = field(default_factory=dict)  # host, port, status from the state
+    # what it costs the running job: "rolls back to checkpoint step N: ..." or "no rollback: ..."
+    cost: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "task": self.task,
             "action": self.action.value,
             "reasons": list(self.reasons),
             "previous": self.previous,
         }
+        if self.cost:
+            data["cost"] = self.cost
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Change:
@@ -172,6 +177,7 @@ class Change:
             action=Action(data["action"]),
             reasons=tuple(data["reasons"]),
             previous=dict(data.get("previous", {})),
+            cost=str(data.get("cost", "")),
         )
 
 

@@ -21,6 +21,7 @@ from tfplan.config.schema import ChiefMode, Config
 from tfplan.errors import ConfigError
 from tfplan.planning.commands import split_command, task_command, with_python
 from tfplan.planning.context import PlanContext
+from tfplan.planning.costs import with_costs
 from tfplan.planning.placement import PortRange, Slot, allocate_ports, place
 from tfplan.planning.plan import Action, Change, HostSpec, Plan, Role, Task
 from tfplan.planning.policy import (
@@ -60,6 +61,7 @@ def plan(
     ctx: PlanContext,
     target: Target,
     targets: Sequence[str] = (),
+    checkpoint_step: int | None = None,
 ) -> Plan:
     """Place every task of ``cfg`` on the backend's topology and compute the changes.
 
@@ -70,6 +72,8 @@ def plan(
         target: the backend (name and resolved options) and the places it offers.
         targets: ``-target``: task names or roles; only their changes are planned. Every task
             is still placed (the cluster spec is the whole cluster's).
+        checkpoint_step: the running job's last checkpoint (0: none yet; None: not known
+            here), for what each change costs it (:mod:`tfplan.planning.costs`).
 
     Returns:
         The plan; ``plan.changes`` has one entry per task in the union of desired and current
@@ -131,6 +135,13 @@ def plan(
         for slot in slots
     )
     changes = _diff(tasks, state, policy, config_digest, cluster_digest)
+    chiefs = frozenset(
+        [t.name for t in tasks if t.is_chief]
+        + [t.name for t in (state.tasks if state is not None else ()) if t.is_chief]
+    )
+    changes = with_costs(
+        changes, chiefs, cfg.algo.name, cfg.recipe.kind == "builtin", checkpoint_step
+    )
     changes, left_out = _narrow(changes, targets, tasks, state)
     return Plan(
         experiment_id=cfg.experiment.id,
