@@ -132,6 +132,7 @@ class TaskInfo:
     cluster: dict[str, list[str]]
     type: str
     index: int
+    run_yaml: Optional[str] = None  # where this task's live.json is looked for (recipes.live)
 
     @property
     def has_chief_job(self) -> bool:

@@ -9,7 +9,7 @@ One entry point per need, whatever ``data.name`` is:
   ``data.batch_size`` (always full: the static batch dimension is ``data.batch_size``), shuffled
   (``data.shuffle_buffer``, seeded), repeated forever, prefetched (``data.prefetch``).
 - :func:`eval_dataset` — the held-out data: finite, batched, in a fixed order, not sharded.
-- :func:`sharding` / :func:`sharding_reason` — ``"file"`` or ``"record"`` (``"factory"`` when
+- :func:`sharding` / :func:`sharding_reason` — ``"file"``, ``"record"`` or ``"none"`` (``"factory"`` when
   ``data._target_`` shards its own data), and why, in one line for the plan.
 - :func:`check` — reads one batch (eagerly, or in a private graph under TF1) and turns what goes
   wrong into a one-line :class:`InputError`; :func:`check_static` does the checks that need no
@@ -316,8 +316,13 @@ def _sharding(
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
     kind = source_kind(data)
-    if data.shard not in ("auto", "file", "record"):
-        raise InputError(f"data.shard={data.shard!r}: use auto, file or record")
+    if data.shard not in ("auto", "file", "record", "none"):
+        raise InputError(f"data.shard={data.shard!r}: use auto, file, record or none")
+    if data.shard == "none":
+        return "none", (
+            f"not split (data.shard=none): each of {num_shards} workers reads all of it, in its "
+            "own order (workers can join and leave a running job)"
+        )
     if kind == "factory":
         return "factory", (
             f"data._target_={data.target} is given shard_index and num_shards={num_shards} "
@@ -1580,8 +1585,8 @@ def check_static(data: DataConf) -> None:
     """
     kind = source_kind(data)
     _check_batch(data)
-    if data.shard not in ("auto", "file", "record"):
-        raise InputError(f"data.shard={data.shard!r}: use auto, file or record")
+    if data.shard not in ("auto", "file", "record", "none"):
+        raise InputError(f"data.shard={data.shard!r}: use auto, file, record or none")
     if kind == "memory":
         return
     if kind == "factory":

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -29,14 +31,17 @@ from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
 from recipes.evaluator import CheckpointScorer, final_line, result_scores
 from recipes.inputs import InputError, explain_known_error, graph_feeds
+from recipes.live import Live
 from recipes.runtime import (
     PeerUnreachable,
     RoleSessionCreator,
     chief_saver,
     done_queue_sizes,
     done_token_ops,
+    joining_config,
     make_server,
     op_threads,
+    replicas_now,
     session_config,
     touches_ps,
     wait_for_done_tokens,
@@ -122,6 +127,15 @@ def input_seed(cfg: RunConfig, task: TaskInfo) -> int:
     return cfg.trainer.seed * 1000 + task.replica_index
 
 
+def shard_of(cfg: RunConfig, task: TaskInfo) -> tuple[int, int]:
+    """(shard index, number of shards) of this replica's training data: its own, or with
+    ``data.shard=none`` all of it (every replica in its own order: what replicas that join and
+    leave a running job need, as no split by their count stays right)."""
+    if cfg.data.shard == "none":
+        return 0, 1
+    return task.replica_index, task.n_replicas
+
+
 def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> ReplicaGraph:
     """Build this replica's whole graph in the default graph.
 
@@ -135,7 +149,7 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
     with v1.device(setter):
         global_step = v1.train.get_or_create_global_step()
     with v1.device(task.device):
-        dataset = work.train_dataset(task.replica_index, task.n_replicas, input_seed(cfg, task))
+        dataset = work.train_dataset(*shard_of(cfg, task), input_seed(cfg, task))
         iterator = v1.data.make_initializable_iterator(dataset)
         features, labels = iterator.get_next(name="batch")
     ctx = BuildContext(
@@ -185,10 +199,12 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
     )
 
 
-def _hooks(cfg: RunConfig, g: ReplicaGraph, scaffold: Any, is_chief: bool) -> list[Any]:
+def _hooks(
+    cfg: RunConfig, g: ReplicaGraph, scaffold: Any, is_chief: bool, max_steps: int
+) -> list[Any]:
     t = cfg.trainer
     hooks = [
-        v1.train.StopAtStepHook(last_step=t.max_steps),
+        v1.train.StopAtStepHook(last_step=max_steps),
         v1.train.NanTensorHook(g.train.loss, fail_on_nan_loss=True),
         *g.train.hooks,
     ]
@@ -216,9 +232,11 @@ def write_json_atomic(path: str, obj: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _send_done_tokens(server: Any, task: TaskInfo, g: ReplicaGraph, log: Log) -> None:
+def _send_done_tokens(
+    server: Any, task: TaskInfo, g: ReplicaGraph, log: Log, config: Any = None
+) -> None:
     options = v1.RunOptions(timeout_in_ms=15000)
-    with v1.Session(server.target, config=session_config(task)) as sess:
+    with v1.Session(server.target, config=config or session_config(task)) as sess:
         for k, op in enumerate(g.done_ops):
             try:
                 sess.run(op, options=options)
@@ -229,11 +247,11 @@ def _send_done_tokens(server: Any, task: TaskInfo, g: ReplicaGraph, log: Log) ->
                 )
 
 
-def _make_server(task: TaskInfo, cpu_devices: int) -> Any:
+def _make_server(task: TaskInfo, cpu_devices: int, joining: bool = False) -> Any:
     """This replica's server; with ``cpu_devices`` > 1 it exposes that many CPU devices (for
     in-graph towers: a server ignores ``tf.config.set_logical_device_configuration``)."""
-    if cpu_devices <= 1:
-        return make_server(task)
+    if cpu_devices <= 1 or joining:
+        return make_server(task, joining)
     config = session_config(task)
     config.device_count["CPU"] = cpu_devices
     return tf.distribute.Server(
@@ -258,8 +276,13 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         os.makedirs(cfg.output_dir, exist_ok=True)
         if os.path.exists(result_path):
             os.remove(result_path)  # stale, from an earlier run: the evaluator watches for it
-    server = _make_server(task, get_algorithm(cfg.algo.name).cpu_devices(cfg.algo))
+    # Workers join and leave this job: every replica's sessions carry their own cluster (none
+    # of them a legacy session of the ps's boot-time cluster beside the propagated ones)
+    joining = cfg.data.shard == "none"
+    server = _make_server(task, get_algorithm(cfg.algo.name).cpu_devices(cfg.algo), joining)
     config = session_config(task)
+    if joining:
+        config = joining_config(task, config)
     g = build_replica_graph(cfg, task, work)
     if task.is_chief and task.n_ps:
         log(placement_line(g.saver_names, task.n_ps))
@@ -275,8 +298,12 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     ops, n_ops = g.train.step_ops, len(g.train.step_ops)
     # Which runs of the window touch no ps: those run on the raw session, past the hooks.
     local = [not touches_ps([op, g.train.loss]) for op in ops]
-    max_steps = cfg.trainer.max_steps
+    live = Live(task.run_yaml)  # what the launcher may tell later: a new max_steps
+    max_steps = live.get("max_steps", cfg.trainer.max_steps)
     ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
+    leave = threading.Event()
+    if not task.is_chief:  # asked to leave a running job: after a push, as at the end
+        signal.signal(signal.SIGUSR2, lambda *_: leave.set())
     recent: deque[float] = deque(maxlen=20)
     i, gs, prev_gs, first_gs, t_start = 0, 0, 0, None, time.monotonic()
     t_last = t_start  # the last step's end: the wall time stops there, not at the session's close
@@ -287,12 +314,19 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     except PeerUnreachable as e:
         raise TrainingFailed(str(e), 4) from None
     try:
+        hooks = _hooks(cfg, g, scaffold, task.is_chief, max_steps)
+        stop_hook = next(h for h in hooks if isinstance(h, v1.train.StopAtStepHook))
         with v1.train.MonitoredSession(
             session_creator=creator,
-            hooks=_hooks(cfg, g, scaffold, task.is_chief),
+            hooks=hooks,
             stop_grace_period_secs=g.train.stop_grace_secs,
         ) as sess:
             while not sess.should_stop():
+                told = live.get("max_steps", cfg.trainer.max_steps)
+                if told != max_steps:
+                    log(f"{task.type}/{task.index}: max_steps {max_steps} -> {told} (told)")
+                    max_steps = told
+                    stop_hook._last_step = told  # noqa: SLF001 - the hook has no setter
                 k = i % n_ops
                 if local[k]:
                     # A pure-local step: no hook reads global_step from the ps. The step is
@@ -333,6 +367,9 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                 prev_gs = gs
                 if local[k] and gs >= max_steps:
                     break  # what StopAtStepHook would do at the next hooked run
+                if leave.is_set() and not local[k]:
+                    log(f"{task.type}/{task.index} leaves the job at step={gs} (asked to)")
+                    break
     except tf.compat.v1.train.NanLossDuringTrainingError:
         raise TrainingFailed(
             f"loss became NaN near step={gs}: lower algo.lr (now {cfg.algo.lr}) or check the data",
@@ -349,22 +386,28 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         raise input_failure(e, cfg, gs) from None
     wall = t_last - t_start
     if task.is_chief:
-        final = _final_checkpoint(cfg, task, server, g, scaffold, log)
+        final = _final_checkpoint(cfg, task, server, g, scaffold, log, config)
         _write_result(cfg, task, g, work, final, result_path, recent, first_gs or 0, wall, log)
-    _send_done_tokens(server, task, g, log)
+    _send_done_tokens(server, task, g, log, config)
     log(f"{task.type}/{task.index} finished after {i} runs")
     return 0
 
 
 def _final_checkpoint(
-    cfg: RunConfig, task: TaskInfo, server: Any, g: ReplicaGraph, scaffold: Any, log: Log
+    cfg: RunConfig,
+    task: TaskInfo,
+    server: Any,
+    g: ReplicaGraph,
+    scaffold: Any,
+    log: Log,
+    config: Any = None,
 ) -> str:
     """Wait for the other replicas to stop, then make sure the latest checkpoint holds the ps's
     final step; returns its path."""
-    config = session_config(task)
+    config = config or session_config(task)
     bound = peers_done_wait_secs()
     quiet = wait_for_done_tokens(
-        server.target, config, g.done_sizes, task.n_replicas - 1, bound, log
+        server.target, config, g.done_sizes, lambda: replicas_now(task) - 1, bound, log
     )
     latest = tf.train.latest_checkpoint(cfg.output_dir)
     saved = _stored_step(latest) if latest else None

@@ -19,11 +19,12 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 import tensorflow as tf
 
 from recipes.config import TaskInfo
+from recipes.live import Live
 
 __all__ = [
     "PeerUnreachable",
@@ -134,8 +135,36 @@ def session_config(task: TaskInfo) -> Any:
     )
 
 
-def make_server(task: TaskInfo) -> Any:
-    """Start this task's gRPC server (note: it listens on every interface, see docs/runtime.md)."""
+def joining_config(task: TaskInfo, config: Any) -> Any:
+    """``config`` for a worker that may join a running job: its sessions carry their own
+    cluster (the ps and this worker: ClusterSpec propagation), so a ps started before it can
+    still reach it (a ps receives a worker's tensors by calling it), sharing the variables of
+    every other session (``share_session_state_in_clusterspec_propagation``). Its server must
+    have booted under another name (``make_server(joining=True)``): TensorFlow refuses a
+    session whose master is named in the propagated cluster as it booted."""
+    joining = v1.ConfigProto()
+    joining.CopyFrom(config)
+    own = task.cluster[task.type][task.index]
+    spec = tf.train.ClusterSpec(
+        {"ps": list(task.cluster.get("ps", [])), task.type: {task.index: own}}
+    )
+    joining.cluster_def.CopyFrom(spec.as_cluster_def())
+    joining.experimental.share_session_state_in_clusterspec_propagation = True
+    return joining
+
+
+BOOT_JOB = "joining"  # the job a joining worker's server boots as (see joining_config)
+
+
+def make_server(task: TaskInfo, joining: bool = False) -> Any:
+    """Start this task's gRPC server (note: it listens on every interface, see docs/runtime.md).
+    ``joining``: booted under :data:`BOOT_JOB`, on its own port; its sessions name it."""
+    if joining:
+        own = task.cluster[task.type][task.index]
+        boot = tf.train.ClusterSpec({BOOT_JOB: {task.index: own}})
+        return tf.distribute.Server(
+            boot, job_name=BOOT_JOB, task_index=task.index, config=session_config(task), start=True
+        )
     spec = tf.train.ClusterSpec(task.cluster)
     return tf.distribute.Server(
         spec, job_name=task.type, task_index=task.index, config=session_config(task), start=True
@@ -156,10 +185,35 @@ def chief_saver(var_list: Optional[dict[str, Any]] = None) -> Any:
     return v1.train.Saver(var_list=var_list, sharded=False, allow_empty=True, max_to_keep=5)
 
 
+# Not the number of replicas: replicas that join a running job build the same shared queue
+# with another count, and a shared queue refuses a second capacity.
+DONE_QUEUE_CAPACITY = 1 << 16
+
+
 def _done_queue(k: int, capacity: int) -> Any:
+    del capacity  # kept for the callers' readability: tokens never exceed the replicas
     return tf.queue.FIFOQueue(
-        capacity, [tf.int32], shapes=[[]], shared_name=f"done_ps{k}", name=f"done_ps{k}"
+        DONE_QUEUE_CAPACITY,
+        [tf.int32],
+        shapes=[[]],
+        shared_name=f"done_ps{k}",
+        name=f"done_ps{k}",
     )
+
+
+def replicas_now(task: TaskInfo) -> int:
+    """How many done tokens end the job: every replica that ever took part, as the launcher
+    last told (``live.json``), else TF_CONFIG's count."""
+    return _live(task).get("replicas", task.n_replicas)
+
+
+_LIVES: dict[Optional[str], Live] = {}
+
+
+def _live(task: TaskInfo) -> Live:
+    if task.run_yaml not in _LIVES:
+        _LIVES[task.run_yaml] = Live(task.run_yaml)
+    return _LIVES[task.run_yaml]
 
 
 def done_token_ops(n_ps: int, n_replicas: int) -> list[Any]:
@@ -184,7 +238,7 @@ def wait_for_done_tokens(
     target: str,
     config: Any,
     sizes: list[Any],
-    want: int,
+    want: Union[int, Callable[[], int]],
     timeout: float,
     log: Any = print,
     poll_secs: float = 0.05,
@@ -204,14 +258,15 @@ def wait_for_done_tokens(
                 have = min(int(n) for n in sess.run(sizes, options=_short_run()))
             except tf.errors.OpError:
                 return False
-            if have >= want:
+            wanted = want() if callable(want) else want
+            if have >= wanted:
                 return True
             now = time.monotonic()
             if now - start >= timeout:
                 return False
             if now >= next_note:
                 log(
-                    f"waiting for {want - have} more replica(s) to finish "
+                    f"waiting for {wanted - have} more replica(s) to finish "
                     f"({now - start:.0f}s of at most {timeout:.0f}s)"
                 )
                 next_note = now + 3.0
@@ -227,7 +282,7 @@ def run_ps(task: TaskInfo, log: Any = print) -> int:
     # Why SIGTERM -> exit 0: a launcher that stops the cluster has not seen a ps failure.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     server = make_server(task)
-    n = task.n_replicas
+    n = replicas_now(task)
     with v1.Graph().as_default():
         with v1.device(task.device):
             size = _done_queue(task.index, n).size()
@@ -240,6 +295,10 @@ def run_ps(task: TaskInfo, log: Any = print) -> int:
             # SIGTERM handler, and polling never consumes a token.
             while True:
                 got = int(sess.run(size))
+                now = replicas_now(task)
+                if now != n:
+                    log(f"ps/{task.index}: the job has {now} replicas now; exits after {now}")
+                    n = now
                 if got >= n:
                     break
                 time.sleep(0.1)

@@ -16,6 +16,7 @@ tfplan keeps one per parameter server, so that a restarted ps does not pay the i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -42,7 +43,7 @@ def _log(message: str) -> None:
 
 def _run(config_path: str) -> int:
     cfg = load_run_config(config_path)
-    task = task_from_env()
+    task = dataclasses.replace(task_from_env(), run_yaml=config_path)
     if task.type not in ("ps", "worker", "chief", "evaluator"):
         raise ConfigError(f"unknown task type '{task.type}'; valid: ps, worker, chief, evaluator")
     from recipes.strategies import is_strategy

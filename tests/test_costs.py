@@ -132,3 +132,52 @@ def test_the_step_is_read_from_the_checkpoint_index_of_a_folder_here(tmp_path: P
     remote = replace(here, tasks=tuple(replace(t, address="10.0.0.2") for t in here.tasks))
     (tmp_path / "checkpoint").unlink()
     assert checkpoint_step(remote) is None  # the chief's own folder may hold one
+
+
+ELASTIC = ("algo=downpour", "data.shard=none")
+
+
+def test_workers_join_and_leave_an_elastic_job_in_place() -> None:
+    running = state_from(planned(*ELASTIC))
+    out = planned(*ELASTIC, "cluster.workers=4", state=running, step=900)
+    actions = {c.task: c.action for c in out.changes}
+    assert actions == {
+        "ps/0": Action.NOOP,
+        "worker/0": Action.NOOP,
+        "worker/1": Action.NOOP,
+        "worker/2": Action.CREATE,
+        "worker/3": Action.CREATE,
+    }
+    joined = next(c for c in out.changes if c.task == "worker/3")
+    assert joined.reasons == ("joins the running job at its current global step (in place)",)
+    assert job_cost(out.changes) is None  # nothing that runs stops
+    back = planned(*ELASTIC, state=state_from(out), step=950)
+    actions = {c.task: c.action for c in back.changes}
+    assert actions["worker/2"] is Action.DESTROY and actions["worker/3"] is Action.DESTROY
+    assert {actions[t] for t in ("ps/0", "worker/0", "worker/1")} == {Action.NOOP}
+    left = next(c for c in back.changes if c.task == "worker/2")
+    assert any(
+        r.startswith("leaves in place: asked to stop after its next push") for r in left.reasons
+    )
+    assert left.cost.startswith("no rollback: the job goes on without it")
+
+
+def test_an_asynchronous_job_that_splits_its_data_by_worker_count_says_so() -> None:
+    running = state_from(planned("algo=hogwild"))
+    out = planned("algo=hogwild", "cluster.workers=3", state=running, step=10)
+    ps = next(c for c in out.changes if c.task == "ps/0")
+    assert ps.action is Action.REPLACE
+    assert any("data.shard=auto splits the data by the number of workers" in r for r in ps.reasons)
+
+
+def test_a_users_program_resizes_in_place_when_it_says_it_can() -> None:
+    command = ("recipe=command", "recipe.command='python train.py'", "recipe.elastic=true")
+    running = state_from(planned(*command))
+    out = planned(*command, "cluster.workers=3", state=running)
+    assert {c.task: c.action for c in out.changes if c.action is not Action.NOOP} == {
+        "worker/2": Action.CREATE
+    }
+    stiff = ("recipe=command", "recipe.command='python train.py'")
+    out = planned(*stiff, "cluster.workers=3", state=state_from(planned(*stiff)))
+    ps = next(c for c in out.changes if c.task == "ps/0")
+    assert ps.action is Action.REPLACE and any("recipe.elastic=true" in r for r in ps.reasons)

@@ -341,7 +341,7 @@ def test_plan_json_round_trip(overrides: tuple[str, ...]) -> None:
     p = plan(config(*overrides), None, CTX)
     assert Plan.from_json(p.to_json()) == p
     cfg = config(*overrides)
-    cfg.trainer.max_steps += 1  # a changed run config: every task replaced, with reasons
+    cfg.trainer.seed += 1  # a changed run config: every task replaced, with reasons
     with_state = plan(cfg, state_from(p), CTX)
     assert all(c.action is Action.REPLACE for c in with_state.changes)
     assert Plan.from_json(with_state.to_json()) == with_state

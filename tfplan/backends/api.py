@@ -313,6 +313,16 @@ class Backend(ABC):
         SIGKILLed; empty where the backend cannot tell (the default)."""
         return []
 
+    def tell(self, tasks: Sequence[TaskRecord], name: str, data: bytes) -> None:
+        """Write ``data`` atomically to ``<workdir>/<name>`` of each running task, where its
+        program looks (``live.json``: an elastic job's new membership). Backends whose
+        :class:`~tfplan.planning.topology.Target` says ``resize_in_place`` implement it.
+
+        Raises:
+            BackendError: a task's folder could not be written.
+        """
+        raise BackendError(f"the {self.name} backend cannot tell running tasks anything")
+
     def listening(self, tasks: Sequence[TaskRecord]) -> set[str] | None:
         """Which of ``tasks`` have their planned port listened on, on their host (one look per
         host): how a program that never read TF_CONFIG is told from one that joined the

@@ -141,7 +141,7 @@ class ProcessBackend(Backend):
         ref = BackendRef(
             cls.name, {"hosts": [asdict(t) for t in targets], "firewall": cluster.firewall}
         )
-        return Target(ref, Topology(places=places))
+        return Target(ref, Topology(places=places), resize_in_place=True)
 
     @classmethod
     def dryrun(cls, plan: Plan) -> tuple[str, ...]:
@@ -430,6 +430,18 @@ class ProcessBackend(Backend):
     def oom_kills(self, task: TaskRecord) -> list[dict[str, object]]:
         """From the host's kernel log (root, or ``kernel.dmesg_restrict=0``)."""
         return self.pool[task.host].oom_kills(task.started_at)
+
+    def tell(self, tasks: Sequence[TaskRecord], name: str, data: bytes) -> None:
+        """One write per task, every host at once."""
+        by_host = _by_host(tasks)
+
+        def write(mine: list[TaskRecord]) -> None:
+            for task in mine:
+                self.pool[task.host].write_file(posixpath.join(task.workdir, name), data)
+
+        for host, result in run_on_hosts(by_host, write).items():
+            if isinstance(result, BaseException):
+                raise BackendError(f"could not write {name} on {host}: {result}")
 
     def listening(self, tasks: Sequence[TaskRecord]) -> set[str] | None:
         """The kernel's table of listening TCP sockets, read once per host, every host at

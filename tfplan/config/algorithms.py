@@ -47,6 +47,8 @@ class Algorithm:
         ps_standby: a warm standby per ps by default (``lifecycle.ps_standby=null``): the TF1
             recipes, whose workers wait for a restarted ps; not pss, whose coordinator exits
             5 on a lost ps and restarts (its own import dominates the recovery).
+        elastic: asynchronous updates on the ps, each worker on its own: workers can join and
+            leave a running job in place (with ``data.shard=none``, docs/resize.md).
         summary: one line for docs and error messages.
     """
 
@@ -59,26 +61,31 @@ class Algorithm:
     chief: bool = False
     retry_exit_codes: tuple[int, ...] = ()
     ps_standby: bool = True
+    elastic: bool = False
 
 
 def _ps(name: str, schema: type[AlgoConfig], summary: str, sync: bool = False) -> Algorithm:
     return Algorithm(name, schema, sync=sync, needs_ps=True, summary=summary)
 
 
+def _elastic(name: str, schema: type[AlgoConfig], summary: str) -> Algorithm:
+    return Algorithm(name, schema, sync=False, needs_ps=True, summary=summary, elastic=True)
+
+
 ALGORITHMS: Mapping[str, Algorithm] = {
     a.name: a
     for a in (
-        _ps("hogwild", HogwildConfig, "asynchronous SGD on shared ps variables"),
-        _ps("downpour", DownpourConfig, "T local steps, then the window's delta pushed"),
+        _elastic("hogwild", HogwildConfig, "asynchronous SGD on shared ps variables"),
+        _elastic("downpour", DownpourConfig, "T local steps, then the window's delta pushed"),
         _ps("sync", SyncConfig, "SyncReplicasOptimizer: averaged gradients each step", True),
-        _ps("downpour_easy", DownpourEasyConfig, "DOWNPOUR with a ps-side optimizer"),
-        _ps("agn", AgnConfig, "accumulated gradient normalization (delta / T)"),
+        _elastic("downpour_easy", DownpourEasyConfig, "DOWNPOUR with a ps-side optimizer"),
+        _elastic("agn", AgnConfig, "accumulated gradient normalization (delta / T)"),
         _ps("sagn", SagnConfig, "synchronous AGN rounds", True),
         _ps("sync_lr", SyncLrConfig, "sync SGD with one learning rate per replica", True),
-        _ps("dynsgd", DynSgdConfig, "commits scaled by 1 / (staleness + 1)"),
-        _ps("adag", AdagConfig, "AGN with per-weight staleness scaling"),
-        _ps("easgd", EasgdConfig, "elastic averaging with a centre variable"),
-        _ps("eamsgd", EamsgdConfig, "elastic averaging with Nesterov momentum"),
+        _elastic("dynsgd", DynSgdConfig, "commits scaled by 1 / (staleness + 1)"),
+        _elastic("adag", AdagConfig, "AGN with per-weight staleness scaling"),
+        _elastic("easgd", EasgdConfig, "elastic averaging with a centre variable"),
+        _elastic("eamsgd", EamsgdConfig, "elastic averaging with Nesterov momentum"),
         _ps("multi_gpu", MultiGpuConfig, "in-graph towers per worker, averaged"),
         Algorithm(
             "allreduce",

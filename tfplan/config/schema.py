@@ -258,7 +258,9 @@ class DataConfig:
     compression: str | None = None  # tfrecord: null | GZIP | ZLIB
     shuffle_buffer: int = 10000  # examples; 0 = no shuffle
     prefetch: int = -1  # batches; -1 = tf.data's AUTOTUNE
-    shard: str = "auto"  # auto (by file when files >= workers, else by record) | file | record
+    # auto (by file when files >= workers, else by record) | file | record | none (every worker
+    # reads all of it in its own order: what an in-place resize of a running job needs)
+    shard: str = "auto"
     # your own tf.data: a callable (split, shard_index, num_shards, batch_size, seed, **kwargs)
     # returning batched (features, label) pairs; its keyword arguments are data.<name>=VALUE
     _target_: str | None = None
@@ -296,6 +298,10 @@ class RecipeConfig:
     # what TensorFlow's own multi-worker Keras programs (MultiWorkerMirroredStrategy in fit,
     # ParameterServerStrategy) need since TF 2.16; preflight checks tf_keras matches TensorFlow
     legacy_keras: bool = False
+    # for kind=command: the program lets workers join and leave while it runs (a worker needs
+    # only the ps and itself; its ps do not count workers): tfplan then adds and removes workers
+    # of a running job in place, without restarting the others (docs/resize.md)
+    elastic: bool = False
 
 
 @dataclass

@@ -16,6 +16,13 @@ from dataclasses import dataclass, replace
 from tfplan.backends.api import Backend, CancelResult
 from tfplan.backends.transports.preflight import readiness_lines
 from tfplan.engine.launching import PlanLaunches
+from tfplan.engine.resizing import (
+    in_place_resize,
+    leave,
+    members_before,
+    tell_live,
+    told_max_steps,
+)
 from tfplan.engine.store import StateStore
 from tfplan.errors import ApplyError, TfplanError
 from tfplan.planning.plan import Action, Plan, Task
@@ -82,7 +89,26 @@ def apply_plan(
     state = _abandon([t for t in to_stop if t.name in unreachable], state, say)
     to_stop = [t for t in to_stop if t.name not in unreachable]
     to_start = [t for t in plan.tasks if by_action.get(t.name) in (Action.CREATE, Action.REPLACE)]
-    if to_stop or to_start:
+    resize = in_place_resize(plan, state, by_action)
+    told = told_max_steps(plan, state, by_action)
+    if resize is not None:  # workers join and leave; the ps, the chief and their standbys stay
+        leaving = {t.name for t in resize.leaving}
+        to_stop = [t for t in to_stop if t.name not in leaving]
+
+        def stop(current: State, tasks: Sequence[TaskRecord]) -> State:
+            return stop_tasks(current, tasks, store, backend, say, forget=True)
+
+        before = members_before(state)  # the leavers count: each sends its done token
+        state, bad = leave(state, resize.leaving, store, backend, say, stop)
+        state = tell_live(state, store, backend, plan, before + resize.joining - bad, say)
+    elif told:
+        state = tell_live(state, store, backend, plan, state.members, say)
+    if told:
+        say(f"trainer.max_steps is {plan.run_config['trainer']['max_steps']} now (told)")
+        state = store.write(
+            state.with_tasks([replace(t, config_digest=plan.config_digest) for t in told])
+        )
+    if resize is None and (to_stop or to_start):
         # a standby was started for the cluster as it was: the supervisor starts new ones
         state = stop_standbys(state, store, backend, say)
     state = stop_tasks(state, to_stop, store, backend, say, forget=True)

@@ -203,7 +203,13 @@ class ExperimentRun:
                 open_backend(self.plan.backend, self.store.scratch)
             )
             self._locate_output()
-            self.resumed_from = self._checkpoint_step()
+            # a chief that keeps running (workers joining or leaving, a new max_steps) resumes
+            # nothing: the job goes on where it is
+            chief = next((t.name for t in self.plan.tasks if t.is_chief), None)
+            starts = {
+                c.task for c in self.plan.changes if c.action in (Action.CREATE, Action.REPLACE)
+            }
+            self.resumed_from = self._checkpoint_step() if chief in starts else None
             if self.resumed_from is not None:
                 check_resumable(
                     self.folder, self.plan.experiment_id, self.plan.run_config, self.resumed_from

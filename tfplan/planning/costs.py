@@ -4,11 +4,11 @@ A task that is replaced or destroyed while the job trains costs either a rollbac
 resumes from the last checkpoint: a parameter server's restart, where the chief restores every
 variable; an all-reduce group restarting together; ParameterServerStrategy's coordinator) or
 nothing (a worker or a chief rejoins at the current global step; the evaluator only reads
-checkpoints). A change of the number of workers that restarts the running tasks also says why
-it cannot happen in place (the synchronous algorithms aggregate a fixed number of replicas; the
-TF2 strategies fix their cluster when they start).
+checkpoints). A change of the number of workers says how it happens: in place (workers join and
+leave, nothing else restarts) or, with the reason (:mod:`tfplan.planning.resize`), by
+restarting what runs.
 
-Only the built-in recipes are judged: what a user's program does on a restart is its own.
+Only the built-in recipes' costs are judged: what a user's program does on a restart is its own.
 """
 
 from __future__ import annotations
@@ -19,17 +19,7 @@ from collections.abc import Sequence
 from tfplan.config.algorithms import ALGORITHMS
 from tfplan.planning.plan import Action, Change
 
-__all__ = ["RESIZE_FIXED", "job_cost", "with_costs"]
-
-# Why a running job of these algorithms cannot take a new number of workers in place.
-RESIZE_FIXED = {
-    "sync": "sync aggregates a fixed number of replicas each step (replicas_to_aggregate)",
-    "sync_lr": "sync_lr aggregates a fixed number of replicas each step",
-    "sagn": "sagn aggregates a fixed number of replicas each round",
-    "allreduce": "allreduce's collective group is fixed when it starts",
-    "pss": "ParameterServerStrategy's coordinator fixes its cluster when it starts",
-    "multi_gpu": "multi_gpu's replicas are fixed when it starts",
-}
+__all__ = ["job_cost", "with_costs"]
 
 NO_ROLLBACK = "no rollback"
 
@@ -65,9 +55,11 @@ def with_costs(
     algo: str,
     builtin: bool,
     checkpoint_step: int | None,
+    resize_blocker: str | None,
 ) -> tuple[Change, ...]:
-    """``changes`` with the cost of every replace or destroy of a running task, and, when the
-    number of workers changes and restarts what runs, why it cannot happen in place.
+    """``changes`` with the cost of every replace or destroy of a running task; when the
+    number of workers of a running job changes, how: in place (workers join or leave, nothing
+    else restarts) or, with ``resize_blocker``'s reason, by restarting what runs.
 
     Args:
         chiefs: the names of the tasks that are (or were) the chief.
@@ -75,20 +67,37 @@ def with_costs(
         builtin: the built-in recipes run (a user's program is not judged).
         checkpoint_step: the global step of the job's last checkpoint, read from its output
             folder; 0 when there is none yet; None when it cannot be read here.
+        resize_blocker: why workers cannot join or leave this job in place; None when they can
+            (:func:`tfplan.planning.resize.resize_blocker`).
     """
-    if not builtin:
-        return tuple(changes)
-    workers_changed = any(
+    running = any(c.previous.get("status") == "running" for c in changes)
+    workers_changed = running and any(
         c.task.startswith("worker/") and c.action in (Action.CREATE, Action.DESTROY)
         for c in changes
     )
-    fixed = RESIZE_FIXED.get(algo) if workers_changed else None
     out = []
     for change in changes:
-        if change.action not in (Action.REPLACE, Action.DESTROY):
-            out.append(change)
-            continue
-        if change.previous.get("status") != "running":
+        if workers_changed and resize_blocker is None and change.task.startswith("worker/"):
+            if change.action is Action.CREATE:
+                change = dataclasses.replace(
+                    change,
+                    reasons=("joins the running job at its current global step (in place)",),
+                )
+            elif change.action is Action.DESTROY:
+                change = dataclasses.replace(
+                    change,
+                    reasons=(
+                        *change.reasons,
+                        "leaves in place: asked to stop after its next push (SIGUSR2), it sends "
+                        "its done token and exits",
+                    ),
+                )
+        if change.action is Action.REPLACE and workers_changed and resize_blocker:
+            change = dataclasses.replace(
+                change, reasons=(*change.reasons, f"not in place: {resize_blocker}")
+            )
+        running_task = change.previous.get("status") == "running"
+        if not builtin or not running_task or change.action not in (Action.REPLACE, Action.DESTROY):
             out.append(change)
             continue
         role = change.task.split("/", 1)[0]
@@ -96,10 +105,7 @@ def with_costs(
             cost = f"{NO_ROLLBACK}: the job goes on without it"
         else:
             cost = _cost(role, change.task in chiefs, algo, checkpoint_step)
-        reasons = change.reasons
-        if fixed and change.action is Action.REPLACE:
-            reasons = (*reasons, f"not in place: {fixed}")
-        out.append(dataclasses.replace(change, reasons=reasons, cost=cost))
+        out.append(dataclasses.replace(change, cost=cost))
     return tuple(out)
 
 

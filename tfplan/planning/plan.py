@@ -307,6 +307,9 @@ class Plan:
     output_mode: str = "shared"
     # The user's packages the tasks import, shipped beside the recipes (recipe.code_dir).
     user_code: tuple[UserCode, ...] = ()
+    # workers join and leave this job while it runs (planning/resize.py): apply tells the
+    # running tasks the new membership and asks leaving workers to stop after a push
+    elastic: bool = False
     # How the training data is read and split, in one line (filled at plan time by the engine,
     # from the recipes' own TF-free inspection of the files); empty for the bundled sets.
     data_note: str = ""
@@ -412,6 +415,7 @@ class Plan:
             "cluster_digest": self.cluster_digest,
             "source_config": self.source_config,
             "user_code": [c.to_dict() for c in self.user_code],
+            "elastic": self.elastic,
             "data_note": self.data_note,
         }
 
@@ -445,6 +449,7 @@ class Plan:
             left_out={str(k): int(v) for k, v in dict(data.get("left_out") or {}).items()},
             output_mode=str(data.get("output_mode", "shared")),
             user_code=tuple(UserCode.from_dict(c) for c in data.get("user_code") or ()),
+            elastic=bool(data.get("elastic", False)),
             data_note=str(data.get("data_note", "")),
         )
 

@@ -31,6 +31,7 @@ from tfplan.planning.policy import (
     RestartPolicy,
     TaskPolicy,
 )
+from tfplan.planning.resize import is_elastic, membership_digest, resize_blocker
 from tfplan.planning.roles import RoleCounts, role_counts
 from tfplan.planning.sharding import preview_sharding
 from tfplan.planning.state import State, TaskRecord, TaskStatus
@@ -114,12 +115,19 @@ def plan(
     workdir = _absolute(cfg.cluster.workdir, ctx.cwd)
     run_config = _run_config(cfg, output_dir, ctx.cwd)
     # the user's code is part of what the tasks run: a change to it restarts them
-    config_digest = _digest(
-        [run_config, [c.digest for c in ctx.user_code]] if ctx.user_code else run_config
+    config_digest = _config_digest(run_config, ctx)
+    # what restarts a task: the run config, but a running job of the TF1 recipes is told a new
+    # trainer.max_steps (live.json) instead
+    told = _max_steps_told(cfg) and target.resize_in_place
+    stable_digest = (
+        _config_digest({**run_config, "trainer": _without_max_steps(run_config)}, ctx)
+        if told
+        else config_digest
     )
     policy = job_policy(cfg)
     endpoints = _cluster_spec(slots, ports, places)
     cluster_digest = ClusterSpecText(endpoints).digest
+    elastic = is_elastic(cfg, target.resize_in_place)
     tasks = tuple(
         _task(
             cfg,
@@ -129,18 +137,24 @@ def plan(
             endpoints,
             workdir,
             output_dir,
-            config_digest,
+            stable_digest,
             cluster_digest,
+            elastic,
         )
         for slot in slots
     )
-    changes = _diff(tasks, state, policy, config_digest, cluster_digest)
+    changes = _diff(tasks, state, policy, config_digest, cluster_digest, cfg.trainer.max_steps)
     chiefs = frozenset(
         [t.name for t in tasks if t.is_chief]
         + [t.name for t in (state.tasks if state is not None else ()) if t.is_chief]
     )
     changes = with_costs(
-        changes, chiefs, cfg.algo.name, cfg.recipe.kind == "builtin", checkpoint_step
+        changes,
+        chiefs,
+        cfg.algo.name,
+        cfg.recipe.kind == "builtin",
+        checkpoint_step,
+        resize_blocker(cfg, target.resize_in_place),
     )
     changes, left_out = _narrow(changes, targets, tasks, state)
     return Plan(
@@ -173,6 +187,7 @@ def plan(
         left_out=left_out,
         output_mode=cfg.cluster.output_mode,
         user_code=ctx.user_code,
+        elastic=elastic,
     )
 
 
@@ -403,6 +418,26 @@ def _run_config(cfg: Config, output_dir: str, cwd: str) -> dict[str, Any]:
     }
 
 
+def _config_digest(run_config: dict[str, Any], ctx: PlanContext) -> str:
+    # the user's code is part of what the tasks run: a change to it restarts them
+    return _digest([run_config, [c.digest for c in ctx.user_code]] if ctx.user_code else run_config)
+
+
+def _max_steps_told(cfg: Config) -> bool:
+    """A running job of these recipes reads a new trainer.max_steps from live.json (the TF1
+    replicas: not the TF2 strategies, allreduce and pss)."""
+    return cfg.recipe.kind == "builtin" and cfg.algo.name not in ("allreduce", "pss")
+
+
+def _without_max_steps(run_config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in run_config["trainer"].items() if k != "max_steps"}
+
+
+def _old_max_steps(state: State | None) -> Any:
+    trainer = ((state.config if state is not None else {}).get("config") or {}).get("trainer")
+    return (trainer or {}).get("max_steps", "?")
+
+
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -417,6 +452,7 @@ def _task(
     output_dir: str,
     config_digest: str,
     cluster_digest: str,
+    elastic: bool = False,
 ) -> Task:
     name = f"{slot.role.value}/{slot.index}"
     task_dir = posixpath.join(workdir, f"{slot.role.value}-{slot.index}")
@@ -446,8 +482,11 @@ def _task(
         "command": list(command),
         "env": env,
         "config_digest": config_digest,
-        # TF_CONFIG is the cluster spec plus the task's own type and index (TFPLAN_TASK)
-        "cluster": cluster_digest,
+        # TF_CONFIG is the cluster spec plus the task's own type and index (TFPLAN_TASK); an
+        # elastic job's task depends only on the ps, the chief and itself (planning/resize.py)
+        "cluster": (
+            membership_digest(endpoints, slot.role.value, slot.index) if elastic else cluster_digest
+        ),
     }
     return Task(
         role=slot.role,
@@ -470,11 +509,18 @@ def _diff(
     policy: JobPolicy,
     config_digest: str,
     cluster_digest: str,
+    max_steps: int,
 ) -> tuple[Change, ...]:
     current = {t.name: t for t in state.tasks} if state is not None else {}
     old_policy = state.policy if state is not None else policy
+    told = (
+        f"trainer.max_steps: {_old_max_steps(state)} -> {max_steps}, told to the running task "
+        "(no restart, no rollback)"
+    )
     changes = [
-        _change(task, current.get(task.name), old_policy, policy, config_digest, cluster_digest)
+        _change(
+            task, current.get(task.name), old_policy, policy, config_digest, cluster_digest, told
+        )
         for task in tasks
     ]
     desired = {t.name for t in tasks}
@@ -502,6 +548,7 @@ def _change(
     policy: JobPolicy,
     config_digest: str,
     cluster_digest: str,
+    told: str = "",
 ) -> Change:
     if old is None:
         return Change(task=task.name, action=Action.CREATE)
@@ -527,7 +574,16 @@ def _change(
             reasons=_restart_reasons(task, old, config_digest, cluster_digest),
             previous=_previous(old),
         )
-    changed = policy.changes_from(old_policy, task.role.value)
+    changed = list(policy.changes_from(old_policy, task.role.value))
+    if old.config_digest != config_digest:  # the fingerprint leaves out what a job is told
+        if old.status is not TaskStatus.RUNNING:  # a finished job trains again, from its checkpoint
+            return Change(
+                task=task.name,
+                action=Action.REPLACE,
+                reasons=("the run config changed",),
+                previous=_previous(old),
+            )
+        changed.append(told)
     if changed:
         return Change(
             task=task.name, action=Action.UPDATE, reasons=tuple(changed), previous=_previous(old)

@@ -217,6 +217,9 @@ class State:
     # output_dir: per-host output, or a shared folder it does not mount).
     record_dir: str = ""
     copy_back: bool = False
+    # an elastic job's training replicas that ever took part (each sends one done token), as
+    # told to its ps and chief in live.json; 0: never resized (TF_CONFIG's count holds)
+    members: int = 0
 
     @classmethod
     def empty(cls, lineage: str | None = None) -> State:
@@ -298,6 +301,7 @@ class State:
             "standbys": [t.to_dict() for t in self.standbys],
             "record_dir": self.record_dir,
             "copy_back": self.copy_back,
+            "members": self.members,
         }
 
     @classmethod
@@ -324,6 +328,7 @@ class State:
             version=int(data.get("version", STATE_FORMAT_VERSION)),
             record_dir=str(data.get("record_dir") or ""),
             copy_back=bool(data.get("copy_back", False)),
+            members=int(data.get("members", 0)),
         )
 
 

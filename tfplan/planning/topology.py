@@ -62,3 +62,6 @@ class Target:
 
     backend: BackendRef
     topology: Topology
+    # the backend can add and remove workers of a running job in place (Backend.tell and a
+    # signal that reaches the task's program): what an elastic plan needs
+    resize_in_place: bool = False

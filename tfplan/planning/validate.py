@@ -444,10 +444,10 @@ def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
         "set data._target_=my_pkg.data.make (docs/your_model.md)",
     )
     _require(
-        data.shard in ("auto", "file", "record"),
+        data.shard in ("auto", "file", "record", "none"),
         "data.shard",
         f"{data.shard!r} is not a sharding",
-        "use auto, file or record",
+        "use auto, file, record or none",
     )
     _require(
         data.compression in (None, "", "GZIP", "ZLIB"),

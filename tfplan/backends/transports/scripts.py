@@ -43,11 +43,12 @@ STREAM_POLL_SECS = 0.2
 # Runs the task's argv ("$@") and records its exit status atomically in $TFPLAN_EXIT_FILE.
 # The TERM/INT/HUP traps only make the wrapper *wait*: a trap runs after the foreground command
 # has finished, so a stop (SIGTERM to the whole group) still records the task's own status (143
-# for a task that dies of SIGTERM). USR1 is trapped the same way: it is the go signal of a warm
-# standby (sent to the whole group), and must not end the wrapper (its default action). Traps
+# for a task that dies of SIGTERM). USR1 and USR2 are trapped the same way: the go signal of a
+# warm standby, and a replica's "leave the running job" (both sent to the whole group), must not
+# end the wrapper (their default action). Traps
 # with a command (not '') are reset in children, so the task still receives the signals normally.
 TASK_WRAPPER = (
-    "trap 'true' TERM INT HUP USR1; "
+    "trap 'true' TERM INT HUP USR1 USR2; "
     '"$@"; rc=$?; '
     'printf "%s\\n" "$rc" > "$TFPLAN_EXIT_FILE.tmp.$$" '
     '&& mv -f "$TFPLAN_EXIT_FILE.tmp.$$" "$TFPLAN_EXIT_FILE"; '
