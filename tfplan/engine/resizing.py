@@ -52,14 +52,10 @@ def in_place_resize(plan: Plan, state: State, by_action: Mapping[str, Action]) -
     running (not elastic, or a ps or the chief restarts or goes: then everything starts over)."""
     if not plan.elastic:
         return None
-    kept = [
-        t
-        for t in state.running
-        if (t.role == "ps" or t.is_chief)
-        and by_action.get(t.name) in (None, Action.NOOP, Action.UPDATE)
-    ]
-    if not kept:
-        return None
+    core = [t for t in state.tasks if t.role == "ps" or t.is_chief]
+    stays = (None, Action.NOOP, Action.UPDATE)
+    if not core or not all(t.running and by_action.get(t.name) in stays for t in core):
+        return None  # a ps or the chief (re)starts: the job starts over, not in place
     leaving = tuple(
         t
         for t in state.running
