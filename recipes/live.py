@@ -8,7 +8,8 @@ writes, atomically, a small JSON object into the folder of each task's ``run.yam
   its final checkpoint, once that many done tokens are in;
 - ``max_steps``: the global step at which every replica stops (overrides ``trainer.max_steps``).
 
-Absent, or a key missing: what TF_CONFIG and ``run.yaml`` said at the start. A task reads it at
+Absent, older than ``run.yaml`` (left from an earlier start: a new start writes ``run.yaml``
+again), or a key missing: what TF_CONFIG and ``run.yaml`` said at the start. A task reads it at
 most every :data:`READ_EVERY_SECS` (a ``stat`` when nothing changed).
 """
 
@@ -31,6 +32,7 @@ class Live:
     def __init__(self, run_yaml: Optional[str]) -> None:
         folder = os.path.dirname(os.path.abspath(run_yaml)) if run_yaml else None
         self.path = os.path.join(folder, LIVE_FILE) if folder else None
+        self.run_yaml = run_yaml
         self._values: dict[str, Any] = {}
         self._stamp: Optional[tuple[int, int]] = None
         self._read_at = 0.0
@@ -48,7 +50,11 @@ class Live:
         self._read_at = now
         try:
             info = os.stat(self.path)
+            started = os.stat(self.run_yaml).st_mtime_ns if self.run_yaml else 0
         except OSError:
+            self._values, self._stamp = {}, None
+            return
+        if info.st_mtime_ns < started:  # told to an earlier start of this task
             self._values, self._stamp = {}, None
             return
         stamp = (info.st_mtime_ns, info.st_size)
