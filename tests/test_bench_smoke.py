@@ -41,6 +41,7 @@ REPORTS = [
         "bench_explain.md",
         "bench_inputs.md",
         "bench_plan.md",
+        "bench_resize.md",
         "bench_scale.md",
         "bench_scale.png",
         "bench_slurm.md",
@@ -127,6 +128,17 @@ def test_bench_explain(tmp_path: Path) -> None:
     out = tmp_path / "bench_explain.md"
     run_bench("bench_explain.py", "--repeats", "1", "--out", str(out), cwd=tmp_path, timeout=240)
     assert figure(out.read_text(), "| exit -> explanation on screen") > 0
+
+
+@pytest.mark.timeout(600)
+def test_bench_resize(tmp_path: Path) -> None:
+    out = tmp_path / "bench_resize.md"
+    run_bench("bench_resize.py", "--repeats", "1", "--out", str(out), cwd=tmp_path, timeout=540)
+    text = out.read_text()
+    assert figure(text, "| apply -> both new workers' first step (s)") > 0
+    assert figure(text, "| global steps rolled back") == 0
+    assert figure(text, "| parameter-server restarts") == 0
+    assert figure(text, "| processes left after the job ended by itself") == 0
 
 
 @pytest.mark.timeout(600)

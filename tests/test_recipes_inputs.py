@@ -306,8 +306,12 @@ def test_sharding_choice_and_reason(files: Path) -> None:
     assert inputs.sharding(_tfrecord(files, shard="record"), 2) == "record"
     with pytest.raises(InputError, match=r"^data\.shard=file: data\.train has 4 files for 6"):
         inputs.sharding(_tfrecord(files, shard="file"), 6)
-    with pytest.raises(InputError, match=r"^data\.shard='rows': use auto, file or record"):
+    with pytest.raises(InputError, match=r"^data\.shard='rows': use auto, file, record or none"):
         inputs.sharding(_tfrecord(files, shard="rows"), 2)
+    assert inputs.sharding(_tfrecord(files, shard="none"), 4) == "none"
+    assert "each of 4 workers reads all of it" in inputs.sharding_reason(
+        _tfrecord(files, shard="none"), 4
+    )
     with pytest.raises(InputError, match=r"^data\.shard=file: data\.name=digits"):
         inputs.sharding(DataConf(name="digits", shard="file"), 2)
 
