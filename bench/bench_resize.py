@@ -214,10 +214,14 @@ def main() -> None:
     row("processes left after the job ended by itself", "left", "d")
     lines += [
         "",
-        "On this 2-core machine four workers and a ps share two cores: the 4-worker rate is "
-        "not expected to double; what matters here is that nothing restarts and no step is "
-        "lost. The fresh start pays the same TensorFlow import and graph build as a joiner, "
-        "plus the ps and the chief's initialisation.",
+        "On a 2-core machine four workers and a ps share two cores: the 4-worker rate is not "
+        "expected to double; what matters is that nothing restarts and no step is lost. "
+        "Joining vs a fresh start: a joiner imports TensorFlow and builds its graph while the "
+        "running job keeps both cores busy (3 processes training), the fresh job on an idle "
+        "machine; the apply itself (compose, plan, hand-over, tell, start) takes about 1.5 s "
+        "of it. Leaving: the worker stops within one step of SIGUSR2; closing its session "
+        "takes 2-4 s (TensorFlow's close of a session that propagated its cluster, measured "
+        "0.01 s without propagation), then the done token and the exit.",
         "",
     ]
     Path(args.out).write_text("\n".join(lines))
