@@ -9,8 +9,9 @@ process is the same one from the first apply to its own exit, and no step is rol
 from __future__ import annotations
 
 import json
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,11 @@ from apply_helpers import (
     state_of,
     tfplan,
 )
+from test_apply_ssh import _conf_with_cluster, _host
+from testbed import NetnsTestbed
 
-ELASTIC = ["algo=downpour", "data.shard=none", "trainer.log_steps=50"]
+# ps_grace_secs: the ps must have time to end by itself after the chief (it is checked)
+ELASTIC = ["algo=downpour", "data.shard=none", "trainer.log_steps=50", "lifecycle.ps_grace_secs=30"]
 FOREVER_STEPS = "trainer.max_steps=100000000"
 
 
@@ -40,46 +44,59 @@ def tasks(ws: Path) -> dict[str, dict[str, object]]:
     return {t["name"]: t for t in state_of(ws)["tasks"]}
 
 
-def status(ws: Path) -> dict[str, dict[str, object]]:
-    data = json.loads(tfplan(ws, "status", "--json", check=True).stdout)
-    return {row["task"]: row for row in data["tasks"]}
+class Job:
+    """The CLI on one experiment, as a user runs it (``env`` selects a copied conf/)."""
+
+    def __init__(self, ws: Path, env: dict[str, str] | None = None) -> None:
+        self.ws, self.env = ws, env
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return tfplan(self.ws, *args, timeout=timeout, env=self.env)
+
+    def status(self) -> dict[str, dict[str, object]]:
+        done = self.run("status", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return {row["task"]: row for row in json.loads(done.stdout)["tasks"]}
+
+    def step(self) -> int:
+        return max(int(r.get("step") or 0) for r in self.status().values())
+
+    def training(self, names: list[str]) -> bool:
+        rows = self.status()
+        return all(int(rows.get(n, {}).get("step") or 0) > 0 for n in names)
+
+    def log(self, task: str) -> list[str]:
+        """The task's own lines, read where it runs (``tfplan logs``)."""
+        done = self.run("logs", task, "--all-lines")
+        return [line.split(" | ", 1)[-1] for line in done.stdout.splitlines()]
+
+    def first_step(self, task: str) -> int | None:
+        for line in self.log(task):
+            if line.startswith("step=") and "first step" in line:
+                return int(line.split()[0].removeprefix("step="))
+        return None
 
 
-def wait_for(what: str, check: object, timeout: float = 180) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.5)
 
 
-def log_of(ws: Path, task: str) -> str:
-    return (ws / "work" / task.replace("/", "-") / "task.log").read_text(errors="replace")
-
-
-def training(ws: Path, names: list[str], past: int = 0) -> bool:
-    rows = status(ws)
-    return all(int(rows.get(n, {}).get("step") or 0) > past for n in names)
-
-
-def first_step(ws: Path, task: str) -> int | None:
-    for line in log_of(ws, task).splitlines():
-        if "first step" in line and line.startswith("step="):
-            return int(line.split()[0].removeprefix("step="))
-    return None
-
-
-@pytest.mark.full
-def test_workers_join_and_leave_a_running_downpour_job_without_a_restart(ws: Path) -> None:
-    base = [*base_overrides(ws, free_port_base(12)), *ELASTIC]
-    started = tfplan(ws, "apply", "--auto-approve", "--detach", *base, FOREVER_STEPS)
+def grow_shrink_and_end(job: Job, base: list[str]) -> None:
+    """2 -> 4 -> 2 workers on a running detached downpour job, then a told step budget: the
+    whole story, checked at each step; nothing that runs restarts, nothing rolls back."""
+    started = job.run("apply", "--auto-approve", "--detach", *base, FOREVER_STEPS)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr
-    wait_for("both workers to train", lambda: training(ws, ["worker/0", "worker/1"]))
-    ps_pid = tasks(ws)["ps/0"]["handle"]["pid"]  # type: ignore[index]
+    wait_for("both workers to train", lambda: job.training(["worker/0", "worker/1"]))
+    ps_pid = tasks(job.ws)["ps/0"]["handle"]["pid"]  # type: ignore[index]
 
     # Scale out: the plan adds two workers and touches nothing that runs.
     four = [*base, FOREVER_STEPS, "cluster.workers=4"]
-    planned = json.loads(tfplan(ws, "plan", "--json", "--no-save", *four, check=True).stdout)
-    actions = {c["task"]: c["action"] for c in planned["changes"]}
+    planned = job.run("plan", "--json", "--no-save", *four)
+    assert planned.returncode == 0, planned.stderr
+    actions = {c["task"]: c["action"] for c in json.loads(planned.stdout)["changes"]}
     assert actions == {
         "ps/0": "no-op",
         "worker/0": "no-op",
@@ -87,46 +104,75 @@ def test_workers_join_and_leave_a_running_downpour_job_without_a_restart(ws: Pat
         "worker/2": "create",
         "worker/3": "create",
     }
-    before = max(int(r.get("step") or 0) for r in status(ws).values())
-    grown = tfplan(ws, "apply", "--auto-approve", "--detach", *four)
+    before = job.step()
+    grown = job.run("apply", "--auto-approve", "--detach", *four)
     assert grown.returncode == 0, grown.stdout[-3000:] + grown.stderr
     assert "the job has 4 training replica(s) taking part now" in grown.stdout
     assert "resuming" not in grown.stdout  # nothing resumes: the job goes on
     wait_for(
         "the new workers' first steps",
-        lambda: first_step(ws, "worker/2") is not None and first_step(ws, "worker/3") is not None,
+        lambda: job.first_step("worker/2") is not None and job.first_step("worker/3") is not None,
     )
     # They joined at the job's step, not at a checkpoint's, and the ps is the same process.
-    assert min(first_step(ws, "worker/2") or 0, first_step(ws, "worker/3") or 0) >= before
-    assert tasks(ws)["ps/0"]["handle"]["pid"] == ps_pid  # type: ignore[index]
-    assert "the job has 4 replicas now" in log_of(ws, "ps/0")
-    wait_for("all four to train", lambda: training(ws, [f"worker/{i}" for i in range(4)]))
+    assert min(job.first_step("worker/2") or 0, job.first_step("worker/3") or 0) >= before
+    assert tasks(job.ws)["ps/0"]["handle"]["pid"] == ps_pid  # type: ignore[index]
+    assert any("the job has 4 replicas now" in line for line in job.log("ps/0"))
+    wait_for("all four to train", lambda: job.training([f"worker/{i}" for i in range(4)]))
 
     # Scale in: the two newest workers leave after a push, with their done tokens.
-    shrunk = tfplan(ws, "apply", "--auto-approve", "--detach", *base, FOREVER_STEPS)
+    shrunk = job.run("apply", "--auto-approve", "--detach", *base, FOREVER_STEPS)
     assert shrunk.returncode == 0, shrunk.stdout[-3000:] + shrunk.stderr
     for task in ("worker/2", "worker/3"):
         assert f"{task} left the job (exit code 0)" in shrunk.stdout, shrunk.stdout[-3000:]
-        assert f"{task} leaves the job at step=" in log_of(ws, task)
-    assert set(tasks(ws)) == {"ps/0", "worker/0", "worker/1"}
-    assert tasks(ws)["ps/0"]["handle"]["pid"] == ps_pid  # type: ignore[index]
+    assert set(tasks(job.ws)) == {"ps/0", "worker/0", "worker/1"}
+    assert tasks(job.ws)["ps/0"]["handle"]["pid"] == ps_pid  # type: ignore[index]
 
     # A new step budget, told: the job ends by itself there, the ps after 4 done tokens.
-    now = max(int(r.get("step") or 0) for r in status(ws).values())
-    stop_at = now + 2000
-    planned = tfplan(ws, "plan", "--no-save", *base, f"trainer.max_steps={stop_at}", check=True)
+    stop_at = job.step() + 20000  # some seconds ahead: the job trains on meanwhile
+    planned = job.run("plan", "--no-save", *base, f"trainer.max_steps={stop_at}")
     assert "told to the running task (no restart, no rollback)" in planned.stdout
-    assert "Plan: 0 to add, 3 to change, 0 to destroy." in planned.stdout
-    ended = tfplan(ws, "apply", "--auto-approve", *base, f"trainer.max_steps={stop_at}")
+    assert "Plan: 0 to add, 3 to change, 0 to destroy." in planned.stdout, planned.stdout[-4000:]
+    ended = job.run("apply", "--auto-approve", *base, f"trainer.max_steps={stop_at}")
     assert ended.returncode == 0, ended.stdout[-3000:] + ended.stderr
     assert f"trainer.max_steps is {stop_at} now (told)" in ended.stdout
-    assert "ps/0 done: 4 of 4 replicas finished" in ended.stdout
+    assert "ps/0 done: 4 of 4 replicas finished" in ended.stdout, ended.stdout[-4000:]
     assert "Training complete" in ended.stdout
+    for task in ("ps/0", "worker/0", "worker/1"):  # no task ever rolled back
+        assert not [line for line in job.log(task) if "back from global step" in line]
+    assert not [g for g in recorded_groups(job.ws) if alive(g)]
+
+
+@pytest.mark.full
+def test_workers_join_and_leave_a_running_downpour_job_without_a_restart(ws: Path) -> None:
+    grow_shrink_and_end(Job(ws), [*base_overrides(ws, free_port_base(12)), *ELASTIC])
     result = json.loads((ws / "out" / "result.json").read_text())
-    assert result["global_step"] >= stop_at
-    for task in ("ps/0", "worker/0", "worker/1", "worker/2", "worker/3"):
-        assert "back from global step" not in log_of(ws, task)  # never rolled back
-    assert not [g for g in recorded_groups(ws) if alive(g)]
+    assert result["global_step"] > 0
+    for task in ("worker/2", "worker/3"):
+        log = (ws / "work" / task.replace("/", "-") / "task.log").read_text()
+        assert f"{task} leaves the job at step=" in log and "back from global step" not in log
+
+
+@pytest.mark.full
+def test_workers_join_and_leave_on_ssh_hosts(ws: Path, netns_testbed: NetnsTestbed) -> None:
+    """The same on three namespace hosts over SSH: the ps on h1, the workers spread."""
+    hosts = [_host(t, cpu_slots=2) for t in netns_testbed.targets()]
+    env = _conf_with_cluster(
+        ws,
+        "three",
+        {
+            "hosts": hosts,
+            "ps": 1,
+            "workers": 2,
+            "port_base": 2600,
+            "ssh_known_hosts": str(netns_testbed.known_hosts),
+            "workdir": str(ws / "work"),
+            "output_dir": str(netns_testbed.shared_dir / "resize"),
+        },
+    )
+    base = ["cluster=three", "experiment.id=t", *ELASTIC]
+    grow_shrink_and_end(Job(ws, env), base)
+    placed = {t["name"]: t["host"] for t in state_of(ws)["tasks"]}
+    assert len(set(placed.values())) >= 2, placed  # the job really spans hosts
 
 
 def test_what_cannot_be_resized_is_refused_or_planned_as_a_restart(ws: Path) -> None:
