@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from apply_helpers import (
     state_of,
     tfplan,
 )
+from slurm_testbed import SlurmTestbed
 from test_apply_ssh import _conf_with_cluster, _host
 from testbed import NetnsTestbed
 
@@ -49,9 +51,13 @@ class Job:
 
     def __init__(self, ws: Path, env: dict[str, str] | None = None) -> None:
         self.ws, self.env = ws, env
+        self.run_hook: Callable[[], None] | None = None  # after each command (a check)
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return tfplan(self.ws, *args, timeout=timeout, env=self.env)
+        done = tfplan(self.ws, *args, timeout=timeout, env=self.env)
+        if self.run_hook is not None:
+            self.run_hook()
+        return done
 
     def status(self) -> dict[str, dict[str, object]]:
         done = self.run("status", "--json")
@@ -173,6 +179,38 @@ def test_workers_join_and_leave_on_ssh_hosts(ws: Path, netns_testbed: NetnsTestb
     grow_shrink_and_end(Job(ws, env), base)
     placed = {t["name"]: t["host"] for t in state_of(ws)["tasks"]}
     assert len(set(placed.values())) >= 2, placed  # the job really spans hosts
+
+
+@pytest.mark.full
+@pytest.mark.slurm
+@pytest.mark.netns
+def test_workers_join_and_leave_as_steps_of_the_same_slurm_job(
+    ws: Path, slurm_cluster: SlurmTestbed
+) -> None:
+    """On a real Slurm: new workers are new steps of the job that holds the allocation (two
+    slots on each of three nodes), leavers' steps end; the job is the same from start to end."""
+    cluster = {
+        "backend": "slurm",
+        "ps": 1,
+        "workers": 2,
+        "python": sys.executable,  # the nodes share this machine's file system
+        "workdir": str(ws / "work"),
+        "output_dir": str(ws / "out"),
+        "options": {"nodes": 3, "tasks_per_node": 2, "partition": slurm_cluster.partition},
+    }
+    env = {**slurm_cluster.env(), **_conf_with_cluster(ws, "slurmtest", cluster)}
+    base = ["cluster=slurmtest", "experiment.id=t", *ELASTIC]
+    job = Job(ws, env)
+    jobs: set[str] = set()
+
+    def held() -> None:
+        allocation = state_of(ws).get("allocation") or {}
+        jobs.add(str(allocation.get("id")))
+
+    job.run_hook = held
+    grow_shrink_and_end(job, base)
+    assert len(jobs - {"None"}) == 1, jobs  # one Slurm job held the allocation throughout
+    assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""  # released at the end
 
 
 def test_what_cannot_be_resized_is_refused_or_planned_as_a_restart(ws: Path) -> None:

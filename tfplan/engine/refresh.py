@@ -5,21 +5,31 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tfplan.backends import open_backend
-from tfplan.backends.api import Backend, TaskPhase
+from tfplan.backends.api import Backend, TaskInfo, TaskPhase
 from tfplan.engine.store import StateStore
 from tfplan.engine.supervisor import ended_status
 from tfplan.planning.state import State, TaskStatus
 
-__all__ = ["refresh", "refreshed_state"]
+__all__ = ["LOOKS", "refresh", "refreshed_state"]
+
+LOOKS = 3  # a host that does not answer is asked again before its tasks count as unreachable
 
 
 def refresh(state: State, backend: Backend) -> State:
     """``state`` with each running task observed: ended tasks become succeeded/failed (by exit
-    code), tasks that cannot be observed become ``unreachable``."""
+    code), tasks that cannot be observed become ``unreachable``.
+
+    A task is unreachable only after :data:`LOOKS` looks: one slow answer of a busy host (the
+    status read is kept short for the supervisor) must not make a plan restart its tasks."""
     running = state.running
     if not running:
         return state
-    infos = backend.describe(running)
+    infos = dict(backend.describe(running))
+    for _ in range(LOOKS - 1):
+        silent = [t for t in running if _unreachable(infos.get(t.name))]
+        if not silent:
+            break
+        infos.update(backend.describe(silent))
     for task in running:
         info = infos.get(task.name)
         if info is not None and info.phase is TaskPhase.UNREACHABLE:
@@ -29,6 +39,10 @@ def refresh(state: State, backend: Backend) -> State:
         if ended is not None:
             state = state.with_task(replace(task, status=ended[0], exit_code=ended[1]))
     return state
+
+
+def _unreachable(info: TaskInfo | None) -> bool:
+    return info is not None and info.phase is TaskPhase.UNREACHABLE
 
 
 def refreshed_state(store: StateStore) -> State | None:

@@ -12,6 +12,9 @@
 - ``release``: ``scancel JOB``; nothing stays queued or held.
 - a warm standby is a step of its own (``ps-0.1-standby``); ``signal`` is
   ``scancel --signal=USR1 JOB.STEP``; logs are files on the submit host.
+- workers join a running elastic job as new steps of the same job while its nodes have free
+  slots (``tasks_per_node``; the plan refuses more, with the fix), and leave through
+  ``scancel --signal=USR2``; ``tell`` writes ``live.json`` into the shared workdirs.
 
 Files: the workdir, code dir and output dir must be on a folder the submit host and every node
 share (the usual home or project file system): run.yaml and the recipes are written there from
@@ -138,7 +141,7 @@ class SlurmBackend(Backend):
             places_key="cluster.options.nodes",
             slots_key="cluster.options.tasks_per_node",
         )
-        return Target(ref, topology)
+        return Target(ref, topology, resize_in_place=True)
 
     @classmethod
     def dryrun(cls, plan: Plan) -> tuple[str, ...]:
@@ -524,6 +527,11 @@ class SlurmBackend(Backend):
 
     def move_logs(self, task: TaskRecord, moves: Sequence[tuple[str, str]]) -> None:
         self.local.move_all(moves)
+
+    def tell(self, tasks: Sequence[TaskRecord], name: str, data: bytes) -> None:
+        """Written from the submit host: every task's workdir is on the shared folder."""
+        for task in tasks:
+            self.local.write_file(posixpath.join(task.workdir, name), data)
 
     def _alive(self, task: TaskRecord) -> bool:
         info = self.local.status([_pid(task)], exit_files=_exit_files([task])).get(_pid(task))
