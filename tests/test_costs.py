@@ -6,11 +6,13 @@ import copy
 from functools import cache
 from pathlib import Path
 
+import pytest
 from state_helpers import state_from
 
 from tfplan.cli.render import plan_lines
 from tfplan.config.compose import compose_config, to_config
 from tfplan.config.schema import Config
+from tfplan.errors import PlanError
 from tfplan.planning.context import PlanContext
 from tfplan.planning.costs import job_cost
 from tfplan.planning.plan import Action, Plan
@@ -181,3 +183,36 @@ def test_a_users_program_resizes_in_place_when_it_says_it_can() -> None:
     out = planned(*stiff, "cluster.workers=3", state=state_from(planned(*stiff)))
     ps = next(c for c in out.changes if c.task == "ps/0")
     assert ps.action is Action.REPLACE and any("recipe.elastic=true" in r for r in ps.reasons)
+
+
+def test_on_slurm_workers_join_in_the_allocation_and_a_larger_one_restarts_every_task() -> None:
+    slurm = ("cluster=slurm", *ELASTIC)  # 3 nodes x 2 slots
+    running = state_from(planned(*slurm))
+    room = planned(*slurm, "cluster.workers=4", state=running, step=300)
+    assert {c.task: c.action for c in room.changes if c.action is not Action.NOOP} == {
+        "worker/2": Action.CREATE,
+        "worker/3": Action.CREATE,
+    }
+    larger = planned(
+        *slurm, "cluster.workers=7", "cluster.options.nodes=4", state=running, step=300
+    )
+    kept = {c.task: c for c in larger.changes if c.task in ("ps/0", "worker/0", "worker/1")}
+    assert {c.action for c in kept.values()} == {Action.REPLACE}
+    assert kept["ps/0"].reasons[-1] == (
+        "the Slurm job is asked for differently (cluster.options): every task restarts in a "
+        "new Slurm job"
+    )
+    assert kept["ps/0"].cost.startswith("rolls back to checkpoint step 300")
+
+
+def test_a_running_slurm_job_without_room_says_a_larger_job_restarts_every_task() -> None:
+    slurm = ("cluster=slurm", *ELASTIC)
+    running = state_from(planned(*slurm))
+    with pytest.raises(PlanError) as refused:
+        planned(*slurm, "cluster.workers=7", state=running)
+    message = str(refused.value)
+    assert message.startswith("cluster.options.nodes: no free slot for worker/5")
+    assert "raise cluster.options.tasks_per_node" in message
+    assert message.endswith(
+        "the running Slurm job has no room for more, and a larger one restarts every task"
+    )

@@ -18,7 +18,7 @@ from typing import Any
 
 from tfplan.config.algorithms import ALGORITHMS
 from tfplan.config.schema import ChiefMode, Config
-from tfplan.errors import ConfigError
+from tfplan.errors import ConfigError, PlanError
 from tfplan.planning.commands import split_command, task_command, with_python
 from tfplan.planning.context import PlanContext
 from tfplan.planning.costs import with_costs
@@ -97,12 +97,20 @@ def plan(
             dataclasses.replace(p, cpu_slots=0, gpus=0) if p.name in down else p
             for p in topology.places
         )
-        slots = place(
-            places,
-            counts,
-            (topology.places_key, topology.slots_key),
-            _evaluator_with_chief(cfg.cluster.output_mode, places),
-        )
+        try:
+            slots = place(
+                places,
+                counts,
+                (topology.places_key, topology.slots_key),
+                _evaluator_with_chief(cfg.cluster.output_mode, places),
+            )
+        except PlanError as error:
+            if target.allocates is None or not live:
+                raise
+            raise PlanError(
+                f"{error}; the running {target.allocates} has no room for more, and a larger "
+                "one restarts every task"
+            ) from None
         port_range = PortRange(
             cfg.cluster.port_base, cfg.cluster.port_range, cfg.cluster.port_offset
         )
@@ -144,6 +152,7 @@ def plan(
         for slot in slots
     )
     changes = _diff(tasks, state, policy, config_digest, cluster_digest, cfg.trainer.max_steps)
+    changes = _new_allocation(changes, state, target)
     chiefs = frozenset(
         [t.name for t in tasks if t.is_chief]
         + [t.name for t in (state.tasks if state is not None else ()) if t.is_chief]
@@ -535,6 +544,39 @@ def _diff(
                 )
             )
     return tuple(changes)
+
+
+def _new_allocation(
+    changes: tuple[Change, ...], state: State | None, target: Target
+) -> tuple[Change, ...]:
+    """Every running task restarts when the allocation it runs in is asked for differently
+    (more nodes, other slots, another partition): a new allocation, the old one released."""
+    if (
+        target.allocates is None
+        or state is None
+        or state.backend is None
+        or state.backend.name != target.backend.name
+        or not state.running
+    ):
+        return changes
+    changed = sorted(
+        key
+        for key in {*state.backend.config, *target.backend.config}
+        if state.backend.config.get(key) != target.backend.config.get(key)
+    )
+    if not changed:
+        return changes
+    reason = (
+        f"the {target.allocates} is asked for differently (cluster.{', cluster.'.join(changed)}): "
+        f"every task restarts in a new {target.allocates}"
+    )
+    running = {t.name for t in state.running}
+    return tuple(
+        dataclasses.replace(c, action=Action.REPLACE, reasons=(*c.reasons, reason))
+        if c.task in running and c.action in (Action.NOOP, Action.UPDATE, Action.REPLACE)
+        else c
+        for c in changes
+    )
 
 
 def _previous(old: TaskRecord) -> dict[str, Any]:

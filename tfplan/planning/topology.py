@@ -65,3 +65,6 @@ class Target:
     # the backend can add and remove workers of a running job in place (Backend.tell and a
     # signal that reaches the task's program): what an elastic plan needs
     resize_in_place: bool = False
+    # the tasks run inside one allocation the backend asks for (a Slurm job): running tasks
+    # cannot move to a changed request (``backend.config``), so every task restarts in a new one
+    allocates: str | None = None  # what the allocation is called ("Slurm job"), None: none

@@ -103,7 +103,7 @@ class SlurmBackend(Backend):
     """Tasks as steps of one Slurm job (see the module docstring)."""
 
     name = "slurm"
-    capabilities = Capabilities(firewall=True, standby=True, launch_fanout=8)
+    capabilities = Capabilities(firewall=True, standby=True, signals=True, launch_fanout=8)
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
@@ -141,7 +141,7 @@ class SlurmBackend(Backend):
             places_key="cluster.options.nodes",
             slots_key="cluster.options.tasks_per_node",
         )
-        return Target(ref, topology, resize_in_place=True)
+        return Target(ref, topology, resize_in_place=True, allocates="Slurm job")
 
     @classmethod
     def dryrun(cls, plan: Plan) -> tuple[str, ...]:
@@ -240,7 +240,12 @@ class SlurmBackend(Backend):
         )
         allocation = Allocation(
             id=job,
-            data={"job": job, "experiment": plan.experiment_id, "nodes": nodes},
+            data={
+                "job": job,
+                "experiment": plan.experiment_id,
+                "nodes": nodes,
+                "request": self.options.sbatch_options(plan.experiment_id),
+            },
             bound=bound,
         )
         if self.firewall:
@@ -248,8 +253,22 @@ class SlurmBackend(Backend):
         return allocation
 
     def _usable(self, allocation: Allocation, plan: Plan) -> bool:
-        state = self.slurm.job(str(allocation.id))
-        return state.state == "RUNNING" and all(h.name in allocation.bound for h in plan.hosts)
+        """The recorded job still runs, binds every place of the plan and was asked for as the
+        plan asks now (the planner restarted every task if not); a job that is not is
+        cancelled, so that a new one never leaves the old one held."""
+        requested = self.options.sbatch_options(plan.experiment_id)
+        asked = allocation.data.get("request")
+        job = str(allocation.id)
+        state = self.slurm.job(job)
+        if (
+            state.state == "RUNNING"
+            and all(h.name in allocation.bound for h in plan.hosts)
+            and (asked is None or list(asked) == requested)
+        ):
+            return True
+        if not state.gone:
+            self.slurm.cancel([job])
+        return False
 
     def _wait_running(self, job: str, say: Say) -> list[str]:
         began = time.monotonic()
