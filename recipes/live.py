@@ -6,10 +6,13 @@ writes, atomically, a small JSON object into the folder of each task's ``run.yam
 - ``replicas``: how many training replicas take part, counting every one that ever joined (a
   replica that left sent its done token too): the parameter servers exit, and the chief writes
   its final checkpoint, once that many done tokens are in;
-- ``max_steps``: the global step at which every replica stops (overrides ``trainer.max_steps``).
+- ``max_steps``: the global step at which every replica stops (overrides ``trainer.max_steps``);
+- ``leave``: task names (``worker/3``) asked to leave after their next push, as SIGUSR2 asks
+  where the launcher can signal (Kubernetes cannot).
 
-Absent, older than ``run.yaml`` (left from an earlier start: a new start writes ``run.yaml``
-again), or a key missing: what TF_CONFIG and ``run.yaml`` said at the start. A task reads it at
+Absent, older than ``run.yaml`` by more than :data:`SAME_WRITE_SECS` (left from an earlier
+start: a new start writes ``run.yaml`` again; a Kubernetes ConfigMap volume rewrites both at
+once, in any order), or a key missing: what TF_CONFIG and ``run.yaml`` said at the start. A task reads it at
 most every :data:`READ_EVERY_SECS` (a ``stat`` when nothing changed).
 """
 
@@ -20,10 +23,11 @@ import os
 import time
 from typing import Any, Optional
 
-__all__ = ["LIVE_FILE", "READ_EVERY_SECS", "Live"]
+__all__ = ["LIVE_FILE", "READ_EVERY_SECS", "SAME_WRITE_SECS", "Live"]
 
 LIVE_FILE = "live.json"
 READ_EVERY_SECS = 0.5
+SAME_WRITE_SECS = 2.0
 
 
 class Live:
@@ -43,6 +47,12 @@ class Live:
         value = self._values.get(key)
         return int(value) if isinstance(value, (int, float)) and value > 0 else default
 
+    def names(self, key: str) -> list[str]:
+        """The told list of names under ``key`` (empty when none)."""
+        self._refresh()
+        value = self._values.get(key)
+        return [str(v) for v in value] if isinstance(value, list) else []
+
     def _refresh(self) -> None:
         now = time.monotonic()
         if self.path is None or now - self._read_at < READ_EVERY_SECS:
@@ -54,7 +64,7 @@ class Live:
         except OSError:
             self._values, self._stamp = {}, None
             return
-        if info.st_mtime_ns < started:  # told to an earlier start of this task
+        if info.st_mtime_ns < started - SAME_WRITE_SECS * 1e9:  # told to an earlier start
             self._values, self._stamp = {}, None
             return
         stamp = (info.st_mtime_ns, info.st_size)

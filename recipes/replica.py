@@ -323,6 +323,8 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         ) as sess:
             while not sess.should_stop():
                 told = live.get("max_steps", cfg.trainer.max_steps)
+                if not task.is_chief and f"{task.type}/{task.index}" in live.names("leave"):
+                    leave.set()  # told instead of SIGUSR2 (a launcher that cannot signal)
                 if told != max_steps:
                     log(f"{task.type}/{task.index}: max_steps {max_steps} -> {told} (told)")
                     max_steps = told

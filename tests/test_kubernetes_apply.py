@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apply_helpers import CONF, tfplan
+from apply_helpers import CONF, state_of, tfplan
 from k8s_helpers import k8s_plan
 from kube_fake import FakeKube
 
@@ -346,3 +346,79 @@ def test_bad_inputs_are_one_line_and_leave_nothing(
     err = proc.stderr.strip()
     assert err.startswith(message) and "\n" not in err, err
     assert fake.left() == [] and fake.created == []
+
+
+def _live(fake: FakeKube) -> dict[str, object]:
+    data = fake.objects[("configmaps", "default", "tfplan-t-config")]["data"]
+    return dict(json.loads(data["live.json"]))
+
+
+def test_workers_join_and_leave_a_running_job_as_jobs_added_and_deleted(
+    fake: FakeKube, tmp_path: Path
+) -> None:
+    """In place on Kubernetes: new workers are new Jobs, leavers are told to leave (the API
+    cannot signal a container) through live.json, which every pod mounts from the ConfigMap;
+    the ps's Job is never touched. (The pods are the fake's: what a recipe does with live.json
+    is tested with real processes in test_resize.py and test_live.py.)"""
+    fake.autostart = True
+    elastic = ["algo=downpour", "data.shard=none", "trainer.max_steps=100000000"]
+    job = [*_overrides(tmp_path, *elastic)]
+    tfplan(tmp_path, "apply", "--auto-approve", "--detach", *job, env=_env(), check=True)
+    ps_job = fake.objects[("jobs", "default", "tfplan-t-ps-0")]["metadata"]["uid"]
+    assert _live(fake) == {}
+    # every pod mounts live.json beside its run.yaml
+    volume = fake.objects[("jobs", "default", "tfplan-t-worker-1")]["spec"]["template"]["spec"][
+        "volumes"
+    ][0]
+    assert {"key": "live.json", "path": "worker-1/live.json"} in volume["configMap"]["items"]
+
+    planned = tfplan(tmp_path, "plan", "--json", "--no-save", *job, "cluster.workers=4", env=_env())
+    assert planned.returncode == 0, planned.stderr
+    actions = {c["task"]: c["action"] for c in json.loads(planned.stdout)["changes"]}
+    assert actions == {
+        "ps/0": "no-op",
+        "worker/0": "no-op",
+        "worker/1": "no-op",
+        "worker/2": "create",
+        "worker/3": "create",
+    }
+    grown = tfplan(
+        tmp_path, "apply", "--auto-approve", "--detach", *job, "cluster.workers=4", env=_env()
+    )
+    assert grown.returncode == 0, grown.stdout[-3000:] + grown.stderr
+    assert "the job has 4 training replica(s) taking part now" in grown.stdout
+    assert sorted(fake.names("jobs")) == [
+        f"tfplan-t-{t}" for t in ("ps-0", "worker-0", "worker-1", "worker-2", "worker-3")
+    ]
+    assert _live(fake)["replicas"] == 4
+    assert not [d for d in fake.deleted if d.startswith("Job/")]
+
+    shrink = subprocess.Popen(
+        [sys.executable, "-m", "tfplan", "apply", "--auto-approve", "--detach", *job],
+        cwd=tmp_path,
+        env={**os.environ, "TFPLAN_CONF": str(CONF), **_env()},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        fake.wait(lambda: "leave" in _live(fake), "the leavers to be told", timeout=120)
+        assert _live(fake)["leave"] == ["worker/2", "worker/3"]
+        assert _live(fake)["replicas"] == 4  # the leavers' done tokens still count
+        fake.exit("worker-2", 0)  # what a recipe told to leave does: push, done token, exit 0
+        fake.exit("worker-3", 0)
+        out, _ = shrink.communicate(timeout=120)
+    finally:
+        if shrink.poll() is None:
+            shrink.kill()
+            shrink.communicate()
+    assert shrink.returncode == 0, out[-3000:]
+    for task in ("worker/2", "worker/3"):
+        assert f"{task}: asked to leave the job after its next push (told)" in out
+        assert f"{task} left the job (exit code 0)" in out, out[-3000:]
+    assert sorted(fake.names("jobs")) == [f"tfplan-t-{t}" for t in ("ps-0", "worker-0", "worker-1")]
+    assert "leave" not in _live(fake) and _live(fake)["replicas"] == 4
+    assert fake.objects[("jobs", "default", "tfplan-t-ps-0")]["metadata"]["uid"] == ps_job
+    assert {t["name"] for t in state_of(tmp_path)["tasks"]} == {"ps/0", "worker/0", "worker/1"}
+    tfplan(tmp_path, "destroy", "--auto-approve", env=_env(), check=True)
+    assert fake.left() == []

@@ -17,10 +17,10 @@ def read_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(live_module, "READ_EVERY_SECS", 0.0)
 
 
-def _touch_later(path: Path, text: str, than: Path | None = None) -> None:
+def _touch_later(path: Path, text: str, than: Path | None = None, by_secs: float = 0.01) -> None:
     path.write_text(text)
     if than is not None:  # file systems with coarse times: make the order explicit
-        stamp = than.stat().st_mtime_ns + 10_000_000
+        stamp = than.stat().st_mtime_ns + int(by_secs * 1e9)
         os.utime(path, ns=(stamp, stamp))
 
 
@@ -32,8 +32,19 @@ def test_told_values_override_the_start_and_a_new_start_forgets_them(tmp_path: P
     told = tmp_path / "live.json"
     _touch_later(told, json.dumps({"replicas": 4, "max_steps": 500}), than=run)
     assert live.get("replicas", 2) == 4 and live.get("max_steps", 100) == 500
-    _touch_later(run, "output_dir: /o\n", than=told)  # the task started again
+    _touch_later(run, "output_dir: /o\n", than=told, by_secs=5)  # the task started again
     assert live.get("replicas", 2) == 2
+
+
+def test_written_in_one_update_in_either_order_it_counts(tmp_path: Path) -> None:
+    """A Kubernetes ConfigMap volume rewrites run.yaml and live.json together, in any order."""
+    run = tmp_path / "run.yaml"
+    told = tmp_path / "live.json"
+    told.write_text(json.dumps({"replicas": 4, "leave": ["worker/3"]}))
+    _touch_later(run, "output_dir: /o\n", than=told, by_secs=0.05)
+    live = Live(str(run))
+    assert live.get("replicas", 2) == 4
+    assert live.names("leave") == ["worker/3"] and live.names("other") == []
 
 
 def test_a_torn_or_strange_file_is_ignored(tmp_path: Path) -> None:

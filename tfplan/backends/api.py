@@ -158,6 +158,9 @@ class Capabilities:
     # the hosts share none): the backend tells the modes apart (locate_output) and copies the
     # chief's outputs back to this machine (fetch_outputs). Otherwise per_host is refused at plan.
     per_host_output: bool = False
+    # ``signal`` reaches a running task's program (USR2: a worker asked to leave an elastic job
+    # after its next push); without it, leaving workers are told so in ``live.json`` instead
+    signals: bool = False
     # how many ``launch`` calls apply may make at once (each start is a round trip: an SSH
     # exec, an srun, an API call); 1: one after the other
     launch_fanout: int = 1

@@ -99,6 +99,7 @@ class ProcessBackend(Backend):
         firewall=True,
         replace_lost_hosts=True,
         standby=True,
+        signals=True,
         per_host_output=True,
         launch_fanout=LAUNCH_FANOUT,
     )

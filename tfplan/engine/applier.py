@@ -19,6 +19,7 @@ from tfplan.engine.launching import PlanLaunches
 from tfplan.engine.resizing import (
     in_place_resize,
     leave,
+    live_values,
     members_before,
     tell_live,
     told_max_steps,
@@ -99,7 +100,8 @@ def apply_plan(
             return stop_tasks(current, tasks, store, backend, say, forget=True)
 
         before = members_before(state)  # the leavers count: each sends its done token
-        state, bad = leave(state, resize.leaving, store, backend, say, stop)
+        live = live_values(int(plan.run_config["trainer"]["max_steps"]), before)
+        state, bad = leave(state, resize.leaving, store, backend, say, stop, live)
         state = tell_live(state, store, backend, plan, before + resize.joining - bad, say)
     elif told:
         state = tell_live(state, store, backend, plan, state.members, say)

@@ -1,8 +1,10 @@
 """Workers join and leave a running elastic job, in place (the plan said so: ``plan.elastic``).
 
 Nothing that keeps running restarts. Leaving workers are asked to stop after their next push
-(SIGUSR2: the recipes finish the step, push the window, send their done token and exit 0); one
-that has not left after :data:`LEAVE_SECS` is stopped as any task is. The job's membership
+(SIGUSR2 where the backend's ``signal`` reaches the program, else their names under ``leave``
+in ``live.json``: the recipes finish the step, push the window, send their done token and exit
+0); one that has not left after :data:`LEAVE_SECS` is stopped as any task is, and what a left
+one holds (a Kubernetes Job) is cleaned up as for a stopped task. The job's membership
 (every training replica that ever took part: each sends one done token at its end) is told to
 the running parameter servers and chief (``live.json`` beside their ``run.yaml``, read by
 ``recipes/live.py``) before new workers start, so no ps ends while a newcomer still trains.
@@ -27,6 +29,7 @@ __all__ = [
     "InPlace",
     "in_place_resize",
     "leave",
+    "live_values",
     "members_before",
     "tell_live",
     "told_max_steps",
@@ -76,19 +79,16 @@ def leave(
     backend: Backend,
     say: Say,
     stop: Callable[[State, Sequence[TaskRecord]], State],
+    live: Mapping[str, object] | None = None,
     leave_secs: float = LEAVE_SECS,
 ) -> tuple[State, int]:
     """Ask ``tasks`` to leave, wait for them, forget them. Returns the state and how many did
-    not leave cleanly (no done token from them: the membership shrinks by that many)."""
-    asked: list[TaskRecord] = []
-    for task in tasks:
-        try:
-            backend.signal(task, "USR2")
-            asked.append(task)
-            say(f"{task.name}: asked to leave the job after its next push")
-        except TfplanError as error:
-            say(f"{task.name}: could not ask it to leave ({error}); stopping it")
+    not leave cleanly (no done token from them: the membership shrinks by that many).
+    ``live``: what the running tasks were last told, kept beside ``leave`` where the backend
+    cannot signal."""
+    asked = _ask_to_leave(state, tasks, backend, say, live or {})
     pending = {t.name: t for t in asked}
+    gone: list[TaskRecord] = []  # ended while leaving
     bad = len(tasks) - len(asked)
     deadline = time.monotonic() + leave_secs
     while pending and time.monotonic() < deadline:
@@ -104,10 +104,12 @@ def leave(
                     if clean
                     else f"{name} ended badly while leaving (exit code {code}): no done token"
                 )
-                state = state.without_task(task.name)
-        store.write(state)
+                gone.append(
+                    replace(task, status=TaskStatus.SUCCEEDED if clean else TaskStatus.FAILED)
+                )
         if pending:
             time.sleep(0.2)
+    state = stop(state, gone)  # ended: nothing to stop, but what it holds is cleaned up
     if pending:
         say(f"{', '.join(pending)}: not gone after {leave_secs:.0f}s; stopping")
         state = stop(state, list(pending.values()))
@@ -116,6 +118,38 @@ def leave(
     if missed:
         state = stop(state, missed)
     return state, bad
+
+
+def _ask_to_leave(
+    state: State,
+    tasks: Sequence[TaskRecord],
+    backend: Backend,
+    say: Say,
+    live: Mapping[str, object],
+) -> list[TaskRecord]:
+    """SIGUSR2 to each, or (a backend that cannot signal) their names told to every running
+    task; the ones asked."""
+    if not tasks:
+        return []
+    if not backend.capabilities.signals:
+        names = sorted(t.name for t in tasks)
+        try:
+            backend.tell(state.running, LIVE_FILE, json.dumps({**live, "leave": names}).encode())
+        except TfplanError as error:
+            say(f"{', '.join(names)}: could not ask them to leave ({error}); stopping them")
+            return []
+        for name in names:
+            say(f"{name}: asked to leave the job after its next push (told)")
+        return list(tasks)
+    asked: list[TaskRecord] = []
+    for task in tasks:
+        try:
+            backend.signal(task, "USR2")
+            asked.append(task)
+            say(f"{task.name}: asked to leave the job after its next push")
+        except TfplanError as error:
+            say(f"{task.name}: could not ask it to leave ({error}); stopping it")
+    return asked
 
 
 def members_before(state: State) -> int:
@@ -130,14 +164,21 @@ def members_before(state: State) -> int:
     )
 
 
+def live_values(max_steps: int, members: int) -> dict[str, object]:
+    """What ``live.json`` says: the step budget and how many done tokens end the job
+    (``members``; 0: as TF_CONFIG says)."""
+    live: dict[str, object] = {"max_steps": max_steps}
+    if members:
+        live["replicas"] = members
+    return live
+
+
 def tell_live(
     state: State, store: StateStore, backend: Backend, plan: Plan, members: int, say: Say
 ) -> State:
-    """Tell every running task what changed while it runs (``live.json``): how many done
-    tokens end the job (``members``; 0: as TF_CONFIG says) and the step budget; record it."""
-    live: dict[str, int] = {"max_steps": int(plan.run_config["trainer"]["max_steps"])}
-    if members:
-        live["replicas"] = members
+    """Tell every running task what changed while it runs (``live.json``, see
+    :func:`live_values`); record it."""
+    live = live_values(int(plan.run_config["trainer"]["max_steps"]), members)
     backend.tell(state.running, LIVE_FILE, json.dumps(live).encode())
     if members and members != members_before(state):
         say(f"the job has {members} training replica(s) taking part now (told to the ps)")

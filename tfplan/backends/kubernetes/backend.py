@@ -45,6 +45,7 @@ from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.kubernetes.client import Kube, KubeError
 from tfplan.backends.kubernetes.export import code_files
 from tfplan.backends.kubernetes.manifests import (
+    LIVE_KEY,
     PodTask,
     config_map,
     reader_pod,
@@ -114,7 +115,7 @@ class KubernetesBackend(Backend):
         topology = Topology(
             per_task=per_task, places_key="cluster.options", slots_key="cluster.options"
         )
-        return Target(BackendRef(cls.name, opts.to_config()), topology)
+        return Target(BackendRef(cls.name, opts.to_config()), topology, resize_in_place=True)
 
     @classmethod
     def dryrun(cls, plan: Plan) -> tuple[str, ...]:
@@ -183,8 +184,31 @@ class KubernetesBackend(Backend):
             raise
         return True
 
-    def _config_map(self, plan: Plan) -> dict[str, Any]:
-        return config_map(self.opts, plan.run_config, code_files(plan, self.opts))
+    def _config_map(self, plan: Plan, live: str = "{}") -> dict[str, Any]:
+        return config_map(self.opts, plan.run_config, code_files(plan, self.opts), live)
+
+    def _told(self) -> str | None:
+        """``live.json`` as the ConfigMap holds it now, while a task of the experiment still
+        runs (the job is changed in place); None when none runs (a new job starts afresh)."""
+        running = [
+            p
+            for p in self._pods(self.opts.selector)
+            if p.status is not None and p.status.phase in ("Pending", "Running")
+        ]
+        if not running:
+            return None
+        try:
+            current = self.kube.call(
+                f"read ConfigMap {self.opts.config_map}",
+                self.kube.core.read_namespaced_config_map,
+                self.opts.config_map,
+                self.opts.namespace,
+            )
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+        return str((current.data or {}).get(LIVE_KEY, "{}"))
 
     def allocate(
         self,
@@ -232,9 +256,10 @@ class KubernetesBackend(Backend):
         return allocation
 
     def stage(self, plan: Plan, tasks: Sequence[Task], allocation: Allocation) -> None:
-        """Create (or replace) the ConfigMap with run.yaml and the recipes."""
+        """Create (or replace) the ConfigMap with run.yaml and the recipes, and ``live.json``:
+        kept while tasks run (workers join a running job), else empty."""
         kube, opts = self.kube, self.opts
-        body = kube.model("V1ConfigMap", self._config_map(plan))
+        body = kube.model("V1ConfigMap", self._config_map(plan, self._told() or "{}"))
         try:
             kube.call(
                 f"create ConfigMap {opts.config_map}",
@@ -269,7 +294,11 @@ class KubernetesBackend(Backend):
         )
         data = allocation.data
         job = task_job(
-            opts, task, data.get("code", []), data.get("code_dir", f"{opts.workdir}/_code")
+            opts,
+            task,
+            data.get("code", []),
+            data.get("code_dir", f"{opts.workdir}/_code"),
+            live=True,
         )
         name = job["metadata"]["name"]
         kube.call(
@@ -283,6 +312,28 @@ class KubernetesBackend(Backend):
             host=request.host,
             address=opts.address(request.role, request.index),
             started_at=time.time(),
+        )
+
+    def tell(self, tasks: Sequence[TaskRecord], name: str, data: bytes) -> None:
+        """``live.json`` is the ConfigMap's key every task's pod mounts beside its run.yaml:
+        one replace (the kubelet brings it into the running pods on its next sync, up to about
+        a minute on a real cluster)."""
+        if name != LIVE_KEY:
+            raise BackendError(f"the kubernetes backend can tell running tasks {LIVE_KEY} only")
+        kube, opts = self.kube, self.opts
+        current = kube.call(
+            f"read ConfigMap {opts.config_map}",
+            kube.core.read_namespaced_config_map,
+            opts.config_map,
+            opts.namespace,
+        )
+        current.data = {**(current.data or {}), LIVE_KEY: data.decode()}
+        kube.call(
+            f"replace ConfigMap {opts.config_map}",
+            kube.core.replace_namespaced_config_map,
+            opts.config_map,
+            opts.namespace,
+            current,
         )
 
     def release(self, allocation: Allocation) -> None:

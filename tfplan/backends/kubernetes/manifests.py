@@ -9,7 +9,9 @@ The pieces every format shares, and the ``jobs`` format (what ``tfplan apply`` c
                                DNS name is the address in every task's TF_CONFIG
 
 Inside each pod: the ConfigMap is mounted read-only at ``cluster.workdir`` with each task's
-``<role>-<index>/run.yaml`` (and ``_code/recipes/...``) where the plan's command reads them, and
+``<role>-<index>/run.yaml`` (and ``_code/recipes/...``) where the plan's command reads them
+(under apply also ``<role>-<index>/live.json``: what the running job is told, which the kubelet
+refreshes in the pod when the ConfigMap changes), and
 ``cluster.options.output_volume`` (a PVC) at ``cluster.output_dir`` (an emptyDir without one).
 
 Restarts: under ``tfplan apply`` tfplan supervises, so a Job never retries (``backoffLimit: 0``);
@@ -39,6 +41,7 @@ from tfplan.planning.plan import Action, Plan, Task
 from tfplan.planning.policy import RestartPolicy
 
 __all__ = [
+    "LIVE_KEY",
     "PERMANENT_EXIT_CODES",
     "PodTask",
     "Retry",
@@ -58,6 +61,7 @@ __all__ = [
 PERMANENT_EXIT_CODES = list(range(1, 128))  # ExitCode: the program gave up; 128+ were killed
 WORK_VOLUME = "tfplan-work"
 OUTPUT_VOLUME = "tfplan-output"
+LIVE_KEY = "live.json"  # what a running job is told (recipes/live.py), under apply
 
 
 @dataclass(frozen=True)
@@ -133,10 +137,16 @@ def _code_key(path: str) -> str:
 
 
 def config_map(
-    opts: KubeOptions, run_config: Mapping[str, Any], code: Mapping[str, str]
+    opts: KubeOptions,
+    run_config: Mapping[str, Any],
+    code: Mapping[str, str],
+    live: str | None = None,
 ) -> dict[str, Any]:
-    """run.yaml and the code files (``recipes/...`` -> text)."""
+    """run.yaml and the code files (``recipes/...`` -> text); under apply also ``live.json``
+    (``live``: what a running job is told, ``recipes/live.py``)."""
     data = {"run.yaml": yaml.safe_dump(dict(run_config), sort_keys=True)}
+    if live is not None:
+        data[LIVE_KEY] = live
     data.update({_code_key(path): text for path, text in sorted(code.items())})
     return {
         "apiVersion": "v1",
@@ -162,11 +172,17 @@ def service(opts: KubeOptions) -> dict[str, Any]:
 
 
 def work_items(
-    opts: KubeOptions, workdirs: Sequence[str], code_paths: Sequence[str], code_dir: str
+    opts: KubeOptions,
+    workdirs: Sequence[str],
+    code_paths: Sequence[str],
+    code_dir: str,
+    live: bool = False,
 ) -> list[dict[str, str]]:
+    keys = ["run.yaml", LIVE_KEY] if live else ["run.yaml"]
     items = [
-        {"key": "run.yaml", "path": posixpath.join(posixpath.relpath(w, opts.workdir), "run.yaml")}
+        {"key": key, "path": posixpath.join(posixpath.relpath(w, opts.workdir), key)}
         for w in workdirs
+        for key in keys
     ]
     base = posixpath.relpath(code_dir, opts.workdir)
     items += [{"key": _code_key(p), "path": posixpath.join(base, p)} for p in sorted(code_paths)]
@@ -288,14 +304,16 @@ def task_job(
     code_paths: Sequence[str],
     code_dir: str,
     retry: Retry = Retry(),
+    live: bool = False,
 ) -> dict[str, Any]:
-    """The Job of one task (``retry``: none under apply, the plan's policy when exported)."""
+    """The Job of one task (``retry``: none under apply, the plan's policy when exported;
+    ``live``: ``live.json`` beside its run.yaml, under apply)."""
     name = opts.job(task.role, task.index)
     labels = opts.labels_for(task.role, task.index)
     the_container = container(
         opts, task.role, [escape(w) for w in task.command], env_list(task.env), task.workdir
     )
-    items = work_items(opts, [task.workdir], code_paths, code_dir)
+    items = work_items(opts, [task.workdir], code_paths, code_dir, live)
     template = {
         "metadata": {"labels": labels, **_annotations(opts)},
         "spec": pod_spec(opts, the_container, items, hostname=name),
