@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from functools import cache
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tfplan.planning.context import PlanContext
 from tfplan.planning.costs import job_cost
 from tfplan.planning.plan import Action, Plan
 from tfplan.planning.planner import plan
-from tfplan.planning.state import State
+from tfplan.planning.state import State, TaskStatus
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 CTX = PlanContext(cwd="/home/user/project", local_python="/usr/bin/python3", tf_version="2.21.0")
@@ -198,10 +199,10 @@ def test_on_slurm_workers_join_in_the_allocation_and_a_larger_one_restarts_every
     )
     kept = {c.task: c for c in larger.changes if c.task in ("ps/0", "worker/0", "worker/1")}
     assert {c.action for c in kept.values()} == {Action.REPLACE}
-    assert kept["ps/0"].reasons[-1] == (
+    assert (
         "the Slurm job is asked for differently (cluster.options): every task restarts in a "
         "new Slurm job"
-    )
+    ) in kept["ps/0"].reasons
     assert kept["ps/0"].cost.startswith("rolls back to checkpoint step 300")
 
 
@@ -215,4 +216,24 @@ def test_a_running_slurm_job_without_room_says_a_larger_job_restarts_every_task(
     assert "raise cluster.options.tasks_per_node" in message
     assert message.endswith(
         "the running Slurm job has no room for more, and a larger one restarts every task"
+    )
+
+
+def test_a_resize_while_the_ps_is_down_goes_with_its_restart_and_says_so() -> None:
+    """Serialised, not refused: the ps restarts (rolling back, as the plan says) and the new
+    workers start with the restarted job; nothing claims to be in place."""
+    running = state_from(planned(*ELASTIC))
+    down = running.with_task(
+        dataclasses.replace(running.task("ps/0"), status=TaskStatus.FAILED, exit_code=137)
+    )
+    out = planned(*ELASTIC, "cluster.workers=4", state=down, step=700)
+    ps = next(c for c in out.changes if c.task == "ps/0")
+    assert ps.action is Action.REPLACE
+    assert ps.reasons[-1].startswith("not in place: ps/0 restart(s), and the resize goes with it")
+    assert ps.cost.startswith("rolls back to checkpoint step 700")
+    joiners = [c for c in out.changes if c.action is Action.CREATE]
+    assert [c.reasons for c in joiners] == [("starts with the restarted job",)] * 2
+    assert (
+        job_cost(out.changes)
+        == "The running job rolls back to checkpoint step 700 (because of ps/0)."
     )

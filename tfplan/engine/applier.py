@@ -116,6 +116,8 @@ def apply_plan(
     state = stop_tasks(state, to_stop, store, backend, say, forget=True)
     updated = [t.name for t in plan.tasks if by_action.get(t.name) is Action.UPDATE]
     state = store.write(state)
+    if state.members and any(t.role.value == "ps" for t in to_start):
+        state = store.write(replace(state, members=0))  # a new ps counts as its TF_CONFIG says
     if to_start:
         for line in readiness_lines(backend.preflight(plan, to_start)):
             say(line)

@@ -75,6 +75,19 @@ def with_costs(
         c.task.startswith("worker/") and c.action in (Action.CREATE, Action.DESTROY)
         for c in changes
     )
+    # a ps or the chief that is down or restarts: the resize goes with that restart, not in place
+    core = [
+        c.task
+        for c in changes
+        if (c.task.startswith("ps/") or c.task in chiefs)
+        and c.action in (Action.REPLACE, Action.DESTROY)
+    ]
+    if workers_changed and resize_blocker is None and core:
+        resize_blocker = (
+            f"{', '.join(core)} restart(s), and the resize goes with it (workers join and "
+            "leave in place only while every ps and the chief keep running)"
+        )
+        changes = [_joins_the_restart(c) for c in changes]
     out = []
     for change in changes:
         if workers_changed and resize_blocker is None and change.task.startswith("worker/"):
@@ -96,7 +109,9 @@ def with_costs(
             change = dataclasses.replace(
                 change, reasons=(*change.reasons, f"not in place: {resize_blocker}")
             )
-        running_task = change.previous.get("status") == "running"
+        # a ps that is down while the job runs: its restart rolls the job back all the same
+        down_ps = running and change.task.startswith("ps/") and change.action is Action.REPLACE
+        running_task = change.previous.get("status") == "running" or down_ps
         if not builtin or not running_task or change.action not in (Action.REPLACE, Action.DESTROY):
             out.append(change)
             continue
@@ -107,6 +122,12 @@ def with_costs(
             cost = _cost(role, change.task in chiefs, algo, checkpoint_step)
         out.append(dataclasses.replace(change, cost=cost))
     return tuple(out)
+
+
+def _joins_the_restart(change: Change) -> Change:
+    if change.action is Action.CREATE and change.task.startswith("worker/"):
+        return dataclasses.replace(change, reasons=("starts with the restarted job",))
+    return change
 
 
 def job_cost(changes: Sequence[Change]) -> str | None:
