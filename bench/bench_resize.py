@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from apply_helpers import free_port_base  # noqa: E402
 
-ELASTIC = ["algo=downpour", "data.shard=none", "trainer.log_steps=50", "lifecycle.ps_grace_secs=2"]
+ELASTIC = ["algo=downpour", "data.shard=none", "trainer.log_steps=50", "lifecycle.ps_grace_secs=30"]
 BATCH = 32  # the default data.batch_size (examples per global step of downpour)
 WINDOW_SECS = 6.0
 
@@ -131,16 +131,18 @@ def one_round(ws: Path, index: int) -> dict[str, Any]:
     rate2 = rate(ws, exp)
     before = job_step(ws, exp)
     began = time.monotonic()
-    tfplan(ws, "apply", "--auto-approve", "--detach", *base, forever, "cluster.workers=4")
+    grown = tfplan(ws, "apply", "--auto-approve", "--detach", *base, forever, "cluster.workers=4")
     firsts = wait_first_steps(ws, exp, ["worker/2", "worker/3"], began)
     join_secs = time.monotonic() - began
     rolled_back = max(0, before - min(firsts.values()))
     rate4 = rate(ws, exp)
     began = time.monotonic()
-    tfplan(ws, "apply", "--auto-approve", "--detach", *base, forever)
+    shrunk = tfplan(ws, "apply", "--auto-approve", "--detach", *base, forever)
     leave_secs = time.monotonic() - began
     rate2_again = rate(ws, exp)
     same_ps = ps_pid(ws, exp) == pid
+    if not same_ps or rolled_back:  # say what happened: the applies' own words
+        print(f"apply 2 -> 4:\n{grown.stdout}\napply 4 -> 2:\n{shrunk.stdout}", file=sys.stderr)
     end = job_step(ws, exp) + 3000
     tfplan(ws, "apply", "--auto-approve", *base, f"trainer.max_steps={end}", timeout=600)
     rollbacks = logs_say(ws, exp, "back from global step")
