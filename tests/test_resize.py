@@ -9,6 +9,8 @@ process is the same one from the first apply to its own exit, and no step is rol
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -179,6 +181,39 @@ def test_workers_join_and_leave_on_ssh_hosts(ws: Path, netns_testbed: NetnsTestb
     grow_shrink_and_end(Job(ws, env), base)
     placed = {t["name"]: t["host"] for t in state_of(ws)["tasks"]}
     assert len(set(placed.values())) >= 2, placed  # the job really spans hosts
+
+
+@pytest.mark.full
+def test_a_new_worker_killed_while_joining_is_restarted_and_the_job_still_ends(ws: Path) -> None:
+    """worker/3 is SIGKILLed before its first step: the supervisor restarts it as any task
+    (its done token still counts in the told membership), it joins, and the job ends by itself
+    after 4 done tokens with nothing rolled back."""
+    base = [*base_overrides(ws, free_port_base(12)), *ELASTIC]
+    job = Job(ws)
+    started = job.run("apply", "--auto-approve", "--detach", *base, FOREVER_STEPS)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr
+    wait_for("both workers to train", lambda: job.training(["worker/0", "worker/1"]))
+    ps_pid = tasks(ws)["ps/0"]["handle"]["pid"]  # type: ignore[index]
+    grown = job.run(
+        "apply", "--auto-approve", "--detach", *base, FOREVER_STEPS, "cluster.workers=4"
+    )
+    assert grown.returncode == 0, grown.stdout[-3000:] + grown.stderr
+    joiner = tasks(ws)["worker/3"]
+    # apply returns once it started: it is importing TensorFlow, building its graph, joining
+    os.killpg(int(joiner["handle"]["pgid"]), signal.SIGKILL)  # type: ignore[index]
+    wait_for(
+        "worker/3 to be restarted",
+        lambda: int(tasks(ws)["worker/3"].get("restarts") or 0) >= 1,  # type: ignore[call-overload]
+    )
+    wait_for("all four to train", lambda: job.training([f"worker/{i}" for i in range(4)]))
+    assert tasks(ws)["ps/0"]["handle"]["pid"] == ps_pid  # type: ignore[index]
+    stop_at = job.step() + 20000
+    ended = job.run("apply", "--auto-approve", *base, f"trainer.max_steps={stop_at}")
+    assert ended.returncode == 0, ended.stdout[-3000:] + ended.stderr
+    assert "ps/0 done: 4 of 4 replicas finished" in ended.stdout, ended.stdout[-4000:]
+    for task in ("ps/0", "worker/0", "worker/1", "worker/3"):
+        assert not [line for line in job.log(task) if "back from global step" in line]
+    assert not [g for g in recorded_groups(ws) if alive(g)]
 
 
 @pytest.mark.full
