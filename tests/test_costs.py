@@ -237,3 +237,20 @@ def test_a_resize_while_the_ps_is_down_goes_with_its_restart_and_says_so() -> No
         job_cost(out.changes)
         == "The running job rolls back to checkpoint step 700 (because of ps/0)."
     )
+
+
+def test_a_resize_of_a_job_that_is_not_running_starts_it_again_and_claims_nothing() -> None:
+    """Not an error (apply on an ended job trains it again, as for any change): but nothing
+    is said to join or leave in place, and nothing running is costed."""
+    ended = state_from(planned(*ELASTIC), status="succeeded")
+    out = planned(*ELASTIC, "cluster.workers=4", state=ended, step=500)
+    reasons = [r for c in out.changes for r in c.reasons]
+    assert not [r for r in reasons if "in place" in r]
+    assert {c.task: c.action for c in out.changes} == {
+        "ps/0": Action.REPLACE,
+        "worker/0": Action.REPLACE,
+        "worker/1": Action.REPLACE,
+        "worker/2": Action.CREATE,
+        "worker/3": Action.CREATE,
+    }
+    assert job_cost(out.changes) is None

@@ -217,6 +217,26 @@ def test_a_new_worker_killed_while_joining_is_restarted_and_the_job_still_ends(w
 
 
 @pytest.mark.full
+def test_a_worker_told_to_leave_in_live_json_leaves_after_a_push(ws: Path) -> None:
+    """How a worker leaves where the launcher cannot signal (Kubernetes): its name under
+    ``leave`` in live.json, written here by hand into every running task's folder as the
+    kubelet writes the ConfigMap's key; the recipes' own reaction, with real processes."""
+    base = [*base_overrides(ws, free_port_base(12)), *ELASTIC, "cluster.workers=3"]
+    job = Job(ws)
+    started = job.run("apply", "--auto-approve", "--detach", *base, FOREVER_STEPS)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr
+    wait_for("the workers to train", lambda: job.training(["worker/0", "worker/1", "worker/2"]))
+    told = json.dumps({"replicas": 3, "leave": ["worker/2"]})
+    for task in tasks(ws).values():
+        (Path(str(task["workdir"])) / "live.json").write_text(told)
+    wait_for("worker/2 to leave", lambda: tasks(ws)["worker/2"]["status"] == "succeeded")
+    log = job.log("worker/2")
+    assert any(line.startswith("worker/2 leaves the job at step=") for line in log), log[-20:]
+    assert job.training(["worker/0", "worker/1"])  # the others go on
+    assert not [line for line in job.log("worker/0") if "back from global step" in line]
+
+
+@pytest.mark.full
 @pytest.mark.slurm
 @pytest.mark.netns
 def test_workers_join_and_leave_as_steps_of_the_same_slurm_job(

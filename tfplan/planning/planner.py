@@ -153,6 +153,7 @@ def plan(
     )
     changes = _diff(tasks, state, policy, config_digest, cluster_digest, cfg.trainer.max_steps)
     changes = _new_allocation(changes, state, target)
+    changes = _ended_resize(changes, state)
     chiefs = frozenset(
         [t.name for t in tasks if t.is_chief]
         + [t.name for t in (state.tasks if state is not None else ()) if t.is_chief]
@@ -544,6 +545,25 @@ def _diff(
                 )
             )
     return tuple(changes)
+
+
+def _ended_resize(changes: tuple[Change, ...], state: State | None) -> tuple[Change, ...]:
+    """Workers cannot join a job that has ended (no ps serves them): with a new number of
+    workers, an ended job starts again, every task (an elastic job's tasks would otherwise
+    match, their identity leaving the workers out)."""
+    resized = any(
+        c.task.startswith("worker/") and c.action in (Action.CREATE, Action.DESTROY)
+        for c in changes
+    )
+    if not resized or state is None or not state.tasks or state.running:
+        return changes
+    reason = "the job has ended: it starts again with the new number of workers"
+    return tuple(
+        dataclasses.replace(c, action=Action.REPLACE, reasons=(reason,))
+        if c.action is Action.NOOP and c.previous
+        else c
+        for c in changes
+    )
 
 
 def _new_allocation(
