@@ -337,9 +337,15 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                     # window as the hooked StopAtStepHook would.
                     want_gs = first_gs is None or not local[(k + 1) % n_ops]
                     fetches = [ops[k], g.train.loss] + ([g.global_step] if want_gs else [])
-                    out = sess._tf_sess().run(  # noqa: SLF001 - see docs/runtime.md
-                        fetches, options=g.train.run_options
-                    )
+                    try:
+                        out = sess._tf_sess().run(  # noqa: SLF001 - see docs/runtime.md
+                            fetches, options=g.train.run_options
+                        )
+                    except (tf.errors.UnavailableError, tf.errors.AbortedError):
+                        # a ps went away: a hooked run makes MonitoredSession build a new
+                        # session (the chief restores the checkpoint), then this run again
+                        sess.run(g.global_step)
+                        continue
                     loss = out[1]
                     if not np.isfinite(loss):
                         raise v1.train.NanLossDuringTrainingError

@@ -8,6 +8,10 @@ Fixes for the TF 2.21 pitfalls measured in ../shared/TENSORFLOW.md (the shared m
   SessionManager's 30 s, and recover from a ps restart with ``recovery_wait_secs=1``;
 - a restarted chief joins the live ps values instead of restoring an older checkpoint over them;
   it restores only when the ps are uninitialised (first start, or a ps restart);
+- in an elastic job (sessions that carry their own cluster) a ps that went away reads as
+  ``UnknownError`` ("Connection reset by peer", gRPC status 14), which MonitoredSession does
+  not recover from: :class:`PeerLossIsUnavailable` gives it as the ``UnavailableError`` a
+  fixed cluster's session raises, so a ps restart is survived the same way;
 - checkpoints are written (and read) by the chief itself: Scaffold's default saver is sharded,
   so each ps would write its shard on its own host's disk, which fails, or scatters the
   checkpoint, where the hosts share no output folder (:func:`chief_saver`).
@@ -27,12 +31,14 @@ from recipes.config import TaskInfo
 from recipes.live import Live
 
 __all__ = [
+    "PeerLossIsUnavailable",
     "PeerUnreachable",
     "RoleSessionCreator",
     "chief_saver",
     "done_queue_sizes",
     "done_token_ops",
     "make_server",
+    "lost_peer",
     "op_threads",
     "run_ps",
     "session_config",
@@ -325,6 +331,65 @@ def touches_ps(fetches: list[Any]) -> bool:
     return False
 
 
+# What TensorFlow says, inside an UnknownError, when a peer of a propagated session went away.
+LOST_PEER_SIGNS = (
+    "grpc_status:14",
+    "Connection reset by peer",
+    "Connection refused",
+    "Socket closed",
+    "failed to connect to all addresses",
+)
+
+
+def lost_peer(error: Exception) -> bool:
+    """A peer (a ps) went away: Unavailable or Aborted, or their text inside an UnknownError."""
+    if isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+        return True
+    text = str(error)
+    return isinstance(error, tf.errors.UnknownError) and any(s in text for s in LOST_PEER_SIGNS)
+
+
+# TensorFlow's session interface (not exported): Saver.save and the hooks check for it.
+_SessionInterface: Any = next(c for c in v1.Session.__mro__ if c.__name__ == "SessionInterface")
+
+
+class PeerLossIsUnavailable(_SessionInterface):  # type: ignore[misc]
+    """A raw session whose lost-peer ``UnknownError`` is raised as ``UnavailableError``: what
+    MonitoredSession recovers from (a new session, the chief restoring the checkpoint)."""
+
+    def __init__(self, sess: Any) -> None:
+        self._sess = sess
+
+    @property
+    def graph(self) -> Any:
+        return self._sess.graph
+
+    @property
+    def sess_str(self) -> Any:
+        return self._sess.sess_str
+
+    def partial_run_setup(self, *args: Any, **kwargs: Any) -> Any:
+        return self._sess.partial_run_setup(*args, **kwargs)
+
+    def partial_run(self, *args: Any, **kwargs: Any) -> Any:
+        return self._sess.partial_run(*args, **kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._sess.run(*args, **kwargs)
+        except tf.errors.UnknownError as e:
+            if not lost_peer(e):
+                raise
+            raise tf.errors.UnavailableError(e.node_def, e.op, e.message) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sess, name)
+
+
+def _peer_errors() -> tuple[type[Exception], ...]:
+    return (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.UnknownError)
+
+
 def wait_until_initialized(
     target: str, config: Any, probe: Any, timeout: float, log: Any = print
 ) -> None:
@@ -350,7 +415,9 @@ def wait_until_initialized(
                             " (is the chief running?)"
                         )
                     time.sleep(POLL_SECS)
-        except (tf.errors.UnavailableError, tf.errors.AbortedError):
+        except _peer_errors() as e:
+            if not lost_peer(e):
+                raise
             if time.monotonic() > deadline:
                 raise TimeoutError(f"parameter servers unreachable for {timeout:.0f}s") from None
             time.sleep(POLL_SECS)
@@ -401,12 +468,17 @@ class RoleSessionCreator(v1.train.SessionCreator):
             try:
                 with v1.Session(self._target, config=self._config) as sess:
                     return len(sess.run(self._probe)) == 0
-            except (tf.errors.UnavailableError, tf.errors.AbortedError):
-                if time.monotonic() > deadline:
+            except _peer_errors() as e:
+                if not lost_peer(e) or time.monotonic() > deadline:
                     raise
                 time.sleep(POLL_SECS)
 
     def create_session(self) -> Any:
+        session = self._create_session()
+        propagated = len(self._config.cluster_def.job) > 0 if self._config is not None else False
+        return PeerLossIsUnavailable(session) if propagated else session
+
+    def _create_session(self) -> Any:
         self._scaffold.finalize()
         sm = self._session_manager()
         if self._is_chief and not self._ps_initialized():

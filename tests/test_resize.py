@@ -237,6 +237,41 @@ def test_a_worker_told_to_leave_in_live_json_leaves_after_a_push(ws: Path) -> No
 
 
 @pytest.mark.full
+def test_a_resize_while_the_ps_restarts_is_serialised_with_it_or_refused(ws: Path) -> None:
+    """ps/0 is killed and its restart is due in 60 s (backoff): the plan says the resize goes
+    with the ps's restart and what that rolls back. Apply then either carries it out (the
+    supervisor lets go before restarting the ps: one new ps, four workers, the job resumes
+    from its checkpoint) or, had the supervisor restarted the ps first, refuses in one line."""
+    base = [
+        *base_overrides(ws, free_port_base(12)),
+        *ELASTIC,
+        "lifecycle.restart.backoff_secs=60",
+        "trainer.checkpoint_steps=200",
+    ]
+    job = Job(ws)
+    started = job.run("apply", "--auto-approve", "--detach", *base, FOREVER_STEPS)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr
+    wait_for("both workers to train", lambda: job.training(["worker/0", "worker/1"]))
+    ps = tasks(ws)["ps/0"]
+    os.killpg(int(ps["handle"]["pgid"]), signal.SIGKILL)  # type: ignore[index]
+    wait_for("the ps to be seen down", lambda: job.status()["ps/0"]["state"] != "running")
+    four = [*base, FOREVER_STEPS, "cluster.workers=4"]
+    planned = job.run("plan", "--no-save", *four)
+    assert planned.returncode == 0, planned.stderr
+    assert "not in place: ps/0 restart(s), and the resize goes with it" in planned.stdout
+    assert "#   cost: rolls back to " in planned.stdout
+    assert "starts with the restarted job" in planned.stdout
+    applied = job.run("apply", "--auto-approve", "--detach", *four)
+    if applied.returncode != 0:  # the supervisor restarted the ps first: refused, one line
+        lines = applied.stderr.strip().splitlines()
+        assert len(lines) == 1 and "run `tfplan plan` again" in lines[0], applied.stderr
+        return
+    assert "the job has 4 training replica(s)" not in applied.stdout  # not in place
+    wait_for("all four to train", lambda: job.training([f"worker/{i}" for i in range(4)]))
+    assert tasks(ws)["ps/0"]["handle"]["pid"] != ps["handle"]["pid"]  # type: ignore[index]
+
+
+@pytest.mark.full
 @pytest.mark.slurm
 @pytest.mark.netns
 def test_workers_join_and_leave_as_steps_of_the_same_slurm_job(
