@@ -201,7 +201,7 @@ def test_preflight_names_what_is_missing(fake: FakeKube, tmp_path: Path) -> None
 # --- the real CLI ------------------------------------------------------------------------------
 
 
-def _popen_apply(tmp_path: Path, *overrides: str) -> subprocess.Popen[str]:
+def _popen_apply(tmp_path: Path, *overrides: str, detach: bool = False) -> subprocess.Popen[str]:
     env = {**os.environ, "TFPLAN_CONF": str(CONF), **_env()}
     env.pop("TFPLAN_DEBUG", None)
     return subprocess.Popen(
@@ -211,6 +211,7 @@ def _popen_apply(tmp_path: Path, *overrides: str) -> subprocess.Popen[str]:
             "tfplan",
             "apply",
             "--auto-approve",
+            *(["--detach"] if detach else []),
             *_overrides(tmp_path, *overrides),
         ],
         cwd=tmp_path,
@@ -393,14 +394,7 @@ def test_workers_join_and_leave_a_running_job_as_jobs_added_and_deleted(
     assert _live(fake)["replicas"] == 4
     assert not [d for d in fake.deleted if d.startswith("Job/")]
 
-    shrink = subprocess.Popen(
-        [sys.executable, "-m", "tfplan", "apply", "--auto-approve", "--detach", *job],
-        cwd=tmp_path,
-        env={**os.environ, "TFPLAN_CONF": str(CONF), **_env()},
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    shrink = _popen_apply(tmp_path, *elastic, detach=True)
     try:
         fake.wait(lambda: "leave" in _live(fake), "the leavers to be told", timeout=120)
         assert _live(fake)["leave"] == ["worker/2", "worker/3"]

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from apply_helpers import (
 )
 from slurm_testbed import SlurmTestbed
 from test_apply_ssh import _conf_with_cluster, _host
+from test_slurm import _env as slurm_env
 from testbed import NetnsTestbed
 
 # ps_grace_secs: the ps must have time to end by itself after the chief (it is checked)
@@ -279,18 +279,8 @@ def test_workers_join_and_leave_as_steps_of_the_same_slurm_job(
 ) -> None:
     """On a real Slurm: new workers are new steps of the job that holds the allocation (two
     slots on each of three nodes), leavers' steps end; the job is the same from start to end."""
-    cluster = {
-        "backend": "slurm",
-        "ps": 1,
-        "workers": 2,
-        "python": sys.executable,  # the nodes share this machine's file system
-        "workdir": str(ws / "work"),
-        "output_dir": str(ws / "out"),
-        "options": {"nodes": 3, "tasks_per_node": 2, "partition": slurm_cluster.partition},
-    }
-    env = {**slurm_cluster.env(), **_conf_with_cluster(ws, "slurmtest", cluster)}
     base = ["cluster=slurmtest", "experiment.id=t", *ELASTIC]
-    job = Job(ws, env)
+    job = Job(ws, slurm_env(ws, slurm_cluster, tasks_per_node=2))
     jobs: set[str] = set()
 
     def held() -> None:
