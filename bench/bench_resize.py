@@ -94,13 +94,23 @@ def first_step(ws: Path, experiment: str, task: str) -> tuple[int, float] | None
 
 def wait_first_steps(ws: Path, experiment: str, tasks: list[str], since: float) -> dict[str, int]:
     """Each task's first step, once all have one; the time they were seen (monotonic)."""
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 360
     while True:
         found = {t: first_step(ws, experiment, t) for t in tasks}
         if all(found.values()):
             return {t: v[0] for t, v in found.items() if v}
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no first step of {tasks} in 300 s")
+            status = subprocess.run(
+                [sys.executable, "-m", "tfplan", "status", "-e", experiment],
+                cwd=ws,
+                capture_output=True,
+                text=True,
+            ).stdout
+            tails = "".join(
+                f"\n{log.parent.name}:\n" + "".join(log.read_text(errors="replace")[-1500:])
+                for log in sorted((ws / f"work-{experiment}").glob("*/task.log"))
+            )
+            raise RuntimeError(f"no first step of {tasks} in 360 s\n{status}{tails}")
         time.sleep(0.05)
 
 
