@@ -32,7 +32,7 @@ def refresh(state: State, backend: Backend) -> State:
         infos.update(backend.describe(silent))
     for task in running:
         info = infos.get(task.name)
-        if info is not None and info.phase is TaskPhase.UNREACHABLE:
+        if _unreachable(info):
             state = state.with_task(replace(task, status=TaskStatus.UNREACHABLE))
             continue
         ended = ended_status(info)

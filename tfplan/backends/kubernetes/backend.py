@@ -198,17 +198,20 @@ class KubernetesBackend(Backend):
         if not running:
             return None
         try:
-            current = self.kube.call(
-                f"read ConfigMap {self.opts.config_map}",
-                self.kube.core.read_namespaced_config_map,
-                self.opts.config_map,
-                self.opts.namespace,
-            )
+            current = self._read_config_map()
         except KubeError as error:
             if error.status == 404:
                 return None
             raise
         return str((current.data or {}).get(LIVE_KEY, "{}"))
+
+    def _read_config_map(self) -> Any:
+        return self.kube.call(
+            f"read ConfigMap {self.opts.config_map}",
+            self.kube.core.read_namespaced_config_map,
+            self.opts.config_map,
+            self.opts.namespace,
+        )
 
     def allocate(
         self,
@@ -321,12 +324,7 @@ class KubernetesBackend(Backend):
         if name != LIVE_KEY:
             raise BackendError(f"the kubernetes backend can tell running tasks {LIVE_KEY} only")
         kube, opts = self.kube, self.opts
-        current = kube.call(
-            f"read ConfigMap {opts.config_map}",
-            kube.core.read_namespaced_config_map,
-            opts.config_map,
-            opts.namespace,
-        )
+        current = self._read_config_map()
         current.data = {**(current.data or {}), LIVE_KEY: data.decode()}
         kube.call(
             f"replace ConfigMap {opts.config_map}",
