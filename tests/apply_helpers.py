@@ -182,8 +182,11 @@ def kill_groups(pgids: list[int]) -> None:
 
 def recorded_groups(cwd: Path) -> list[int]:
     """The process groups of every task and warm standby the experiments' states record (a
-    test that failed half-way leaves its standbys too: on Slurm their srun clients)."""
+    test that failed half-way leaves its standbys too: on Slurm their srun clients), and of
+    the warm seeds a sweep folder (``cwd`` or a folder in it) records."""
     groups: list[int] = []
+    for path in [*cwd.glob("seeds.json"), *cwd.glob("*/seeds.json")]:  # a sweep's warm seeds
+        groups += [int(seed["pgid"]) for seed in json.loads(path.read_text())["seeds"]]
     for path in (cwd / ".tfplan").glob("*/state.json"):
         state = json.loads(path.read_text())
         for task in [*state["tasks"], *state.get("standbys", [])]:

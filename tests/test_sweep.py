@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from apply_helpers import (
     FOREVER,
+    BackgroundTfplan,
     free_port_base,
     kill_groups,
     recorded_groups,
@@ -347,3 +348,82 @@ def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> N
         assert statuses["ps/0"] == statuses["worker/0"] == "stopped", statuses
         assert not [t for t in state["tasks"] if _pid_alive(int(t["handle"]["pid"]))]
     assert {p["status"] for p in sweep_record(ws / "out")["points"]} == {"interrupted"}
+
+
+def _seed_pids(folder: Path) -> list[int]:
+    """Live processes whose command line names the seed folder (looked at, never signalled)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(folder) in cmdline and _pid_alive(int(entry.name)):
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_points_fork_their_tasks_from_a_warm_seed_that_ends_with_the_sweep(ws: Path) -> None:
+    port = free_port_base(30)
+    script = result_task(ws)
+    overrides = [*sweep_overrides(ws, port), "recipe=command", f"recipe.command={command(script)}"]
+    proc = tfplan(ws, "apply", "-m", "--auto-approve", *overrides, "algo.lr=0.03,0.06", check=True)
+    assert "sweep tfplan | warm seed on localhost ready in" in proc.stdout
+    for experiment in ("s-0", "s-1"):
+        state = json.loads((ws / ".tfplan" / experiment / "state.json").read_text())
+        handles = {t["name"]: t["handle"] for t in state["tasks"]}
+        assert all(h.get("forked") is True for h in handles.values()), handles
+        statuses = {t["name"]: t["status"] for t in state["tasks"]}
+        assert statuses["worker/0"] == "succeeded" and statuses["ps/0"] == "stopped", statuses
+    results = json.loads((ws / "out" / "results.json").read_text())["points"]
+    assert [round(p["accuracy"], 6) for p in results] == [0.98, 0.99]
+    # the seed ended with the sweep, and so did its record
+    assert not (ws / "out" / "seeds.json").exists()
+    assert not _seed_pids(ws / "work" / "_seed-s")
+    assert not [g for g in recorded_groups(ws) if _group_alive(g)]
+    # sweep.warm=false: every task starts the usual way
+    cold = [
+        *sweep_overrides(ws, port, sweep="c"),
+        "recipe=command",
+        f"recipe.command={command(script)}",
+    ]
+    cold = [o.replace(f"{ws}/out", f"{ws}/out-c") for o in cold]
+    proc = tfplan(
+        ws, "apply", "-m", "--auto-approve", *cold, "sweep.warm=false", "algo.lr=0.03", check=True
+    )
+    assert "warm seed" not in proc.stdout
+    state = json.loads((ws / ".tfplan" / "c-0" / "state.json").read_text())
+    assert not [t for t in state["tasks"] if t["handle"].get("forked")]
+
+
+@pytest.mark.full
+def test_the_seed_of_a_killed_sweep_is_stopped_by_its_next_run(ws: Path) -> None:
+    port = free_port_base(30)
+    script = result_task(ws)
+    overrides = [*sweep_overrides(ws, port), "recipe=command", "algo.lr=0.03"]
+    forever = command(script, steps=FOREVER, step_secs="0.2")
+    run = BackgroundTfplan(
+        ws, "apply", "-m", "--auto-approve", *overrides, f"recipe.command={forever}"
+    )
+    seeds = ws / "out" / "seeds.json"
+    try:
+        wait_until(
+            lambda: seeds.exists() and (ws / "out" / "0" / "eval" / "metrics.jsonl").exists(),
+            120,
+            "the point to train from the seed",
+        )
+        seed_pid = int(json.loads(seeds.read_text())["seeds"][0]["pid"])
+    finally:
+        run.proc.kill()  # the sweep dies without stopping anything
+        run.finish(30)
+    state = json.loads((ws / ".tfplan" / "s-0" / "state.json").read_text())
+    kill_groups([int(t["handle"]["pgid"]) for t in state["tasks"]])  # its tasks, not its seed
+    assert _pid_alive(seed_pid)
+    proc = tfplan(
+        ws, "apply", "-m", "--auto-approve", *overrides, f"recipe.command={command(script)}"
+    )
+    assert "stopped 1 warm seed(s) an earlier run of this sweep left" in proc.stdout, proc.stdout
+    assert not _pid_alive(seed_pid)
+    assert "Sweep complete! 1 succeeded, 0 failed." in proc.stdout, proc.stdout
+    assert not seeds.exists() and not _seed_pids(ws / "work" / "_seed-s")

@@ -7,7 +7,8 @@ stopped by process group, never by name.
 
 Handle: ``{"pid": ..., "pgid": ...}`` of the task's wrapper, the leader of its process group;
 a warm standby's (and a task that was one) adds ``"exit_file"``, its own exit record in the
-task's workdir.
+task's workdir; a task forked from a warm seed (:mod:`tfplan.backends.seeds`, a sweep's) adds
+``"forked": true``: its PID is the program's own, and the seed records its exit status.
 
 Every process of a task is in its group: a stop signals the group, so it reaches the program
 whichever of the wrapper and the program died first. A wrapper that died while its program runs
@@ -19,6 +20,7 @@ from __future__ import annotations
 import io
 import posixpath
 import tarfile
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
@@ -47,6 +49,13 @@ from tfplan.backends.firewall import (
     parse_detect,
     remove_script,
 )
+from tfplan.backends.seeds import (
+    AGENT_SOURCE,
+    PRELOAD,
+    WarmSeed,
+    fork_request,
+    forkable,
+)
 from tfplan.backends.staging import run_yaml, ship_code
 from tfplan.backends.transports.pool import TransportPool
 from tfplan.backends.transports.preflight import (
@@ -58,11 +67,13 @@ from tfplan.backends.transports.preflight import (
 from tfplan.backends.transports.scripts import (
     LISTENING_SCRIPT,
     SHARED_MARKER,
+    fork_script,
     handle_exit_file,
     listening_ports,
     q,
     standby_exit_file,
 )
+from tfplan.backends.transports.scripts import exit_file as exit_file_of
 from tfplan.backends.transports.specs import (
     HostTarget,
     LaunchSpec,
@@ -85,6 +96,9 @@ __all__ = ["ProcessBackend", "host_name"]
 TRANSPORT_KINDS = ("auto", "local", "ssh")
 # starts at once: over SSH each is a round trip of a few ms; locally a fork+exec
 LAUNCH_FANOUT = 16
+# how long a fork request waits for the seed's answer (it answers within milliseconds once its
+# imports are done; a seed still importing makes the task wait, never longer than a cold start)
+FORK_WAIT_SECS = 30.0
 
 
 def host_name(host: HostConfig) -> str:
@@ -110,6 +124,7 @@ class ProcessBackend(Backend):
         self.firewall = bool(ref.config.get("firewall", False))
         self.pool = TransportPool(self.hosts)
         self._output: dict[tuple[str, str, tuple[str, ...]], OutputPlace] = {}
+        self._seeds: dict[str, WarmSeed] = {}
 
     # ---- plan time -----------------------------------------------------------------------
     @classmethod
@@ -337,6 +352,12 @@ class ProcessBackend(Backend):
         for path, text in delivery.files.items():
             transport.write_file(path, text.encode())
         exit_file = standby_exit_file(request.workdir, request.attempt) if request.standby else None
+        seed = self._seeds.get(request.host)
+        env = {**request.env, "TF_CONFIG": request.tf_config} if request.tf_config else request.env
+        if seed is not None and forkable(seed, request.command, env):
+            forked = self._fork(seed, request, env, exit_file)
+            if forked is not None:
+                return forked
         started = transport.start(
             LaunchSpec(
                 name=request.name,
@@ -355,6 +376,74 @@ class ProcessBackend(Backend):
             host=request.host,
             address=transport.target.address,
             started_at=started.started_at,
+        )
+
+    # ---- warm seeds (a sweep's; docs/sweeps.md) ---------------------------------------------
+    def start_seed(self, host: str, folder: str, python: str, env: dict[str, str]) -> WarmSeed:
+        """Start a warm seed on ``host`` (it imports :data:`PRELOAD`, then waits for requests).
+
+        Raises:
+            BackendError: the host could not start it.
+        """
+        transport = self.pool[host]
+        seed = WarmSeed(host, 0, 0, folder, python, dict(env))
+        transport.write_file(seed.agent_path, AGENT_SOURCE.encode())
+        started = transport.start(
+            LaunchSpec(
+                name="seed",
+                command=(python, seed.agent_path, folder, *PRELOAD),
+                env=dict(env),
+                workdir=folder,
+                log_path=seed.log_path,
+            )
+        )
+        return replace(seed, pid=started.pid, pgid=started.pgid)
+
+    def seed_ready(self, seed: WarmSeed) -> bool:
+        """Whether the seed has imported what it preloads (it answers requests from then on)."""
+        data, _ = self.pool[seed.host].read_log(seed.ready_path)  # missing: not yet
+        return bool(data)
+
+    def stop_seed(self, seed: WarmSeed, grace_secs: float = 5.0) -> None:
+        """Stop a seed by its process group (the tasks it forked have groups of their own).
+
+        Raises:
+            BackendError: the group survived SIGKILL or the host is unreachable.
+        """
+        self.pool[seed.host].stop(seed.pid, seed.pgid, grace_secs)
+
+    def use_seeds(self, seeds: Sequence[WarmSeed]) -> None:
+        """Fork the tasks this backend launches from these seeds, where they can start them."""
+        self._seeds = {seed.host: seed for seed in seeds}
+
+    def _fork(
+        self, seed: WarmSeed, request: LaunchRequest, env: dict[str, str], exit_file: str | None
+    ) -> Launched | None:
+        """``request`` forked from ``seed``; None when the seed cannot (gone, not ready within
+        the wait, or it failed to fork): the caller starts it the usual way."""
+        transport = self.pool[request.host]
+        began = time.time()
+        exit_path = exit_file or exit_file_of(request.workdir)
+        token = f"{request.name.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
+        payload = fork_request(request.command, env, request.workdir, request.log_path, exit_path)
+        try:
+            answer = transport.run_script(
+                fork_script(seed.requests, token, seed.pgid, FORK_WAIT_SECS),
+                f"fork {request.name} from the warm seed",
+                stdin=payload,
+                timeout=FORK_WAIT_SECS + 30.0,
+            )
+        except BackendError:
+            return None
+        text = answer.stdout.decode().strip()
+        if not text.isdigit():
+            return None
+        pid = int(text)
+        handle: dict[str, object] = {"pid": pid, "pgid": pid, "forked": True}
+        if exit_file is not None:
+            handle["exit_file"] = exit_file
+        return Launched(
+            handle=handle, host=request.host, address=transport.target.address, started_at=began
         )
 
     # ---- observe and control -------------------------------------------------------------

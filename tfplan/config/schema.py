@@ -23,6 +23,7 @@ __all__ = [
     "DataConfig",
     "DownpourConfig",
     "ExperimentConfig",
+    "SweepConfig",
     "FeatureConfig",
     "HogwildConfig",
     "HostConfig",
@@ -346,6 +347,15 @@ class ExperimentConfig:
 
 
 @dataclass
+class SweepConfig:
+    """Read by ``tfplan apply -m`` only (docs/sweeps.md)."""
+
+    # fork each point's Python tasks from one warm process per host that imported TensorFlow
+    # once for the whole sweep (process backend); false: every task starts from nothing
+    warm: bool = True
+
+
+@dataclass
 class Config:
     cluster: ClusterConfig = MISSING
     algo: AlgoConfig = MISSING
@@ -355,6 +365,7 @@ class Config:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 def register_configs() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import posixpath
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +27,8 @@ from typing import Any
 
 from tfplan.backends import open_backend
 from tfplan.backends.api import Backend, OutputPlace
+from tfplan.backends.process import ProcessBackend
+from tfplan.backends.seeds import WarmSeed
 from tfplan.engine.applier import ApplyResult, Progress, apply_plan
 from tfplan.engine.background import me, take_over_from_background
 from tfplan.engine.experiment import (
@@ -166,9 +168,15 @@ class ExperimentRun:
     """One apply of one experiment, under its workspace lock (see the module docstring)."""
 
     def __init__(
-        self, plan: Plan, workspace: Workspace, say: Say, config_yaml: str | None = None
+        self,
+        plan: Plan,
+        workspace: Workspace,
+        say: Say,
+        config_yaml: str | None = None,
+        seeds: Sequence[WarmSeed] = (),
     ) -> None:
         self.plan = plan
+        self.seeds = tuple(seeds)  # a sweep's warm seeds: tasks are forked from them
         self.workspace = workspace
         self.say = say
         self.config_yaml = config_yaml
@@ -202,6 +210,8 @@ class ExperimentRun:
             self._backend = self._stack.enter_context(
                 open_backend(self.plan.backend, self.store.scratch)
             )
+            if self.seeds and isinstance(self._backend, ProcessBackend):
+                self._backend.use_seeds(self.seeds)
             self._locate_output()
             # a chief that keeps running (workers joining or leaving, a new max_steps) resumes
             # nothing: the job goes on where it is

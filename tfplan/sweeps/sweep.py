@@ -37,6 +37,7 @@ from tfplan.engine.lognoise import HIDDEN_HINT, NoiseFilter, shows_tf_noise
 from tfplan.engine.workspace import Workspace
 from tfplan.errors import ConfigError, TfplanError
 from tfplan.files import write_atomic
+from tfplan.sweeps.warm import SweepSeeds
 
 __all__ = ["PointRecord", "SweepSpec", "SweepRecord", "run_sweep", "sweep_spec", "SweepOutput"]
 
@@ -220,8 +221,10 @@ class SweepOutput:
         self.show_all = show_all
         self._hinted = False
 
-    def say(self, num: int) -> Say:
-        return lambda line: self.line(f"#{num} tfplan | {line}")
+    def say(self, num: int | None) -> Say:
+        """tfplan's lines about point ``num`` (``#n tfplan | ...``), or the sweep's (None)."""
+        prefix = "sweep" if num is None else f"#{num}"
+        return lambda line: self.line(f"{prefix} tfplan | {line}")
 
     def emit(self, num: int, show_all: bool = False) -> Callable[[str, str], None]:
         noise = NoiseFilter(self.show_all or show_all)
@@ -264,9 +267,15 @@ class PointTask:
     """The task function Hydra's launcher calls with each point's config (see module docstring)."""
 
     def __init__(
-        self, spec: SweepSpec, workspace: Workspace, output: SweepOutput, record: SweepRecord | None
+        self,
+        spec: SweepSpec,
+        workspace: Workspace,
+        output: SweepOutput,
+        record: SweepRecord | None,
+        seeds: SweepSeeds | None = None,
     ) -> None:
         self.spec = spec
+        self.seeds = seeds  # None: every task starts from nothing (sweep.warm=false, dry run)
         self.workspace = workspace
         self.output = output
         self.record = record  # None: a dry run, which records nothing
@@ -336,7 +345,9 @@ class PointTask:
         try:
             plan, config_yaml, point = self._plan(point, cfg)
             self.record.put(point)
-            with ExperimentRun(plan, self.workspace, say, config_yaml) as run:
+            warm = self.seeds is not None and bool(cfg.sweep.warm)
+            seeds = self.seeds.for_plan(plan) if warm and self.seeds is not None else ()
+            with ExperimentRun(plan, self.workspace, say, config_yaml, seeds) as run:
                 point = replace(point, resumed_from=run.resumed_from)
                 applied = run.apply()
                 if applied.state.running:
@@ -443,8 +454,12 @@ def run_sweep(spec: SweepSpec, workspace: Workspace, output: SweepOutput) -> lis
     record = SweepRecord(sweep_dir / "sweep.json", header)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     index_output(workspace, spec.sweep_id, spec.sweep_dir, "sweep")
+    seeds = SweepSeeds(
+        spec.sweep_id, sweep_dir, workspace.store(spec.sweep_id).scratch, output.say(None)
+    )
     try:
-        _run_hydra(spec, PointTask(spec, workspace, output, record), spec.sweep_dir)
+        _run_hydra(spec, PointTask(spec, workspace, output, record, seeds), spec.sweep_dir)
     finally:  # again, so that the sweep, not its last point, is the latest thing applied here
+        seeds.close()
         index_output(workspace, spec.sweep_id, spec.sweep_dir, "sweep")
     return sorted(record.points.values(), key=lambda p: p.num)

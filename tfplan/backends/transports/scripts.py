@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 __all__ = [
     "EXIT_CODE_FILE",
+    "fork_script",
     "LISTENING_SCRIPT",
     "listening_ports",
     "STREAM_POLL_SECS",
@@ -446,3 +447,20 @@ def listening_ports(table: str) -> set[int]:
             except ValueError:
                 continue
     return ports
+
+
+def fork_script(requests: str, token: str, pgid: int, wait_secs: float) -> str:
+    """Ask a warm seed (:mod:`.seed_agent`) for a task: write stdin as ``<requests>/<token>.json``
+    atomically, wake the seed's group with SIGUSR1, and print its answer (a PID, or
+    ``error: ...``) once it is there. Exits 3 when the seed's group is gone, 4 when no answer
+    came within ``wait_secs``."""
+    request = f"{requests}/{token}.json"
+    answer = f"{requests}/{token}.pid"
+    tries = max(int(wait_secs / 0.01), 1)
+    return (
+        write_file_script(request)
+        + f" && {{ kill -USR1 -{pgid} 2>/dev/null || {{ rm -f {q(request)}; exit 3; }}; }}"
+        + f"; i=0; while [ ! -s {q(answer)} ]; do i=$((i+1)); "
+        + f'[ "$i" -gt {tries} ] && {{ rm -f {q(request)}; exit 4; }}; sleep 0.01; done; '
+        + f"cat {q(answer)}; rm -f {q(answer)}"
+    )

@@ -1,0 +1,201 @@
+"""Warm seeds (tfplan.backends.seeds): which tasks a seed can start, and real tasks forked from a
+real seed on this host, started, observed and stopped as the shell wrapper's tasks are."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from apply_helpers import alive, wait_until
+
+import tfplan.backends.process as process_backend
+from tfplan.backends.api import LaunchRequest, TaskPhase
+from tfplan.backends.process import ProcessBackend
+from tfplan.backends.seeds import WarmSeed, fork_request, forkable, seed_env
+from tfplan.planning.plan import BackendRef
+from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
+
+PY = sys.executable
+
+
+def _seed(**env: str) -> WarmSeed:
+    return WarmSeed("h", 10, 10, "/w/_seed", PY, env)
+
+
+def test_a_seed_forks_its_own_python_running_a_module_or_a_script() -> None:
+    seed = _seed()
+    assert forkable(seed, (PY, "-m", "mypkg.train", "--config", "x"), {})
+    assert forkable(seed, (PY, "/u/train.py", "a=1"), {})
+    assert not forkable(seed, ("/usr/bin/python3.9", "-m", "recipes.train"), {})  # not its own
+    assert not forkable(seed, (PY, "-c", "print(1)"), {})
+    assert not forkable(seed, (PY, "-u", "train.py"), {})  # interpreter options: cold start
+    assert not forkable(seed, ("/bin/sh", "run.sh"), {})
+    assert not forkable(seed, (), {})
+
+
+def test_values_read_at_import_must_match_the_seeds() -> None:
+    seed = _seed(TF_USE_LEGACY_KERAS="1")
+    assert forkable(seed, (PY, "t.py"), {"TF_USE_LEGACY_KERAS": "1", "LR": "0.1"})
+    assert not forkable(seed, (PY, "t.py"), {})
+    assert not forkable(seed, (PY, "t.py"), {"TF_USE_LEGACY_KERAS": "0"})
+
+
+def test_the_seed_environment_leaves_out_what_is_per_task_and_adds_the_recipes_defaults() -> None:
+    env = {"TF_CONFIG": "{}", "PYTHONPATH": "/w/0/_code", "A": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    assert seed_env((PY, "t.py"), env) == {"A": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    built_in = seed_env((PY, "-m", "recipes.train"), {"A": "1"})
+    assert built_in == {"A": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    # a seed for the built-in recipes forks them: same import-time values as their own defaults
+    seed = _seed(**built_in)
+    assert forkable(seed, (PY, "-m", "recipes.train"), {"A": "1"})
+
+
+def test_a_fork_request_is_the_whole_task() -> None:
+    data = json.loads(fork_request((PY, "t.py"), {"A": "1"}, "/w/t", "/w/t/log", "/w/t/exit"))
+    assert data == {
+        "argv": [PY, "t.py"],
+        "env": {"A": "1"},
+        "workdir": "/w/t",
+        "log_path": "/w/t/log",
+        "exit_file": "/w/t/exit",
+    }
+    assert WarmSeed.from_dict(json.loads(json.dumps(_seed(A="1").to_dict()))) == _seed(A="1")
+
+
+# -- real seeds --------------------------------------------------------------------------
+
+TASK = r"""
+import json, os, sys, time
+print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "pid": os.getpid(),
+                  "sid": os.getsid(0), "pgid": os.getpgid(0), "who": os.environ.get("WHO"),
+                  "tf_config": os.environ.get("TF_CONFIG"), "path0": sys.path[0],
+                  "seeded": "json" in sys.modules}), flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(600)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcessBackend]:
+    # the seed imports json only: what matters here is the fork, not TensorFlow's import time
+    monkeypatch.setattr(process_backend, "PRELOAD", ("json",))
+    ref = BackendRef("process", {"hosts": [{"name": "localhost", "address": "127.0.0.1"}]})
+    with ProcessBackend(ref, tmp_path / "scratch") as b:
+        yield b
+
+
+def _request(tmp: Path, name: str, *args: str) -> LaunchRequest:
+    script = tmp / "task.py"
+    script.write_text(TASK)
+    workdir = str(tmp / name.replace("/", "-"))
+    return LaunchRequest(
+        name=name,
+        role="worker",
+        index=0,
+        host="localhost",
+        command=(PY, str(script), *args),
+        env={"WHO": name},
+        workdir=workdir,
+        log_path=f"{workdir}/task.log",
+        devices=(),
+        tf_config='{"task": {"type": "worker", "index": 0}}',
+    )
+
+
+def _record(request: LaunchRequest, handle: dict[str, object]) -> TaskRecord:
+    return TaskRecord(
+        name=request.name,
+        role=request.role,
+        index=request.index,
+        planned_host=request.host,
+        host=request.host,
+        address="127.0.0.1",
+        port=None,
+        handle=handle,
+        workdir=request.workdir,
+        log_path=request.log_path,
+        command=request.command,
+        env=request.env,
+        devices=(),
+        is_chief=False,
+        fingerprint="",
+        config_digest="",
+        cluster_digest="",
+        started_at=time.time(),
+        status=TaskStatus.RUNNING,
+    )
+
+
+def _started_seed(backend: ProcessBackend, tmp: Path) -> WarmSeed:
+    seed = backend.start_seed("localhost", str(tmp / "_seed"), PY, {})
+    wait_until(lambda: backend.seed_ready(seed), 60, "the seed to be ready")
+    backend.use_seeds([seed])
+    return seed
+
+
+def _first_line(path: str) -> dict[str, object]:
+    wait_until(lambda: Path(path).read_text().strip(), 30, f"a line in {path}")
+    data: dict[str, object] = json.loads(Path(path).read_text().splitlines()[0])
+    return data
+
+
+def test_a_forked_task_is_the_task_its_exit_recorded_and_the_seed_stops_alone(
+    backend: ProcessBackend, tmp_path: Path
+) -> None:
+    seed = _started_seed(backend, tmp_path)
+    request = _request(tmp_path, "worker/0", "7")
+    launched = backend.launch(request, Allocation())
+    assert launched.handle["forked"] is True
+    pid = int(launched.handle["pid"])  # type: ignore[call-overload]
+    seen = _first_line(request.log_path)
+    # its own session and group, its workdir, its argv and environment, TF_CONFIG included
+    assert seen["pid"] == seen["sid"] == seen["pgid"] == pid != seed.pid
+    assert seen["cwd"] == request.workdir and seen["who"] == "worker/0"
+    assert seen["argv"] == [request.command[1], "7"]
+    assert seen["path0"] == str(tmp_path)  # a script's folder first, as python would put it
+    assert seen["tf_config"] == request.tf_config and seen["seeded"] is True
+    record = _record(request, launched.handle)
+    wait_until(lambda: backend.describe([record])["worker/0"].phase.ended, 30, "the task's end")
+    info = backend.describe([record])["worker/0"]
+    assert (info.phase, info.exit_code) == (TaskPhase.FAILED, 7)
+    # stopped by its own group, a task forked from the seed records 128+15 like any other
+    request = _request(tmp_path, "worker/1", "sleep")
+    sleeper = _record(request, backend.launch(request, Allocation()).handle)
+    _first_line(request.log_path)
+    assert backend.cancel([sleeper], 5.0)["worker/1"].outcome == "terminated"  # type: ignore[union-attr]
+    wait_until(
+        lambda: backend.describe([sleeper])["worker/1"].exit_code == 143, 30, "exit 143 recorded"
+    )
+    # the seed goes alone: the tasks it forked have groups of their own
+    request = _request(tmp_path, "worker/2", "sleep")
+    survivor = _record(request, backend.launch(request, Allocation()).handle)
+    _first_line(request.log_path)
+    backend.stop_seed(seed)
+    assert not alive(seed.pid)
+    survivor_pid = int(survivor.handle["pid"])  # type: ignore[call-overload]
+    assert alive(survivor_pid)
+    backend.cancel([survivor], 5.0)
+    assert not alive(survivor_pid)
+
+
+def test_without_a_ready_seed_tasks_start_the_usual_way(
+    backend: ProcessBackend, tmp_path: Path
+) -> None:
+    seed = _started_seed(backend, tmp_path)
+    request = _request(tmp_path, "worker/0", "0")
+    shell = replace(request, command=("/bin/sh", "-c", "exit 0"))
+    assert "forked" not in backend.launch(shell, Allocation()).handle  # not Python: cold
+    backend.stop_seed(seed)
+    launched = backend.launch(request, Allocation())  # the seed is gone: cold, and it runs
+    assert "forked" not in launched.handle
+    record = _record(request, launched.handle)
+    wait_until(lambda: backend.describe([record])["worker/0"].phase.ended, 60, "the task's end")
+    assert backend.describe([record])["worker/0"].exit_code == 0
+    assert os.path.exists(request.log_path)

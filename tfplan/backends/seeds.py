@@ -1,0 +1,140 @@
+"""Warm seeds: tasks forked from one process per host that has imported TensorFlow already.
+
+A Python task spends seconds importing TensorFlow before its first line of work (about 3.7 s
+of CPU on the reference machine, per process); a sweep of short points pays it for every task
+of every point. A seed (:mod:`.transports.seed_agent`) pays it once per host: it imports, then
+forks each task it is asked for, and the child is the task, in its own session, process group,
+workdir and log, as the shell wrapper would have started it. This module is the pure part:
+which tasks a seed can start, and the records kept of seeds.
+
+    seed = backend.start_seed(host, folder, python, env)     # a sweep, once per host
+    backend.use_seeds([seed, ...])                            # each point's backend
+    backend.launch(request, allocation)                       # forks when it can, else starts
+    backend.stop_seed(seed)                                   # the sweep's end
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "AGENT_SOURCE",
+    "IMPORT_TIME_ENV",
+    "PRELOAD",
+    "WarmSeed",
+    "fork_request",
+    "forkable",
+    "seed_env",
+]
+
+AGENT_SOURCE = (Path(__file__).parent / "transports" / "seed_agent.py").read_text()
+PRELOAD = ("tensorflow",)  # what a seed imports: the seconds every task would spend
+
+# Read once, at import, by what the seed has imported: a task that wants other values than
+# the seed was started with cannot be forked from it (it starts the usual way).
+IMPORT_TIME_ENV = (
+    "TF_CPP_MIN_LOG_LEVEL",
+    "TF_CPP_MIN_VLOG_LEVEL",
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TF_USE_LEGACY_KERAS",
+    "KERAS_BACKEND",
+    "PYTHONHASHSEED",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+)
+
+# Per task, never part of a seed's environment.
+_PER_TASK_ENV = ("TF_CONFIG", "TF_CONFIG_FILE", "PYTHONPATH")
+
+# What recipes/train.py sets before it imports TensorFlow when the environment leaves them
+# unset: a seed started for the built-in recipes imports with the same values.
+_RECIPE_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+RECIPES_MODULE = "recipes.train"
+
+
+@dataclass(frozen=True)
+class WarmSeed:
+    """One seed process on one host, as the sweep that started it records it."""
+
+    host: str
+    pid: int
+    pgid: int
+    folder: str  # on the host: the agent, its log, ``ready``, ``requests/``
+    python: str  # the interpreter it runs: only commands of this one are forked
+    env: dict[str, str] = field(default_factory=dict)  # what it was started with
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WarmSeed:
+        return cls(
+            str(data["host"]),
+            int(data["pid"]),
+            int(data["pgid"]),
+            str(data["folder"]),
+            str(data["python"]),
+            {str(k): str(v) for k, v in dict(data.get("env") or {}).items()},
+        )
+
+    @property
+    def agent_path(self) -> str:
+        return posixpath.join(self.folder, "seed_agent.py")
+
+    @property
+    def log_path(self) -> str:
+        return posixpath.join(self.folder, "seed.log")
+
+    @property
+    def ready_path(self) -> str:
+        return posixpath.join(self.folder, "ready")
+
+    @property
+    def requests(self) -> str:
+        return posixpath.join(self.folder, "requests")
+
+
+def _runs_python_code(command: Sequence[str]) -> bool:
+    if len(command) >= 3 and command[1] == "-m":
+        return True
+    return len(command) >= 2 and command[1].endswith(".py") and not command[1].startswith("-")
+
+
+def forkable(seed: WarmSeed, command: Sequence[str], env: Mapping[str, str]) -> bool:
+    """Whether ``seed`` can start a task with this command and environment (pure): the seed's
+    own interpreter running a module (``-m``) or a ``.py`` script, with the same values of the
+    variables read at import time (:data:`IMPORT_TIME_ENV`)."""
+    if not command or command[0] != seed.python or not _runs_python_code(command):
+        return False
+    wanted = seed_env(command, env)
+    return all(wanted.get(k) == seed.env.get(k) for k in IMPORT_TIME_ENV)
+
+
+def seed_env(command: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a seed for tasks like this one is started with (pure): the task's, less
+    what is the task's own (TF_CONFIG, PYTHONPATH: given at the fork), plus the built-in
+    recipes' import-time defaults when the task runs them."""
+    out = {k: v for k, v in env.items() if k not in _PER_TASK_ENV}
+    if len(command) >= 3 and command[1] == "-m" and command[2] == RECIPES_MODULE:
+        for key, value in _RECIPE_DEFAULTS.items():
+            out.setdefault(key, value)
+    return out
+
+
+def fork_request(
+    command: Sequence[str], env: Mapping[str, str], workdir: str, log_path: str, exit_file: str
+) -> bytes:
+    """What the seed agent reads from ``requests/<token>.json``."""
+    data = {
+        "argv": list(command),
+        "env": dict(env),
+        "workdir": workdir,
+        "log_path": log_path,
+        "exit_file": exit_file,
+    }
+    return json.dumps(data).encode()

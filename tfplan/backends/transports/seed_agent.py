@@ -1,0 +1,188 @@
+"""A warm seed: one Python process per host that imports TensorFlow once and forks tasks from it.
+
+Shipped to the host as a file and run there as ``python seed_agent.py FOLDER MODULE...`` (stdlib
+only: a host needs no tfplan). It imports the MODULEs (``tensorflow``: seconds of CPU per process),
+then serves fork requests, so that a task started from it begins its own work at once instead of
+paying the import again. A sweep keeps one per host while its points run (docs/sweeps.md).
+
+Protocol, all in FOLDER on the host:
+
+- ``ready``: written once the imports are done (``<pid> <seconds>``); requests made before wait.
+- ``requests/<token>.json``: a task to start (``argv``, ``env``, ``workdir``, ``log_path``,
+  ``exit_file``), written atomically, then SIGUSR1 to this process's group.
+- ``requests/<token>.pid``: the answer, the PID of the started task, or ``error: <why>``.
+
+A task forked from the seed is what the shell wrapper would have started: its own session and
+process group (``setsid``), cwd its workdir, stdout and stderr its log (truncated), stdin
+/dev/null, the environment the seed was started with plus the task's. The seed reaps it and
+records its exit status in its exit file as the wrapper does (128+N for signal N). Only Python
+commands are forked (``-m module`` or a ``.py`` script, run by :mod:`runpy` as ``__main__``);
+tfplan starts any other command the usual way. Why fork is safe here: the seed has only imported
+modules (no session, no gRPC channel, no thread pool of TensorFlow's runtime), which is the state
+a process forks from without inheriting locks held by threads that do not exist in the child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+WAKE_SECS = 1.0
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
+
+
+def _python_path(env: dict[str, str]) -> list[str]:
+    return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def _run_task(request: dict[str, Any], base_env: dict[str, str], base_path: list[str]) -> None:
+    """In the forked child: become the task, then run its program. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        # Until setsid the child was in the seed's group: a SIGUSR1 that woke the seed for the
+        # next request may be pending here too. Consumed while still blocked, else it would
+        # end the task the moment it is unblocked (seen: exit 138).
+        seed_signals = {signal.SIGUSR1, signal.SIGCHLD}
+        while signal.sigpending() & seed_signals:
+            signal.sigtimedwait(seed_signals, 0)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        workdir = request["workdir"]
+        os.makedirs(workdir, exist_ok=True)
+        os.chdir(workdir)
+        log = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        env = {**base_env, **request["env"], "TFPLAN_EXIT_FILE": request["exit_file"]}
+        os.environ.clear()
+        os.environ.update(env)
+        argv = list(request["argv"])
+        if argv[1] == "-m":
+            first, run = workdir, ("module", argv[2])
+            sys.argv = [argv[2], *argv[3:]]
+        else:
+            first, run = os.path.dirname(os.path.abspath(argv[1])), ("path", argv[1])
+            sys.argv = [argv[1], *argv[2:]]
+        sys.path[:] = [first, *_python_path(env), *base_path]
+        import runpy
+
+        if run[0] == "module":
+            runpy.run_module(run[1], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(run[1], run_name="__main__")
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, int) and stop.code is not None:
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - a task's error is printed as Python would print it
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+class Seed:
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.requests = os.path.join(folder, "requests")
+        os.makedirs(self.requests, exist_ok=True)
+        self.base_env = dict(os.environ)
+        self.base_path = [p for p in sys.path[1:] if p not in _python_path(self.base_env)]
+        self.children: dict[int, str] = {}  # pid -> exit file
+
+    def serve(self) -> None:
+        waited = {signal.SIGUSR1, signal.SIGCHLD}
+        while True:
+            got = signal.sigtimedwait(waited, WAKE_SECS)
+            if got is None or got.si_signo == signal.SIGUSR1:
+                self.fork_requested()
+            self.reap()
+
+    def fork_requested(self) -> None:
+        for name in sorted(os.listdir(self.requests)):
+            if not name.endswith(".json"):
+                continue
+            path = os.path.join(self.requests, name)
+            answer = path[: -len(".json")] + ".pid"
+            try:
+                with open(path) as f:
+                    request = json.load(f)
+                os.remove(path)
+                pid = self.fork(request)
+            except Exception as error:  # noqa: BLE001 - answered, the seed goes on
+                _write_atomic(answer, f"error: {type(error).__name__}: {error}\n")
+                continue
+            _write_atomic(answer, f"{pid}\n")
+
+    def fork(self, request: dict[str, Any]) -> int:
+        exit_file = request["exit_file"]
+        if os.path.lexists(exit_file):
+            os.remove(exit_file)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_task(request, self.base_env, self.base_path)
+        self.children[pid] = exit_file
+        return pid
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            exit_file = self.children.pop(pid, None)
+            if exit_file is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            try:
+                _write_atomic(exit_file, f"{128 - code if code < 0 else code}\n")
+            except OSError as error:
+                print(f"seed: cannot record the exit of {pid} in {exit_file}: {error}", flush=True)
+
+
+def main() -> None:
+    folder, modules = sys.argv[1], sys.argv[2:]
+    # Blocked before anything: a request that comes while the imports run waits for them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGCHLD})
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
+    began = time.monotonic()
+    seed = Seed(folder)
+    for module in modules:
+        try:
+            __import__(module)
+        except Exception as error:  # noqa: BLE001 - a module that fails here fails in the task
+            print(f"seed: could not import {module}: {type(error).__name__}: {error}", flush=True)
+    took = time.monotonic() - began
+    print(f"seed ready in {took:.1f}s ({', '.join(modules) or 'nothing'} imported)", flush=True)
+    _write_atomic(os.path.join(folder, "ready"), f"{os.getpid()} {took:.3f}\n")
+    seed.serve()
+
+
+if __name__ == "__main__":
+    main()
