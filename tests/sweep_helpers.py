@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 # Any TF_CONFIG program can be launched (recipe=command). This one: ps serves until stopped; the
-# chief prints steps, appends one held-out accuracy per step to eval/metrics.jsonl, then writes
+# chief prints steps, appends one held-out accuracy per step to eval/metrics.jsonl (and prints it
+# as the evaluator does: `eval step=N accuracy=X`, what a sweep prunes on), then writes
 # result.json (accuracy from acc=, or, with acc=lr, a function of algo.lr read from run.yaml) and
 # exits with exit=; the other workers exit 0 after worker_secs. With barrier=DIR parties=N the
 # chief first signs in under DIR and makes no step before N chiefs have: N points then run at the
@@ -47,6 +48,7 @@ for step in range(1, steps + 1):
     with open(os.path.join(out, "eval", "metrics.jsonl"), "a") as f:
         f.write(json.dumps({"global_step": step, "accuracy": round(acc * step / steps, 6),
                             "loss": 1.0 / step, "time": time.time()}) + "\n")
+    print(f"eval step={step} accuracy={acc * step / steps:.6f}", flush=True)
 if args.get("exit", "0") != "0":
     sys.exit(int(args["exit"]))
 result = {"status": "succeeded", "global_step": steps, "loss": round(0.5 / steps, 6),

@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import signal
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +90,18 @@ def test_sweep_errors_are_one_line_and_start_nothing(ws: Path) -> None:
         ("algo.lrr=0.1,0.2",): "no such key",
         ("hydra/launcher=basic",): "tfplan runs the points with its own launcher",
         ("hydra/sweeper=nosuch",): "hydra/sweeper: no option 'nosuch'",
+        ("sweep.prune=mean",): "sweep.prune: 'mean' is not a pruning rule",
+        ("sweep.prune=median",): "sweep.prune: pruning compares the evaluator's",
+        ("sweep.prune_startup_points=0",): "sweep.prune_startup_points: 0 < 1",
+        (
+            "+sweep.pruner={_target_: optuna.pruners.MedianPruner}",
+        ): "sweep.pruner: an Optuna pruner needs Optuna's study",
+        (
+            "recipe=command",
+            "recipe.command=python3 t.py",
+            "hydra/sweeper=optuna",
+            "+sweep.pruner={_target_: optuna.pruners.NoSuchPruner}",
+        ): "sweep.pruner:",
     }
     for extra, message in cases.items():
         proc = tfplan(ws, "apply", "-m", "--auto-approve", *sweep_overrides(ws, port)[1:], *extra)
@@ -292,7 +305,6 @@ def _pid_alive(pid: int) -> bool:
 
 @pytest.mark.full
 def test_ctrl_c_stops_every_running_cluster_of_a_concurrent_sweep(ws: Path) -> None:
-    import subprocess
     import sys
 
     from apply_helpers import CONF
@@ -427,3 +439,82 @@ def test_the_seed_of_a_killed_sweep_is_stopped_by_its_next_run(ws: Path) -> None
     assert not _pid_alive(seed_pid)
     assert "Sweep complete! 1 succeeded, 0 failed." in proc.stdout, proc.stdout
     assert not seeds.exists() and not _seed_pids(ws / "work" / "_seed-s")
+
+
+def _pruning_sweep(
+    ws: Path, *extra: str
+) -> tuple[subprocess.CompletedProcess[str], dict[int, dict[str, str]]]:
+    port = free_port_base(60)
+    script = result_task(ws)
+    proc = tfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        *sweep_overrides(ws, port),
+        "recipe=command",
+        f"recipe.command={command(script, steps='8', step_secs='0.1')}",
+        *extra,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {int(r["num"]): r for r in csv.DictReader((ws / "out" / "results.csv").open())}
+    return proc, rows
+
+
+def test_median_pruning_stops_a_point_below_the_finished_points(ws: Path) -> None:
+    # accuracy at step s of 8 is (1 - |lr - 0.05|) * s / 8: lr=0.5 is far below the two
+    # finished points' median from its first step; lr=0.05 is above it and trains to the end
+    proc, rows = _pruning_sweep(
+        ws, "algo.lr=0.04,0.06,0.5,0.05", "sweep.prune=median", "sweep.prune_startup_points=2"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Sweep complete! 3 succeeded, 1 pruned, 0 failed." in proc.stdout
+    assert [rows[n]["status"] for n in range(4)] == [
+        "succeeded",
+        "succeeded",
+        "pruned",
+        "succeeded",
+    ]
+    assert rows[2]["reason"].startswith("pruned at step 1: accuracy 0.0688 below the median 0.1237")
+    assert rows[2]["global_step"] == "1" and rows[2]["accuracy"] == ""
+    assert "#2 tfplan | pruned: pruned at step 1" in proc.stdout
+    record = {p["num"]: p for p in sweep_record(ws / "out")["points"]}
+    assert record[2]["status"] == "pruned" and record[2]["last_step"] == 1
+    # torn down like a finished point: nothing of it runs; its experiment says why it ended
+    state = json.loads((ws / ".tfplan" / "s-2" / "state.json").read_text())
+    statuses = {t["name"]: t["status"] for t in state["tasks"]}
+    assert statuses["worker/0"] == statuses["ps/0"] == "stopped", statuses
+    assert "running" not in statuses.values()
+    experiment = json.loads((ws / "out" / "2" / "tfplan" / "experiment.json").read_text())
+    assert experiment["runs"][-1]["status"] == "pruned", experiment
+    assert not [g for g in recorded_groups(ws) if _group_alive(g)]
+
+
+def test_optuna_records_the_points_tfplan_pruned_as_pruned_trials(ws: Path) -> None:
+    proc, rows = _pruning_sweep(
+        ws,
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.sampler.seed=7",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.direction=maximize",
+        "algo.lr=choice(0.05,0.5,0.6,0.7)",
+        "sweep.prune=median",
+        "sweep.prune_startup_points=1",
+    )
+    # the study as Optuna recorded it (an in-memory study: tfplan leaves it in optuna.json)
+    trials = json.loads((ws / "out" / "optuna.json").read_text())["trials"]
+    states = {t["number"]: t["state"] for t in trials}
+    # job n of the sweep is trial n; Optuna's MedianPruner (tfplan's config) pruned some
+    assert sorted(states) == [0, 1, 2, 3]
+    assert "PRUNED" in states.values(), (states, proc.stdout)
+    for trial in trials:
+        row = rows[trial["number"]]
+        assert float(row["overrides"].split("=")[1]) == trial["params"]["algo.lr"]
+        if trial["state"] == "PRUNED":
+            assert row["status"] == "pruned" and "by Optuna's MedianPruner" in row["reason"]
+            assert trial["intermediate_values"]  # reported while it trained
+        else:
+            assert (trial["state"], row["status"]) == ("COMPLETE", "succeeded")
+            assert trial["value"] == pytest.approx(float(row["accuracy"]))
+            assert len(trial["intermediate_values"]) == 8
+    assert not [g for g in recorded_groups(ws) if _group_alive(g)]

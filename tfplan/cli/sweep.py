@@ -79,9 +79,13 @@ def _finish(sweep_dir: str, count: int, out: Console) -> int:
     out.print()
     render_table(rows, out, f"sweep {header.get('sweep_id')} · {count} points")
     written = write_report(Path(sweep_dir), header, rows)
-    failed = [r for r in rows if r.status != "succeeded"]
+    failed = [r for r in rows if r.status not in ("succeeded", "pruned")]
+    pruned = [r for r in rows if r.status == "pruned"]
+    counts = f"{len(rows) - len(failed) - len(pruned)} succeeded, " + (
+        f"{len(pruned)} pruned, " if pruned else ""
+    )
     out.print(
-        f"\nSweep complete! {len(rows) - len(failed)} succeeded, {len(failed)} failed. "
+        f"\nSweep complete! {counts}{len(failed)} failed. "
         f"Wrote {', '.join(str(p) for p in written)}."
     )
     out.print(f"TensorBoard: tfplan tensorboard {header.get('sweep_id')}")

@@ -353,6 +353,13 @@ class SweepConfig:
     # fork each point's Python tasks from one warm process per host that imported TensorFlow
     # once for the whole sweep (process backend); false: every task starts from nothing
     warm: bool = True
+    # stop a point whose held-out accuracy at a step is below the median of the finished points
+    # at that step: none | median (Optuna's MedianPruner semantics; tfplan.sweeps.pruning)
+    prune: str = "none"
+    prune_startup_points: int = 3  # finished points needed before any point is pruned
+    prune_warmup_steps: int = 0  # no point is pruned before this step
+    # hydra/sweeper=optuna only: any Optuna pruner, {_target_: optuna.pruners.XPruner, ...}
+    pruner: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

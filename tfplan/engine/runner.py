@@ -190,6 +190,9 @@ class ExperimentRun:
         self.outcome: Outcome | None = None
         self.result: dict[str, Any] | None = None
         self.detached = False
+        # (status, reason) the experiment's record gets when supervise() is stopped on purpose
+        # through its interrupt (a sweep pruning the point), instead of "interrupted"
+        self.stopped_because: tuple[str, str] | None = None
         self._began = False
         self._stack = ExitStack()
         self._backend: Backend | None = None
@@ -373,6 +376,8 @@ class ExperimentRun:
 
     def _ending(self, exc: BaseException | None) -> tuple[str, str]:
         if isinstance(exc, KeyboardInterrupt):
+            if self.stopped_because is not None:
+                return self.stopped_because
             return "interrupted", "interrupted: every task was stopped"
         if exc is not None:
             return "failed", str(exc) or type(exc).__name__

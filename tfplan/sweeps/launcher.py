@@ -34,6 +34,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tfplan.errors import ConfigError
+from tfplan.sweeps import optuna_tap
 
 __all__ = ["ClusterLauncher", "ClusterLauncherConf", "register_launcher", "MAX_PORT_WINDOWS"]
 
@@ -106,6 +107,9 @@ class ClusterLauncher(Launcher):
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
         jobs = [self._compose(list(o), initial_job_idx + i) for i, o in enumerate(job_overrides)]
+        tap = optuna_tap.current()  # Optuna's sweeper: job i of the batch is the i-th trial asked
+        if tap is not None:
+            tap.bind(initial_job_idx, len(jobs))
         if self.concurrency == 1 or len(jobs) == 1:
             return [self._run(job) for job in jobs]  # in this thread: Ctrl-C acts as in apply
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="tfplan-point") as pool:

@@ -151,7 +151,8 @@ def _fmt(value: float | int | None, digits: int) -> str:
 
 
 def render_table(rows: list[ResultRow], console: Console, title: str) -> None:
-    """One row per point; a failed point shows its reason under its overrides."""
+    """One row per point; a point that did not succeed shows its reason under its overrides
+    (a pruned one: ``pruned at step N: ...``, its step the one it was pruned at)."""
     table = Table(title=title)
     for name, justify in (
         ("#", "right"),
@@ -165,7 +166,12 @@ def render_table(rows: list[ResultRow], console: Console, title: str) -> None:
     ):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for row in rows:
-        style = {"succeeded": "green", "failed": "red", "interrupted": "yellow"}.get(row.status, "")
+        style = {
+            "succeeded": "green",
+            "failed": "red",
+            "interrupted": "yellow",
+            "pruned": "magenta",
+        }.get(row.status, "")
         overrides = row.overrides if row.status == "succeeded" else f"{row.overrides}\n{row.reason}"
         table.add_row(
             str(row.num),

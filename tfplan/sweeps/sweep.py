@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ from tfplan.engine.lognoise import HIDDEN_HINT, NoiseFilter, shows_tf_noise
 from tfplan.engine.workspace import Workspace
 from tfplan.errors import ConfigError, TfplanError
 from tfplan.files import write_atomic
+from tfplan.sweeps import optuna_tap
+from tfplan.sweeps.pruning import Curves, PruneRule, eval_score, median_verdict
 from tfplan.sweeps.warm import SweepSeeds
 
 __all__ = ["PointRecord", "SweepSpec", "SweepRecord", "run_sweep", "sweep_spec", "SweepOutput"]
@@ -61,6 +64,12 @@ class SweepSpec:
     concurrency: int
     config_dir: Path
     sweeper: str  # "basic" unless hydra/sweeper=... was given
+    prune: PruneRule = field(default_factory=PruneRule)
+    pruner: dict[str, Any] = field(default_factory=dict)  # an Optuna pruner (optuna sweeper)
+
+    @property
+    def optuna(self) -> bool:
+        return self.sweeper.startswith("optuna")
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,7 @@ class PointRecord:
     experiment_id: str
     overrides: tuple[str, ...]  # the swept values of this point
     output_dir: str
-    status: str  # planned | running | succeeded | failed | interrupted
+    status: str  # planned | running | succeeded | failed | pruned | interrupted
     reason: str = ""
     started_at: float | None = None
     ended_at: float | None = None
@@ -196,6 +205,22 @@ def sweep_spec(
     directory = conf_dir(config_dir)
     base = compose_config([*fixed, f"experiment.id={sweep_id}"], directory)
     sweep_dir = os.path.abspath(str(base.cluster.output_dir))
+    rule = PruneRule.of(base.sweep)
+    pruner = {str(k): v for k, v in dict(base.sweep.pruner or {}).items()}
+    if pruner and not sweeper.startswith("optuna"):
+        raise ConfigError(
+            "sweep.pruner",
+            "an Optuna pruner needs Optuna's study",
+            "add hydra/sweeper=optuna, or use sweep.prune=median with any sweeper",
+        )
+    scored = bool(base.cluster.evaluator) or str(base.recipe.kind) == "command"
+    if (rule.kind != "none" or pruner) and not scored:
+        raise ConfigError(
+            "sweep.prune",
+            "pruning compares the evaluator's held-out accuracy during training, and the "
+            "cluster has no evaluator",
+            "add cluster.evaluator=true",
+        )
     return SweepSpec(
         sweep_id,
         sweep_dir,
@@ -204,6 +229,8 @@ def sweep_spec(
         concurrency,
         directory,
         sweeper,
+        rule,
+        pruner,
     )
 
 
@@ -280,13 +307,47 @@ class PointTask:
         self.output = output
         self.record = record  # None: a dry run, which records nothing
         self.planned: list[PointRecord] = []
+        self.curves = Curves()  # every point's held-out accuracy while it trains
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
+        self._stops: dict[int, threading.Event] = {}  # running point -> its stop
+        self._pruned: dict[int, tuple[int, str]] = {}  # point -> (step, why)
 
     def interrupt(self) -> None:
         """Ctrl-C reached the main thread: every point stops its tasks at its next tick (its
         supervisor raises KeyboardInterrupt there, exactly as an interrupted apply)."""
         self._interrupted.set()
+        with self._lock:
+            for stop in self._stops.values():
+                stop.set()
+
+    def _scored(self, num: int, line: str, stop: threading.Event, say: Say) -> None:
+        """A line of point ``num``'s tasks: when it is a held-out score, record it (and report
+        it to the Optuna trial), then stop the point if the pruner says so."""
+        score = eval_score(line)
+        if score is None or stop.is_set() or not self.curves.add(num, *score):
+            return
+        step, value = score
+        tap = optuna_tap.current()
+        trial = tap.trial(num) if tap is not None else None
+        if tap is not None and trial is not None:
+            trial.report(value, step)
+            why = (
+                f"pruned at step {step} by Optuna's {type(tap.pruner).__name__}: "
+                f"accuracy {value:.4f}"
+                if trial.should_prune()
+                else None
+            )
+            if why is not None:
+                tap.prune(num)
+        else:
+            why = median_verdict(self.spec.prune, step, value, self.curves.finished(but=num))
+        if why is None:
+            return
+        with self._lock:
+            self._pruned[num] = (step, why)
+        say(why)
+        stop.set()
 
     def __call__(self, cfg: Any) -> float:
         if self._interrupted.is_set():
@@ -342,6 +403,9 @@ class PointTask:
         self.record.put(point)
         say(f"{point.label} -> experiment {point.experiment_id}, {point.output_dir}")
         result: dict[str, Any] | None = None
+        stop = threading.Event()
+        with self._lock:
+            self._stops[point.num] = stop
         try:
             plan, config_yaml, point = self._plan(point, cfg)
             self.record.put(point)
@@ -351,8 +415,17 @@ class PointTask:
                 point = replace(point, resumed_from=run.resumed_from)
                 applied = run.apply()
                 if applied.state.running:
-                    emit = self.output.emit(point.num, shows_tf_noise(plan.source_config))
-                    outcome = run.supervise(emit, interrupt=self._interrupted)
+                    shown = self.output.emit(point.num, shows_tf_noise(plan.source_config))
+                    num = point.num
+
+                    def emit(task: str, line: str) -> None:
+                        shown(task, line)
+                        if task != "tfplan":
+                            self._scored(num, line, stop, say)
+                            if num in self._pruned and run.stopped_because is None:
+                                run.stopped_because = ("pruned", self._pruned[num][1])
+
+                    outcome = run.supervise(emit, interrupt=stop)
                     point = replace(
                         point,
                         last_step=outcome.last_step,
@@ -363,13 +436,25 @@ class PointTask:
                     point = replace(point, status="succeeded", reason="nothing left to run")
                 result = run.result
         except KeyboardInterrupt:
-            self._end(replace(point, status="interrupted", reason="interrupted (Ctrl-C)"), say)
-            raise
+            pruned = self._pruned.get(point.num)
+            if pruned is None or self._interrupted.is_set():
+                self._end(replace(point, status="interrupted", reason="interrupted (Ctrl-C)"), say)
+                raise
+            step, why = pruned
+            point = replace(point, status="pruned", reason=why, last_step=step)
         except TfplanError as error:
             point = replace(point, status="failed", reason=str(error))
         except Exception as error:  # noqa: BLE001 - one broken point must not end the sweep
             point = replace(point, status="failed", reason=f"{type(error).__name__}: {error}")
+        finally:
+            with self._lock:
+                self._stops.pop(point.num, None)
         self._end(point, say)
+        if point.status == "succeeded":
+            self.curves.finish(point.num)
+        if point.status == "pruned":  # its last score (Optuna records the trial as PRUNED)
+            last = self.curves.last(point.num)
+            return last[1] if last is not None else FAILED_METRIC
         accuracy = (result or {}).get("accuracy") if point.status == "succeeded" else None
         return float(accuracy) if isinstance(accuracy, (int, float)) else FAILED_METRIC
 
@@ -403,7 +488,14 @@ def _run_hydra(spec: SweepSpec, task: PointTask, hydra_sweep_dir: str) -> None:
         f"hydra.sweep.dir='{hydra_sweep_dir}'",
     ]
     GlobalHydra.instance().clear()
+    tap = ExitStack()
     try:
+        if spec.optuna:
+            pruner = optuna_tap.make_pruner(
+                spec.prune.kind, spec.prune.startup_points, spec.prune.warmup_steps, spec.pruner
+            )
+            trials = tap.enter_context(optuna_tap.tapped(pruner))
+            tap.callback(_write_trials, trials, Path(spec.sweep_dir) / "optuna.json")
         with initialize_config_dir(config_dir=str(spec.config_dir), version_base=None):
             hydra = GlobalHydra.instance().hydra
             assert hydra is not None
@@ -421,7 +513,14 @@ def _run_hydra(spec: SweepSpec, task: PointTask, hydra_sweep_dir: str) -> None:
             "hydra/sweeper", first, "install its plugin, e.g. pip install hydra-optuna-sweeper"
         ) from None
     finally:
+        tap.close()
         GlobalHydra.instance().clear()
+
+
+def _write_trials(tap: optuna_tap.OptunaTap, path: Path) -> None:
+    trials = tap.trials()
+    if trials and path.parent.is_dir():
+        write_atomic(path, json.dumps({"trials": trials}, indent=2) + "\n")
 
 
 def preview_sweep(spec: SweepSpec, workspace: Workspace) -> list[PointRecord]:
