@@ -279,6 +279,32 @@ class SweepOutput:
             self._print(text)
 
 
+def _scores(output_dir: Path) -> list[tuple[int, float]]:
+    """A point's held-out scores from its evaluator's ``eval/metrics.jsonl`` (steps rising)."""
+    scores: list[tuple[int, float]] = []
+    try:
+        lines = (output_dir / "eval" / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return scores
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            step, value = int(entry["global_step"]), float(entry["accuracy"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if value == value and (not scores or step > scores[-1][0]):
+            scores.append((step, value))
+    return scores
+
+
+def _read_result(output_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((output_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _job_config(cfg: Any) -> Any:
     """The point's config without Hydra's node, resolved (what compose_config returns)."""
     from omegaconf import OmegaConf, open_dict, read_write
@@ -300,8 +326,10 @@ class PointTask:
         output: SweepOutput,
         record: SweepRecord | None,
         seeds: SweepSeeds | None = None,
+        earlier: dict[int, PointRecord] | None = None,
     ) -> None:
         self.spec = spec
+        self.earlier = earlier or {}  # the points of an earlier run of this sweep (resume)
         self.seeds = seeds  # None: every task starts from nothing (sweep.warm=false, dry run)
         self.workspace = workspace
         self.output = output
@@ -364,7 +392,43 @@ class PointTask:
         )
         if self.record is None:
             return self._plan_only(point, cfg)
+        kept = self._kept(point)
+        if kept is not None:
+            return kept
         return self._run(point, cfg)
+
+    def _kept(self, point: PointRecord) -> float | None:
+        """Resume: a point that succeeded or was pruned in an earlier run of this sweep is not
+        run again (its record, scores and result stay; its metric goes to the sweeper as it
+        did); one that ran other overrides under this number fails without starting. None: run
+        the point (a failed or interrupted one resumes from its checkpoints)."""
+        assert self.record is not None
+        before = self.earlier.get(point.num)
+        if before is None or before.status not in ("succeeded", "pruned"):
+            return None
+        say = self.output.say(point.num)
+        if before.overrides != point.overrides:
+            why = (
+                f"this sweep's point {point.num} ran {before.label} before, and is {point.label} "
+                "now: its folder holds the other point's checkpoints; use a new experiment.id "
+                "for another sweep"
+            )
+            self._end(replace(point, status="failed", reason=why), say)
+            return FAILED_METRIC
+        curve = _scores(Path(before.output_dir))
+        for step, value in curve:
+            self.curves.add(point.num, step, value)
+        self.record.put(before)
+        say(f"{before.status} in an earlier run of this sweep ({before.reason}): kept")
+        if before.status == "succeeded":
+            self.curves.finish(point.num)
+            result = _read_result(Path(before.output_dir))
+            accuracy = result.get("accuracy")
+            return float(accuracy) if isinstance(accuracy, (int, float)) else FAILED_METRIC
+        tap = optuna_tap.current()
+        if tap is not None:
+            tap.prune(point.num)
+        return curve[-1][1] if curve else FAILED_METRIC
 
     def _plan(self, point: PointRecord, cfg: Any) -> tuple[Any, str, PointRecord]:
         from omegaconf import OmegaConf
@@ -550,6 +614,12 @@ def run_sweep(spec: SweepSpec, workspace: Workspace, output: SweepOutput) -> lis
         "started_at": round(time.time(), 3),
         "command": " ".join(sys.argv),
     }
+    earlier: dict[int, PointRecord] = {}
+    if (sweep_dir / "sweep.json").exists():
+        try:
+            earlier = {p.num: p for p in SweepRecord.load(sweep_dir)[1]}
+        except TfplanError as error:
+            output.say(None)(f"the earlier run's record is unreadable ({error}): every point runs")
     record = SweepRecord(sweep_dir / "sweep.json", header)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     index_output(workspace, spec.sweep_id, spec.sweep_dir, "sweep")
@@ -557,7 +627,8 @@ def run_sweep(spec: SweepSpec, workspace: Workspace, output: SweepOutput) -> lis
         spec.sweep_id, sweep_dir, workspace.store(spec.sweep_id).scratch, output.say(None)
     )
     try:
-        _run_hydra(spec, PointTask(spec, workspace, output, record, seeds), spec.sweep_dir)
+        task = PointTask(spec, workspace, output, record, seeds, earlier)
+        _run_hydra(spec, task, spec.sweep_dir)
     finally:  # again, so that the sweep, not its last point, is the latest thing applied here
         seeds.close()
         index_output(workspace, spec.sweep_id, spec.sweep_dir, "sweep")
