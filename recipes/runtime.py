@@ -98,6 +98,9 @@ def wait_for_peers(task: TaskInfo, timeout_secs: float, log: Any = print) -> Non
     pending = dict(enumerate(task.cluster.get("ps", [])))
     began = time.monotonic()
     said = began
+    # short first, then every 0.5 s: a ps started beside this task (forked from a sweep's warm
+    # seed, or a standby taking over) listens within a fraction of a second
+    pause = 0.02
     errors: dict[int, str] = {}
     while pending:
         for index, address in list(pending.items()):
@@ -121,7 +124,8 @@ def wait_for_peers(task: TaskInfo, timeout_secs: float, log: Any = print) -> Non
             said = now
             waiting = ", ".join(f"ps/{i} at {a} ({errors[i]})" for i, a in pending.items())
             log(f"{task.type}/{task.index}: waiting for {waiting}, {now - began:.0f}s")
-        time.sleep(0.5)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def session_config(task: TaskInfo) -> Any:

@@ -224,3 +224,49 @@ def test_the_users_keras_model_trains_across_three_namespaced_hosts(
         assert not [t for t in state["tasks"] if alive(t["handle"]["pid"])]
     finally:
         kill_groups(recorded_groups(project))
+
+
+@pytest.mark.ssh
+def test_a_sweep_over_ssh_forks_its_tasks_from_the_hosts_warm_seed(
+    ws: Path, sshd_server: LoopbackSshd
+) -> None:
+    """The seed over SSH: its agent written there, started, asked for each task through the
+    SSH connection (fork_script), stopped at the end; nothing of it left on the host."""
+    from sweep_helpers import command, result_task, sweep_overrides
+
+    target = sshd_server.target()
+    env = _conf_with_cluster(
+        ws,
+        "viassh",
+        {
+            "hosts": [_host(target)],
+            "ps": 1,
+            "workers": 2,
+            "ssh_known_hosts": str(sshd_server.known_hosts),
+        },
+    )
+    script = result_task(ws)
+    run = command(script, steps="3")  # the host's python is this one (sshd on loopback)
+    proc = tfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        "cluster=viassh",
+        *sweep_overrides(ws, free_port_base(30)),
+        "recipe=command",
+        f"recipe.command={run}",
+        "algo.lr=0.03,0.06",
+        env=env,
+        check=True,
+    )
+    assert "sweep tfplan | warm seed on sshd ready in" in proc.stdout, proc.stdout
+    assert "Sweep complete! 2 succeeded, 0 failed." in proc.stdout
+    for experiment in ("s-0", "s-1"):
+        state = state_of(ws, experiment)
+        assert all(t["handle"].get("forked") is True for t in state["tasks"]), state["tasks"]
+        assert {t["host"] for t in state["tasks"]} == {"sshd"}
+    results = json.loads((ws / "out" / "results.json").read_text())["points"]
+    assert [round(p["accuracy"], 6) for p in results] == [0.98, 0.99]
+    assert not (ws / "out" / "seeds.json").exists()
+    assert not [g for g in recorded_groups(ws) if alive(g)]

@@ -47,6 +47,7 @@ REPORTS = [
         "bench_slurm.md",
         "bench_streaming.md",
         "bench_strategies.md",
+        "bench_sweep.md",
         "bench_training.md",
         "bench_user_model.md",
         "reliability.md",
@@ -139,6 +140,16 @@ def test_bench_resize(tmp_path: Path) -> None:
     assert figure(text, "| global steps rolled back") == 0
     assert figure(text, "| parameter-server restarts") == 0
     assert figure(text, "| processes left after the job ended by itself") == 0
+
+
+@pytest.mark.timeout(600)
+def test_bench_sweep(tmp_path: Path) -> None:
+    out = tmp_path / "bench_sweep.md"
+    run_bench("bench_sweep.py", "--points", "2", "--out", str(out), cwd=tmp_path, timeout=540)
+    text = out.read_text()
+    assert figure(text, "| wall / training") > 1
+    assert figure(text, "| apply -> first step, points after the first (s, median)") > 0
+    assert figure(text, "| processes left after the sweep") == 0
 
 
 @pytest.mark.timeout(600)

@@ -1,4 +1,4 @@
-"""Warm seeds (tfplan.backends.seeds): which tasks a seed can start, and real tasks forked from a
+"""Warm seeds (tfplan.backends.transports.seeds): which tasks a seed can start, and real tasks forked from a
 real seed on this host, started, observed and stopped as the shell wrapper's tasks are."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from apply_helpers import alive, wait_until
 import tfplan.backends.process as process_backend
 from tfplan.backends.api import LaunchRequest, TaskPhase
 from tfplan.backends.process import ProcessBackend
-from tfplan.backends.seeds import WarmSeed, fork_request, forkable, seed_env
+from tfplan.backends.transports.seeds import WarmSeed, fork_request, forkable, seed_env
 from tfplan.planning.plan import BackendRef
 from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
 

@@ -409,6 +409,48 @@ def test_points_fork_their_tasks_from_a_warm_seed_that_ends_with_the_sweep(ws: P
     assert not [t for t in state["tasks"] if t["handle"].get("forked")]
 
 
+def test_a_ps_killed_in_a_warm_sweep_is_forked_again_and_the_point_goes_on(ws: Path) -> None:
+    port = free_port_base(30)
+    script = result_task(ws)
+    barrier = ws / "barrier"  # the chief makes no step before the test signs in too
+    held = command(script, steps="3", barrier=str(barrier), parties="2")
+    run = BackgroundTfplan(
+        ws,
+        "apply",
+        "-m",
+        "--auto-approve",
+        *sweep_overrides(ws, port),
+        "recipe=command",
+        f"recipe.command={held}",
+        "algo.lr=0.05",
+    )
+    state_path = ws / ".tfplan" / "s-0" / "state.json"
+
+    def ps() -> dict[str, object]:
+        state = json.loads(state_path.read_text()) if state_path.exists() else {"tasks": []}
+        return next((t for t in state["tasks"] if t["name"] == "ps/0"), {})
+
+    try:
+        wait_until(lambda: barrier.exists() and os.listdir(barrier), 120, "the chief to wait")
+        first = ps()
+        assert first["handle"]["forked"] is True  # type: ignore[index]
+        os.kill(int(first["handle"]["pid"]), signal.SIGKILL)  # type: ignore[index]
+        wait_until(lambda: ps().get("restarts") == 1, 60, "the ps to be restarted")
+        again = ps()
+        assert again["handle"]["forked"] is True  # type: ignore[index]
+        assert again["handle"]["pid"] != first["handle"]["pid"]  # type: ignore[index]
+        (barrier / "test").touch()  # the chief trains now
+        lines = run.finish(120)
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+    out = "\n".join(lines)
+    assert run.proc.returncode == 0, out
+    assert "ps/0: restarted on localhost" in out and "Sweep complete! 1 succeeded" in out
+    assert "standby" not in out  # a forked restart is as quick: no standby is kept
+    assert not [g for g in recorded_groups(ws) if _group_alive(g)]
+
+
 @pytest.mark.full
 def test_the_seed_of_a_killed_sweep_is_stopped_by_its_next_run(ws: Path) -> None:
     port = free_port_base(30)

@@ -379,6 +379,12 @@ class Backend(ABC):
         """
         raise NotImplementedError(f"the {self.name} backend cannot copy outputs back")
 
+    def starts_warm(self, host: str) -> bool:
+        """Whether a task (re)started on ``host`` now skips its program's imports, as a warm
+        standby taking over would (tasks forked from a sweep's warm seed): standbys are then
+        not worth their processes."""
+        return False
+
     def handle_text(self, task: TaskRecord) -> str:
         """The handle as users know it (``pid 4242``, ``step 17.3``, ``pod x``) for tables."""
         return " ".join(f"{k} {v}" for k, v in task.handle.items())

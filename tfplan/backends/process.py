@@ -7,7 +7,7 @@ stopped by process group, never by name.
 
 Handle: ``{"pid": ..., "pgid": ...}`` of the task's wrapper, the leader of its process group;
 a warm standby's (and a task that was one) adds ``"exit_file"``, its own exit record in the
-task's workdir; a task forked from a warm seed (:mod:`tfplan.backends.seeds`, a sweep's) adds
+task's workdir; a task forked from a warm seed (:mod:`tfplan.backends.transports.seeds`, a sweep's) adds
 ``"forked": true``: its PID is the program's own, and the seed records its exit status.
 
 Every process of a task is in its group: a stop signals the group, so it reaches the program
@@ -49,13 +49,6 @@ from tfplan.backends.firewall import (
     parse_detect,
     remove_script,
 )
-from tfplan.backends.seeds import (
-    AGENT_SOURCE,
-    PRELOAD,
-    WarmSeed,
-    fork_request,
-    forkable,
-)
 from tfplan.backends.staging import run_yaml, ship_code
 from tfplan.backends.transports.pool import TransportPool
 from tfplan.backends.transports.preflight import (
@@ -74,6 +67,13 @@ from tfplan.backends.transports.scripts import (
     standby_exit_file,
 )
 from tfplan.backends.transports.scripts import exit_file as exit_file_of
+from tfplan.backends.transports.seeds import (
+    AGENT_SOURCE,
+    PRELOAD,
+    WarmSeed,
+    fork_request,
+    forkable,
+)
 from tfplan.backends.transports.specs import (
     HostTarget,
     LaunchSpec,
@@ -415,6 +415,9 @@ class ProcessBackend(Backend):
     def use_seeds(self, seeds: Sequence[WarmSeed]) -> None:
         """Fork the tasks this backend launches from these seeds, where they can start them."""
         self._seeds = {seed.host: seed for seed in seeds}
+
+    def starts_warm(self, host: str) -> bool:
+        return host in self._seeds
 
     def _fork(
         self, seed: WarmSeed, request: LaunchRequest, env: dict[str, str], exit_file: str | None

@@ -28,7 +28,7 @@ from typing import Any
 from tfplan.backends import open_backend
 from tfplan.backends.api import Backend, OutputPlace
 from tfplan.backends.process import ProcessBackend
-from tfplan.backends.seeds import WarmSeed
+from tfplan.backends.transports.seeds import WarmSeed
 from tfplan.engine.applier import ApplyResult, Progress, apply_plan
 from tfplan.engine.background import me, take_over_from_background
 from tfplan.engine.experiment import (

@@ -569,6 +569,8 @@ class Supervisor:
         for task in state.running:
             if task.role != "ps" or task.name in self._pending:
                 continue
+            if self.backend.starts_warm(task.host):  # its restart is as quick as a takeover
+                continue
             if state.standby_for(task.name) is not None or not self._standby_due(task, now):
                 continue
             state = self._start_standby(state, task)

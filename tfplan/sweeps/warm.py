@@ -2,7 +2,7 @@
 
 Each point of a sweep is a new cluster, and every Python task of it would import TensorFlow
 again (seconds of CPU each: most of a short point's time). With ``sweep.warm=true`` (the
-default) the sweep starts a seed (:mod:`tfplan.backends.seeds`) on each host its points use, the
+default) the sweep starts a seed (:mod:`tfplan.backends.transports.seeds`) on each host its points use, the
 first time a point needs the host, waits until it has imported, and every point's backend forks
 its tasks from it. The seeds are the sweep's: recorded in ``<sweep dir>/seeds.json`` (written
 atomically) as soon as they start, stopped by process group when the sweep ends, and stopped
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tfplan.backends import open_backend
 from tfplan.backends.process import ProcessBackend
-from tfplan.backends.seeds import WarmSeed, seed_env
+from tfplan.backends.transports.seeds import WarmSeed, seed_env
 from tfplan.errors import TfplanError
 from tfplan.files import write_atomic
 from tfplan.planning.plan import Plan

@@ -2,7 +2,7 @@
 
 A Python task spends seconds importing TensorFlow before its first line of work (about 3.7 s
 of CPU on the reference machine, per process); a sweep of short points pays it for every task
-of every point. A seed (:mod:`.transports.seed_agent`) pays it once per host: it imports, then
+of every point. A seed (:mod:`.seed_agent`) pays it once per host: it imports, then
 forks each task it is asked for, and the child is the task, in its own session, process group,
 workdir and log, as the shell wrapper would have started it. This module is the pure part:
 which tasks a seed can start, and the records kept of seeds.
@@ -32,7 +32,7 @@ __all__ = [
     "seed_env",
 ]
 
-AGENT_SOURCE = (Path(__file__).parent / "transports" / "seed_agent.py").read_text()
+AGENT_SOURCE = (Path(__file__).with_name("seed_agent.py")).read_text()
 PRELOAD = ("tensorflow",)  # what a seed imports: the seconds every task would spend
 
 # Read once, at import, by what the seed has imported: a task that wants other values than

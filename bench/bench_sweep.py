@@ -1,0 +1,157 @@
+"""Sweeps: wall time against the points' training, cold tasks against tasks forked from a seed.
+
+    .venv/bin/python bench/bench_sweep.py [--points 8] [--repeats 1] [--out docs/bench_sweep.md]
+
+One run holds both ways side by side, alternating, on the default experiment (`cluster=local
+algo=downpour`, digits, 1,000 steps), sweeping `algo.lr` over N values:
+
+- cold: `sweep.warm=false`, every task a new process that imports TensorFlow (what every sweep
+  did before warm seeds);
+- warm: `sweep.warm=true` (the default), every task forked from the host's seed;
+- warm with `--concurrency 2` (two clusters at once on the same 2 cores: each point's training
+  is slower, the sweep shorter).
+
+Per sweep: wall time of `tfplan apply -m` (the command, start to end), the sum of the points'
+training time (`wall_time_secs` of each result.json, the chief's own clock from its first to
+its last step), their ratio; and for every point after the first, apply -> first step: from
+the point's start in sweep.json to the chief's first step (its task's `started_at` in the
+point's state plus the `first step X s after launch` of its log). Also the processes left
+after each sweep (tfplan's recorded groups and seeds still alive: must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from apply_helpers import free_port_base, recorded_groups  # noqa: E402
+
+FIRST_STEP = re.compile(r"first step ([0-9.]+)s after launch")
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def one_sweep(
+    ws: Path, name: str, warm: bool, lrs: list[str], concurrency: int = 1
+) -> dict[str, Any]:
+    port = free_port_base(20 * len(lrs))
+    out = ws / name
+    args = [
+        sys.executable,
+        "-m",
+        "tfplan",
+        "apply",
+        "-m",
+        "--auto-approve",
+        "--concurrency",
+        str(concurrency),
+        "cluster=local",
+        "algo=downpour",
+        f"algo.lr={','.join(lrs)}",
+        f"experiment.id={name}",
+        f"cluster.output_dir={out}",
+        f"cluster.workdir={ws / 'work' / name}",
+        f"cluster.port_base={port}",
+        "cluster.port_range=10",
+        f"sweep.warm={'true' if warm else 'false'}",
+    ]
+    env = {**os.environ, "TFPLAN_CONF": str(REPO / "conf")}
+    began = time.monotonic()
+    done = subprocess.run(args, cwd=ws, env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.monotonic() - began
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    points = json.loads((out / "sweep.json").read_text())["points"]
+    training = 0.0
+    first_steps = []
+    for point in sorted(points, key=lambda p: p["num"]):
+        result = json.loads((out / str(point["num"]) / "result.json").read_text())
+        training += float(result["wall_time_secs"])
+        state = json.loads((ws / ".tfplan" / point["experiment_id"] / "state.json").read_text())
+        chief = next(t for t in state["tasks"] if t["name"] == "worker/0")
+        log = Path(chief["log_path"]).read_text()
+        match = FIRST_STEP.search(log)
+        if match and point["num"] > 0:
+            first = float(chief["started_at"]) + float(match.group(1))
+            first_steps.append(first - float(point["started_at"]))
+    seeds = (out / "seeds.json").exists()
+    left = [g for g in recorded_groups(ws) if _alive(g)]
+    return {
+        "name": name,
+        "warm": warm,
+        "concurrency": concurrency,
+        "wall_secs": round(wall, 2),
+        "training_secs": round(training, 2),
+        "ratio": round(wall / training, 2),
+        "first_step_secs": [round(s, 2) for s in first_steps],
+        "first_step_median": round(statistics.median(first_steps), 2),
+        "left": len(left) + int(seeds),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", default=str(REPO / "docs" / "bench_sweep.md"))
+    args = parser.parse_args()
+    lrs = [f"{0.01 * (i + 1):.2f}" for i in range(args.points)]
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tfplan-sweep-bench-") as tmp:
+        for i in range(args.repeats):
+            for warm, concurrency in ((False, 1), (True, 1), (True, 2)):
+                name = f"{'warm' if warm else 'cold'}{concurrency}-{i}"
+                runs.append(one_sweep(Path(tmp), name, warm, lrs, concurrency))
+                print(json.dumps(runs[-1]), flush=True)
+
+    def med(warm: bool, key: str, concurrency: int = 1) -> float:
+        chosen = [r[key] for r in runs if r["warm"] == warm and r["concurrency"] == concurrency]
+        return statistics.median(chosen)
+
+    lines = [
+        "# Sweeps: cold tasks against tasks forked from a warm seed (bench/bench_sweep.py)",
+        "",
+        f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"{args.points}-point sweeps of `cluster=local algo=downpour` (3 tasks, 1,000 steps) "
+        f"over `algo.lr`, cold and warm alternating, {args.repeats} of each, medians.",
+        "",
+        "| measure | cold (`sweep.warm=false`) | warm (default) | warm / cold | warm, "
+        "`--concurrency 2` |",
+        "|---|---|---|---|---|",
+    ]
+    for label, key in (
+        ("sweep wall time (s)", "wall_secs"),
+        ("sum of the points' training (s)", "training_secs"),
+        ("wall / training", "ratio"),
+        ("apply -> first step, points after the first (s, median)", "first_step_median"),
+        ("processes left after the sweep", "left"),
+    ):
+        cold, warm, two = med(False, key), med(True, key), med(True, key, 2)
+        share = f"{warm / cold:.2f}x" if cold else "-"
+        lines.append(f"| {label} | {cold:g} | {warm:g} | {share} | {two:g} |")
+    lines += ["", "Every sweep:", ""]
+    lines += [f"- {json.dumps(r)}" for r in runs]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
