@@ -145,11 +145,14 @@ def test_bench_resize(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_sweep(tmp_path: Path) -> None:
     out = tmp_path / "bench_sweep.md"
-    run_bench("bench_sweep.py", "--points", "2", "--out", str(out), cwd=tmp_path, timeout=540)
+    args = ["--points", "2", "--prune-points", "3", "--out", str(out)]
+    run_bench("bench_sweep.py", *args, cwd=tmp_path, timeout=540)
     text = out.read_text()
     assert figure(text, "| wall / training") > 1
     assert figure(text, "| apply -> first step, points after the first (s, median)") > 0
     assert figure(text, "| processes left after the sweep") == 0
+    assert figure(text, "| sweep wall time (s) | ") > 0  # the pruning table's
+    assert "| best point (accuracy) | algo.lr=" in text
 
 
 @pytest.mark.timeout(600)
