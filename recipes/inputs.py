@@ -454,6 +454,14 @@ def _finish_spec(feats: dict[str, _Feat], label: _Feat) -> InputSpec:
     )
 
 
+def _plain(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` for ``Dataset.map`` as it is written, not converted by AutoGraph: these functions
+    are tensor ops only (no Python control flow on tensors), and conversion was most of the
+    tracing time of every input pipeline (measured: about a quarter of a second per process at
+    start and again for the final scores; what a short sweep point waits for)."""
+    return _tf().autograph.experimental.do_not_convert(fn)
+
+
 def _structure(feats: Sequence[str], label: str) -> Callable[..., Any]:
     """Maps a tuple of columns in ``(*feats, label)`` order to ``(features, label)``."""
     names = list(feats)
@@ -1116,7 +1124,7 @@ def _array_fetch(
         def fetch(pos: Any) -> Any:
             return to_pair(*[tf.gather(c, pos) for c in consts])
 
-        return fetch
+        return _plain(fetch)
 
     def take(pos: np.ndarray) -> list[np.ndarray]:
         return table.take(rows[pos])
@@ -1127,7 +1135,7 @@ def _array_fetch(
             c.set_shape(pos.shape.concatenate(shape))
         return to_pair(*cols)
 
-    return fetch_py
+    return _plain(fetch_py)
 
 
 def _array_train(
@@ -1166,10 +1174,10 @@ def _array_train(
                 tf.reshape(order[: per * batch], [per, batch])
             )
 
-        positions = counter.flat_map(epoch)
+        positions = counter.flat_map(_plain(epoch))
     else:
         offsets = tf.range(batch, dtype=tf.int64)
-        positions = counter.map(lambda k: (k * batch + offsets) % n)  # a cycle: nothing dropped
+        positions = counter.map(_plain(lambda k: (k * batch + offsets) % n))  # a cycle: all used
     return positions.map(fetch)
 
 
@@ -1206,7 +1214,7 @@ def _fed_train(
     ds = tf.data.Dataset.from_tensor_slices(tuple(placeholders))
     if shuffle:
         ds = ds.shuffle(len(rows), seed=seed, reshuffle_each_iteration=True)
-    return ds.repeat().batch(batch, drop_remainder=True).map(to_pair)
+    return ds.repeat().batch(batch, drop_remainder=True).map(_plain(to_pair))
 
 
 def graph_feeds(graph: Any = None) -> dict[Any, np.ndarray]:
@@ -1223,7 +1231,7 @@ def _array_eval(
     n = len(rows)
     fetch = _array_fetch(table, rows, feats, label, lazy)
     starts = tf.data.Dataset.range(0, n, batch)
-    return starts.map(lambda s: tf.range(s, tf.minimum(s + batch, n))).map(fetch)
+    return starts.map(_plain(lambda s: tf.range(s, tf.minimum(s + batch, n)))).map(fetch)
 
 
 # ------------------------------------------------------------------------------- factory
