@@ -459,7 +459,8 @@ def _plain(fn: Callable[..., Any]) -> Callable[..., Any]:
     are tensor ops only (no Python control flow on tensors), and conversion was most of the
     tracing time of every input pipeline (measured: about a quarter of a second per process at
     start and again for the final scores; what a short sweep point waits for)."""
-    return _tf().autograph.experimental.do_not_convert(fn)
+    plain: Callable[..., Any] = _tf().autograph.experimental.do_not_convert(fn)
+    return plain
 
 
 def _structure(feats: Sequence[str], label: str) -> Callable[..., Any]:

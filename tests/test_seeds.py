@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -199,3 +200,36 @@ def test_without_a_ready_seed_tasks_start_the_usual_way(
     wait_until(lambda: backend.describe([record])["worker/0"].phase.ended, 60, "the task's end")
     assert backend.describe([record])["worker/0"].exit_code == 0
     assert os.path.exists(request.log_path)
+
+
+EXITS_BY_ITSELF = r"""
+import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+print("leaving", flush=True)
+os._exit(5)  # as the built-in recipes end: no interpreter teardown
+"""
+
+
+def test_a_forked_task_records_its_exit_itself_before_its_seed_reaps_it(
+    backend: ProcessBackend, tmp_path: Path
+) -> None:
+    """The watcher sees a task gone before the seed has reaped it: the status must already be
+    there (seen with two points at once: a chief that finished read as failed, restarted)."""
+    seed = _started_seed(backend, tmp_path)
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS_BY_ITSELF)
+    go = tmp_path / "go"
+    request = replace(_request(tmp_path, "worker/0"), command=(PY, str(script), str(go)))
+    record = _record(request, backend.launch(request, Allocation()).handle)
+    assert record.handle["forked"] is True
+    os.killpg(seed.pgid, signal.SIGSTOP)  # the seed reaps nothing now
+    try:
+        go.touch()
+        wait_until(lambda: backend.describe([record])["worker/0"].phase.ended, 30, "the end")
+        info = backend.describe([record])["worker/0"]
+        assert (info.phase, info.exit_code) == (TaskPhase.FAILED, 5)
+        assert Path(request.log_path).read_text() == "leaving\n"
+    finally:
+        os.killpg(seed.pgid, signal.SIGCONT)
+    backend.stop_seed(seed)

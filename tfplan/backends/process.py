@@ -8,7 +8,8 @@ stopped by process group, never by name.
 Handle: ``{"pid": ..., "pgid": ...}`` of the task's wrapper, the leader of its process group;
 a warm standby's (and a task that was one) adds ``"exit_file"``, its own exit record in the
 task's workdir; a task forked from a warm seed (:mod:`tfplan.backends.transports.seeds`, a sweep's) adds
-``"forked": true``: its PID is the program's own, and the seed records its exit status.
+``"forked": true``: its PID is the program's own; it records its exit status itself (the seed
+when a signal ended it).
 
 Every process of a task is in its group: a stop signals the group, so it reaches the program
 whichever of the wrapper and the program died first. A wrapper that died while its program runs

@@ -14,8 +14,9 @@ Protocol, all in FOLDER on the host:
 
 A task forked from the seed is what the shell wrapper would have started: its own session and
 process group (``setsid``), cwd its workdir, stdout and stderr its log (truncated), stdin
-/dev/null, the environment the seed was started with plus the task's. The seed reaps it and
-records its exit status in its exit file as the wrapper does (128+N for signal N). Only Python
+/dev/null, the environment the seed was started with plus the task's. It records its own exit
+status in its exit file before it exits, as the wrapper does; the seed reaps it and records the
+status of a task killed by signal N (128+N). Only Python
 commands are forked (``-m module`` or a ``.py`` script, run by :mod:`runpy` as ``__main__``);
 tfplan starts any other command the usual way. Why fork is safe here: the seed has only imported
 modules (no session, no gRPC channel, no thread pool of TensorFlow's runtime), which is the state
@@ -46,9 +47,35 @@ def _python_path(env: dict[str, str]) -> list[str]:
     return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
+def _record_exit(path: str, code: int) -> None:
+    try:
+        _write_atomic(path, f"{code}\n")
+    except OSError:
+        pass  # the seed records it when it reaps the task
+
+
 def _run_task(request: dict[str, Any], base_env: dict[str, str], base_path: list[str]) -> None:
-    """In the forked child: become the task, then run its program. Never returns."""
+    """In the forked child: become the task, then run its program. Never returns.
+
+    The task records its own exit status before it exits, as the shell wrapper does before the
+    wrapper exits: whoever sees the process gone (the host's watcher) then finds the status
+    there. Left to the seed, it would come only once the seed has reaped the task, after the
+    watcher looked (seen: a chief that finished read as failed, and restarted). Programs that
+    end with ``os._exit`` (the built-in recipes do) go through the same record.
+    """
     code = 1
+    exit_file = request["exit_file"]
+    real_exit = os._exit
+
+    def recorded_exit(status: int) -> None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001, S110 - a closed stream must not stop the exit
+            pass
+        _record_exit(exit_file, status)
+        real_exit(status)
+
     try:
         os.setsid()
         # Until setsid the child was in the seed's group: a SIGUSR1 that woke the seed for the
@@ -81,6 +108,7 @@ def _run_task(request: dict[str, Any], base_env: dict[str, str], base_path: list
             first, run = os.path.dirname(os.path.abspath(argv[1])), ("path", argv[1])
             sys.argv = [argv[1], *argv[2:]]
         sys.path[:] = [first, *_python_path(env), *base_path]
+        os._exit = recorded_exit  # type: ignore[assignment]
         import runpy
 
         if run[0] == "module":
@@ -96,11 +124,7 @@ def _run_task(request: dict[str, Any], base_env: dict[str, str], base_path: list
         traceback.print_exc()
         code = 1
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        recorded_exit(code)
 
 
 class Seed:
@@ -157,7 +181,7 @@ class Seed:
             if pid == 0:
                 return
             exit_file = self.children.pop(pid, None)
-            if exit_file is None:
+            if exit_file is None or os.path.exists(exit_file):  # the task recorded its own
                 continue
             code = os.waitstatus_to_exitcode(status)
             try:
