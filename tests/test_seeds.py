@@ -90,6 +90,12 @@ def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Process
     ref = BackendRef("process", {"hosts": [{"name": "localhost", "address": "127.0.0.1"}]})
     with ProcessBackend(ref, tmp_path / "scratch") as b:
         yield b
+        for seed in STARTED:  # a test that failed half-way leaves its seed: stopped here
+            try:
+                b.stop_seed(seed)
+            except Exception:  # noqa: BLE001, S110 - stopped already
+                pass
+        STARTED.clear()
 
 
 def _request(tmp: Path, name: str, *args: str) -> LaunchRequest:
@@ -134,15 +140,20 @@ def _record(request: LaunchRequest, handle: dict[str, object]) -> TaskRecord:
     )
 
 
+STARTED: list[WarmSeed] = []
+
+
 def _started_seed(backend: ProcessBackend, tmp: Path) -> WarmSeed:
     seed = backend.start_seed("localhost", str(tmp / "_seed"), PY, {})
+    STARTED.append(seed)
     wait_until(lambda: backend.seed_ready(seed), 60, "the seed to be ready")
     backend.use_seeds([seed])
     return seed
 
 
 def _first_line(path: str) -> dict[str, object]:
-    wait_until(lambda: Path(path).read_text().strip(), 30, f"a line in {path}")
+    log = Path(path)
+    wait_until(lambda: log.exists() and log.read_text().strip(), 30, f"a line in {path}")
     data: dict[str, object] = json.loads(Path(path).read_text().splitlines()[0])
     return data
 
