@@ -46,11 +46,11 @@ from apply_helpers import free_port_base, recorded_groups  # noqa: E402
 
 FIRST_STEP = re.compile(r"first step ([0-9.]+)s after launch")
 # Learning rates some of which crawl (1e-4 .. 1e-3) or are too large, in an order a search
-# might try them; 3,000 steps with an evaluator scoring checkpoints every half second.
+# might try them; 6,000 steps with an evaluator scoring checkpoints every half second.
 PRUNE_LRS = ["0.1", "0.0005", "0.3", "0.0002", "0.05", "0.001", "0.2", "0.0001"]
 PRUNE_SWEEP = (
     "cluster.evaluator=true",
-    "trainer.max_steps=3000",
+    "trainer.max_steps=6000",
     "trainer.eval_secs=0.5",
     "sweep.prune_startup_points=2",
 )
@@ -105,8 +105,11 @@ def one_sweep(
     first_steps = []
     best: tuple[float, str] = (-1.0, "")
     statuses: dict[str, int] = {}
+    pruned_points = []
     for point in sorted(points, key=lambda p: p["num"]):
         statuses[point["status"]] = statuses.get(point["status"], 0) + 1
+        if point["status"] == "pruned":
+            pruned_points.append(" ".join(point["overrides"]))
         if point["status"] != "succeeded":
             continue
         result = json.loads((out / str(point["num"]) / "result.json").read_text())
@@ -135,6 +138,7 @@ def one_sweep(
         "best_accuracy": round(best[0], 4),
         "best_point": best[1],
         "pruned": statuses.get("pruned", 0),
+        "pruned_points": pruned_points,
     }
 
 
