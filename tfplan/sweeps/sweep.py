@@ -470,6 +470,8 @@ class PointTask:
         stop = threading.Event()
         with self._lock:
             self._stops[point.num] = stop
+            if self._interrupted.is_set():  # Ctrl-C came between __call__'s look and here
+                stop.set()
         try:
             plan, config_yaml, point = self._plan(point, cfg)
             self.record.put(point)
