@@ -49,6 +49,7 @@ def test_values_read_at_import_must_match_the_seeds() -> None:
 
 def test_the_seed_environment_leaves_out_what_is_per_task_and_adds_the_recipes_defaults() -> None:
     env = {"TF_CONFIG": "{}", "PYTHONPATH": "/w/0/_code", "A": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    env |= {"TFPLAN_TASK": "ps/0", "TFPLAN_RUN_CONFIG": "/w/0/ps-0/run.yaml"}
     assert seed_env((PY, "t.py"), env) == {"A": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
     built_in = seed_env((PY, "-m", "recipes.train"), {"A": "1"})
     assert built_in == {"A": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}

@@ -117,9 +117,9 @@ def forkable(seed: WarmSeed, command: Sequence[str], env: Mapping[str, str]) -> 
 
 def seed_env(command: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
     """The environment a seed for tasks like this one is started with (pure): the task's, less
-    what is the task's own (TF_CONFIG, PYTHONPATH: given at the fork), plus the built-in
+    what is the task's own (TF_CONFIG, PYTHONPATH, TFPLAN_*: given at the fork), plus the built-in
     recipes' import-time defaults when the task runs them."""
-    out = {k: v for k, v in env.items() if k not in _PER_TASK_ENV}
+    out = {k: v for k, v in env.items() if k not in _PER_TASK_ENV and not k.startswith("TFPLAN_")}
     if len(command) >= 3 and command[1] == "-m" and command[2] == RECIPES_MODULE:
         for key, value in _RECIPE_DEFAULTS.items():
             out.setdefault(key, value)
