@@ -57,10 +57,10 @@ class SweepSeeds:
             return ()
         with self._lock:
             if self._backend is None:
-                self._stop_leftovers(plan)
                 backend = open_backend(plan.backend, self.scratch)
                 assert isinstance(backend, ProcessBackend)
                 self._backend = backend
+                self._stop_leftovers(backend)
             wanted = {}
             for task in plan.tasks:
                 if task.host in self._seeds or task.host in self._failed:
@@ -138,7 +138,7 @@ class SweepSeeds:
                 self._backend.close()
                 self._backend = None
 
-    def _stop_leftovers(self, plan: Plan) -> int:
+    def _stop_leftovers(self, backend: ProcessBackend) -> int:
         """Stop the seeds an earlier run of this sweep recorded and did not stop (it was
         killed); returns how many were found."""
         try:
@@ -148,14 +148,11 @@ class SweepSeeds:
             return 0
         if not left:
             return 0
-        backend = open_backend(plan.backend, self.scratch)
-        assert isinstance(backend, ProcessBackend)
-        with backend:
-            for seed in left:
-                try:
-                    backend.stop_seed(seed)
-                except TfplanError as error:
-                    self.say(f"could not stop an earlier warm seed on {seed.host}: {error}")
+        for seed in left:
+            try:
+                backend.stop_seed(seed)
+            except TfplanError as error:
+                self.say(f"could not stop an earlier warm seed on {seed.host}: {error}")
         self.path.unlink(missing_ok=True)
         self.say(f"stopped {len(left)} warm seed(s) an earlier run of this sweep left")
         return len(left)
