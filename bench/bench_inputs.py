@@ -6,7 +6,7 @@ One training loop (SGD on an MLP 784-128-10, batch 100, one thread, synthetic 28
 setting of bench_training.py's one-process ceiling) in four variants, each in its own process,
 alternating round by round:
 - ``feed``: the built-in model fed batch by batch through ``feed_dict`` (the recipes' input path
-  before tf.data: ``recipes.data.batches``);
+  before tf.data: ``recipes.datasets.batches``);
 - ``tf.data``: the built-in model reading ``recipes.inputs.train_dataset`` through an iterator
   (the recipes' input path now, in-memory rows through ``numpy_function``);
 - ``tf.data + keras``: the same data into the same MLP written as a Keras model
@@ -40,7 +40,7 @@ import numpy as np, tensorflow as tf
 v1 = tf.compat.v1
 v1.disable_eager_execution()
 from recipes.config import DataConf, ModelConf, RunConfig, AlgoConf, TrainerConf, data_conf
-from recipes.data import load, batches
+from recipes.datasets import load, batches
 variant, secs, shards = sys.argv[2], float(sys.argv[3]), sys.argv[4]
 BATCH = 100
 mem = DataConf(name="synthetic", image_size=28, synthetic_examples=6000, batch_size=BATCH,
@@ -100,7 +100,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 sys.path.insert(0, sys.argv[1])
 import tensorflow as tf
 from recipes.config import DataConf
-from recipes.data import load
+from recipes.datasets import load
 ds = load(DataConf(name="synthetic", image_size=28, synthetic_examples=6000))
 out = sys.argv[2]
 for k in range(4):

@@ -47,7 +47,7 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np, tensorflow as tf
 tf.compat.v1.disable_eager_execution()
 from recipes.config import DataConf, ModelConf
-from recipes.data import load, batches
+from recipes.datasets import load, batches
 from recipes.models import Model, loss_and_accuracy
 batch, secs, threads = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 ds = load(DataConf(name="synthetic", image_size=28, synthetic_examples=6000, batch_size=batch))

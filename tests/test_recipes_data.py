@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from recipes.config import DataConf, load_run_config, task_from_env
-from recipes.data import DataError, batches, load, shard
+from recipes.datasets import DataError, batches, load, shard
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""recipes/inputs.py: tf.data pipelines over TFRecord, CSV, NPZ, the in-memory sets and a factory.
+"""recipes/inputs/: tf.data pipelines over TFRecord, CSV, NPZ, the in-memory sets and a factory.
 
 Small real files in tmp_path: a tabular set (3 float features ``a``, ``b``, ``c`` + 1 int64
 feature ``k`` + the int64 label, whose value is the example's id, so that coverage and
@@ -21,10 +21,11 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from recipes import data as data_mod
-from recipes import inputs
+from recipes import datasets, errors, inputs
 from recipes.config import DataConf, FeatureConf, load_run_config
+from recipes.errors import TargetError
 from recipes.inputs import InputError
+from recipes.inputs.npz import _npz_table
 
 REPO = Path(__file__).resolve().parent.parent
 v1 = tf.compat.v1
@@ -233,7 +234,7 @@ def test_npz_memory_maps_concatenates_and_casts(files: Path, tmp_path: Path) -> 
     assert spec.label_dtype == "int64"
     labels = sorted(int(v) for _, y in inputs.eval_dataset(d) for v in y.numpy())
     assert labels == list(range(N))  # 4 files concatenated; eval = the first eval_examples
-    table, _, _ = inputs._npz_table(d, inputs.resolve_files(d.train, "data.train"), "data.train")
+    table, _, _ = _npz_table(d, inputs.resolve_files(d.train, "data.train"), "data.train")
     assert isinstance(table._part(2)["x"], np.memmap)  # np.savez: mapped, not loaded
     x, _ = next(iter(inputs.eval_dataset(d)))
     np.testing.assert_allclose(x["x"].numpy()[3], [1.5, -3.0, 3 / 7.0], rtol=1e-6)
@@ -257,9 +258,9 @@ def test_in_memory_sets_move_onto_the_pipeline() -> None:
     assert spec.features == {"x": ((64,), "float32")} and spec.single
     assert (spec.label, spec.label_shape, spec.label_dtype) == ("label", (), "int64")
     assert inputs.sharding(d, 3) == "record"
-    ds = data_mod.load(d)
-    for i in range(3):  # replica i's examples are recipes.data.shard's, in order
-        x_sh, y_sh = data_mod.shard(ds.x_train, ds.y_train, i, 3)
+    ds = datasets.load(d)
+    for i in range(3):  # replica i's examples are recipes.datasets.shard's, in order
+        x_sh, y_sh = datasets.shard(ds.x_train, ds.y_train, i, 3)
         got_x, got_y = zip(*_batches(inputs.train_dataset(d, i, 3, 0), 5), strict=True)
         gx, gy = (
             np.concatenate([t.numpy() for t in got_x]),
@@ -443,7 +444,7 @@ def test_factory(factory_pkg: str) -> None:
     [
         (
             "nopkg_xyz.data.make",
-            r"^data\._target_=nopkg_xyz\.data\.make: cannot import nopkg_xyz .*PYTHONPATH",
+            r"^data\._target_=nopkg_xyz\.data\.make: cannot import nopkg_xyz .*recipe\.code_dir",
         ),
         (
             "userfac.broken.make",
@@ -473,12 +474,14 @@ def test_factory(factory_pkg: str) -> None:
             "userfac.data.two_args",
             r"^data\._target_=userfac\.data\.two_args cannot be called with split, shard_index",
         ),
-        ("make", r"^data\._target_='make': give a dotted path"),
+        ("make", r"^data\._target_='make' is not a dotted path to a function: use my_pkg"),
     ],
 )
 def test_factory_errors(factory_pkg: str, target: str, pattern: str) -> None:
     d = DataConf(name="factory", target=target)
-    with pytest.raises(InputError, match=pattern) as e:
+    # a function that cannot be imported is a TargetError (recipes.targets, as for every
+    # _target_); one that does not return batched (features, label) pairs an InputError
+    with pytest.raises((TargetError, InputError), match=pattern) as e:
         inputs.train_dataset(d, 0, 1, 0)
     assert "\n" not in str(e.value)
     with pytest.raises(InputError, match=r"data\._target_ is not set"):
@@ -800,6 +803,7 @@ def test_no_tensorflow_needed_for_plan_time_checks(files: Path) -> None:
         import sys
         from recipes import inputs
         from recipes.config import DataConf
+        from recipes.errors import TargetError
         d = DataConf(name="csv", train={str(files / "train-*.csv")!r}, features={{"a": None}})
         inputs.check_static(d)
         print(inputs.sharding_reason(d, 2))
@@ -809,7 +813,7 @@ def test_no_tensorflow_needed_for_plan_time_checks(files: Path) -> None:
             print(e)
         try:
             inputs.check_static(DataConf(name="factory", target="nopkg_xyz.make"))
-        except inputs.InputError as e:
+        except TargetError as e:
             print(e)
         assert "tensorflow" not in sys.modules
         """
@@ -826,6 +830,36 @@ def test_no_tensorflow_needed_for_plan_time_checks(files: Path) -> None:
     assert out[0] == "by file: 4 files for 2 workers (2 each)"
     assert out[1].startswith("data.label='nope': train-0.npz has no array 'nope'")
     assert out[2].startswith("data._target_=nopkg_xyz.make: cannot find the module nopkg_xyz")
+
+
+def test_check_static_finds_the_factory_in_the_code_dir(tmp_path: Path) -> None:
+    """The planner passes recipe.code_dir: the user's package is found there without being on
+    sys.path (tfplan ships it to the tasks), and is not imported."""
+    pkg = tmp_path / "code" / "codedir_pkg_xyz"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('imported at plan time')\n")
+    d = DataConf(name="factory", target="codedir_pkg_xyz.data.make")
+    inputs.check_static(d, search_path=[str(tmp_path / "code")])
+    assert "codedir_pkg_xyz" not in sys.modules
+    with pytest.raises(TargetError, match=r"cannot find the module codedir_pkg_xyz: .*code_dir"):
+        inputs.check_static(d)
+
+
+def test_the_file_module_imports_neither_tensorflow_nor_numpy() -> None:
+    """recipes.inputs.files is what the planner runs (globs, sharding): its module-level imports
+    stay light, TensorFlow's file systems are imported only for a path with a scheme."""
+    import ast
+
+    tree = ast.parse((REPO / "recipes" / "inputs" / "files.py").read_text())
+    top = {
+        name.split(".")[0]
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for name in (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+    }
+    assert not top & {"tensorflow", "numpy"}, top
 
 
 # -------------------------------------------------------------------------------- config
@@ -936,4 +970,5 @@ def test_built_inside_a_tf_function_needs_no_python(files: Path, source: str) ->
 
 
 def test_input_error_is_a_data_error() -> None:
-    assert issubclass(InputError, data_mod.DataError)
+    assert issubclass(InputError, datasets.DataError)
+    assert InputError is errors.InputError and datasets.DataError is errors.DataError

