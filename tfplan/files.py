@@ -1,12 +1,18 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of either."""
+"""Files every layer reads and writes.
+
+Atomic writes (a reader sees the old file or the new one, never half of either) and the one reader
+of the JSON records tfplan keeps beside a run (experiment.json, plan.json, result.json, ...).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
-__all__ = ["write_atomic"]
+__all__ = ["read_json_object", "write_atomic"]
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o644, durable: bool = False) -> None:
@@ -32,3 +38,19 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o644, durable: bool
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when there is none to read.
+
+    None covers a missing or unreadable file, text that is not JSON (or not UTF-8), and JSON that
+    is not an object. These records are written by tfplan or a training program, possibly one that
+    was killed or is still running: a reader treats "not there yet" and "damaged" alike and goes on
+    without it. Callers that must tell a missing file from a damaged one (state, plan and sweep
+    files) read the file themselves and raise.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):  # ValueError: JSONDecodeError and UnicodeDecodeError
+        return None
+    return data if isinstance(data, dict) else None

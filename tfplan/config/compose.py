@@ -8,12 +8,21 @@ from pathlib import Path
 from typing import Any, cast
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tfplan.config.schema import Config, register_configs
+from tfplan.config.algorithms import ALGORITHMS
+from tfplan.config.schema import (
+    AlgoConfig,
+    ClusterConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RecipeConfig,
+)
 from tfplan.errors import ConfigError
 
 __all__ = [
@@ -22,6 +31,7 @@ __all__ = [
     "config_from_dict",
     "instantiate_overrides",
     "one_line_error",
+    "register_configs",
     "to_config",
 ]
 
@@ -43,6 +53,22 @@ def conf_dir(given: str | Path | None = None) -> Path:
     if (here / "config.yaml").is_file():
         return here.resolve()
     return (Path(__file__).resolve().parents[2] / "conf").resolve()
+
+
+def register_configs() -> None:
+    """Register the top-level schema and one schema per group option with Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="schema_config", node=Config)
+    groups: dict[str, dict[str, Any]] = {
+        "cluster": {"schema_cluster": ClusterConfig},
+        "algo": {f"schema_{a.name}": a.schema for a in ALGORITHMS.values()},
+        "model": {"schema_model": ModelConfig},
+        "data": {"schema_data": DataConfig},
+        "recipe": {"schema_recipe": RecipeConfig},
+    }
+    for group, schemas in groups.items():
+        for name, node in schemas.items():
+            cs.store(group=group, name=name, node=node)
 
 
 def compose_config(overrides: list[str], config_dir: str | Path | None = None) -> DictConfig:
@@ -79,8 +105,6 @@ def instantiate_overrides(overrides: list[str]) -> list[str]:
     Everything else passes unchanged.
     """
     from dataclasses import fields
-
-    from tfplan.config.schema import DataConfig, ModelConfig
 
     known = {
         "model": {f.name for f in fields(ModelConfig)},
@@ -183,9 +207,6 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     Raises:
         ConfigError: the data no longer fits the schemas (e.g. written by another version).
     """
-    from tfplan.config.algorithms import ALGORITHMS
-    from tfplan.config.schema import AlgoConfig
-
     known = ALGORITHMS.get(str(data.get("algo", {}).get("name")))
     algo_schema = known.schema if known is not None else AlgoConfig
     try:

@@ -1,4 +1,4 @@
-"""Structured config schemas for every Hydra group, and their registration.
+"""Structured config schemas for every Hydra group (registered by :mod:`tfplan.config.compose`).
 
 Each group option in ``conf/<group>/<option>.yaml`` extends one of these dataclasses through its
 defaults list (``- schema_<name>``), so a misspelt key or a wrongly typed value fails at
@@ -34,7 +34,6 @@ __all__ = [
     "RestartConfig",
     "SyncConfig",
     "TrainerConfig",
-    "register_configs",
 ]
 
 
@@ -373,23 +372,3 @@ class Config:
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
-
-
-def register_configs() -> None:
-    """Register the top-level schema and one schema per group option with Hydra's ConfigStore."""
-    from hydra.core.config_store import ConfigStore
-
-    from tfplan.config.algorithms import ALGORITHMS
-
-    cs = ConfigStore.instance()
-    cs.store(name="schema_config", node=Config)
-    groups: dict[str, dict[str, Any]] = {
-        "cluster": {"schema_cluster": ClusterConfig},
-        "algo": {f"schema_{a.name}": a.schema for a in ALGORITHMS.values()},
-        "model": {"schema_model": ModelConfig},
-        "data": {"schema_data": DataConfig},
-        "recipe": {"schema_recipe": RecipeConfig},
-    }
-    for group, schemas in groups.items():
-        for name, node in schemas.items():
-            cs.store(group=group, name=name, node=node)

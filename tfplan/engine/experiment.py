@@ -36,7 +36,7 @@ from typing import Any
 
 from tfplan.engine.workspace import Workspace
 from tfplan.errors import ConfigError, StateError
-from tfplan.files import write_atomic
+from tfplan.files import read_json_object, write_atomic
 
 __all__ = [
     "RECORD_DIR",
@@ -83,18 +83,10 @@ class ExperimentFolder:
 
     def record(self) -> dict[str, Any] | None:
         """experiment.json, or None when this folder has none yet."""
-        try:
-            data = json.loads((self.root / "experiment.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_json_object(self.root / "experiment.json")
 
     def saved_plan(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads((self.root / "plan.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_json_object(self.root / "plan.json")
 
     def begin(
         self, experiment_id: str, plan_json: str, config_yaml: str, resumed_from: int | None
@@ -193,11 +185,9 @@ def find_output(workspace: Workspace, key: str | None) -> tuple[str, Path]:
     """
     entries = []
     for path in workspace.root.glob(f"*/{_INDEX}") if workspace.root.is_dir() else []:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        entries.append(data)
+        data = read_json_object(path)
+        if data is not None:
+            entries.append(data)
     if key is not None:
         for data in entries:
             if data.get("id") == key:

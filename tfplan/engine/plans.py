@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recipes.vocabulary import FACTORY_SOURCE, FILE_SOURCES
 from tfplan.errors import ConfigError, TfplanError
 from tfplan.planning.context import PlanContext
 from tfplan.planning.plan import Plan
@@ -26,7 +27,8 @@ __all__ = ["check_data_files", "make_plan", "plan_context", "replan_from_state",
 
 
 TF_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tf-nightly")
-FILE_DATA_SOURCES = ("tfrecord", "csv", "npz", "factory")
+# the data sources check_data_files looks at: files of records, and the user's function
+FILE_DATA_SOURCES = (*FILE_SOURCES, FACTORY_SOURCE)
 
 
 def tf_version() -> str:
@@ -141,8 +143,12 @@ def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
     from tfplan.engine.model_shapes import inspect_model
     from tfplan.planning.sharding import preview_of
 
+    # as tfplan/engine/user_code.py resolves it (a "~" in recipe.code_dir included)
     code_dir = str(
-        Path(made.source_config.get("context", {}).get("cwd", "."), cfg.recipe.code_dir or ".")
+        Path(
+            made.source_config.get("context", {}).get("cwd", "."),
+            os.path.expanduser(cfg.recipe.code_dir or "."),
+        )
     )
     num_ps = sum(1 for t in made.tasks if t.role.value == "ps")
     found = inspect_model(
@@ -176,9 +182,12 @@ def check_data_files(made: Plan) -> Plan:
     from recipes.inputs import InputError, check_static, sharding_reason
 
     replicas = sum(1 for t in made.tasks if t.role.value in ("worker", "chief"))
+    # where the user's packages are (recipe.code_dir against the folder tfplan runs in): the
+    # factory's module is looked for there too, as the tasks will find it beside the recipes
+    search_path = tuple(dict.fromkeys(str(Path(c.source).parent) for c in made.user_code))
     try:
         conf = data_conf(data)
-        check_static(conf)
+        check_static(conf, search_path=search_path)
         if conf.target:
             note = f"{data.get('name')}: {conf.target} shards its own data"
         else:

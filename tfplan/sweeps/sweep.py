@@ -37,7 +37,7 @@ from typing import Any
 from tfplan.engine.lognoise import HIDDEN_HINT, NoiseFilter, shows_tf_noise
 from tfplan.engine.workspace import Workspace
 from tfplan.errors import ConfigError, TfplanError
-from tfplan.files import write_atomic
+from tfplan.files import read_json_object, write_atomic
 from tfplan.sweeps import optuna_tap
 from tfplan.sweeps.pruning import Curves, PruneRule, eval_score, median_verdict
 from tfplan.sweeps.warm import SweepSeeds
@@ -297,14 +297,6 @@ def _scores(output_dir: Path) -> list[tuple[int, float]]:
     return scores
 
 
-def _read_result(output_dir: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((output_dir / "result.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _job_config(cfg: Any) -> Any:
     """The point's config without Hydra's node, resolved (what compose_config returns)."""
     from omegaconf import OmegaConf, open_dict, read_write
@@ -422,7 +414,7 @@ class PointTask:
         say(f"{before.status} in an earlier run of this sweep ({before.reason}): kept")
         if before.status == "succeeded":
             self.curves.finish(point.num)
-            result = _read_result(Path(before.output_dir))
+            result = read_json_object(Path(before.output_dir) / "result.json") or {}
             accuracy = result.get("accuracy")
             return float(accuracy) if isinstance(accuracy, (int, float)) else FAILED_METRIC
         tap = optuna_tap.current()
@@ -539,8 +531,7 @@ def _run_hydra(spec: SweepSpec, task: PointTask, hydra_sweep_dir: str) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from tfplan.config.compose import one_line_error
-    from tfplan.config.schema import register_configs
+    from tfplan.config.compose import one_line_error, register_configs
     from tfplan.sweeps.launcher import register_launcher
 
     register_configs()
