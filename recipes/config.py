@@ -8,12 +8,15 @@ without a change here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import yaml
+
+from recipes.errors import ConfigError
 
 __all__ = [
     "AlgoConf",
@@ -28,10 +31,6 @@ __all__ = [
     "load_run_config",
     "task_from_env",
 ]
-
-
-class ConfigError(Exception):
-    """The run config or TF_CONFIG is missing or malformed; the message says what to fix."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,7 @@ def _pick(cls: type, raw: Any, section: str) -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"run config: '{section}' must be a mapping, got {type(raw).__name__}")
-    known = set(cls.__dataclass_fields__)
+    known = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in raw.items() if k in known and (v is not None or k == "path")}
 
 

@@ -17,18 +17,18 @@ told apart per checkpoint by its ``global_step`` key.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
+from recipes.checkpoint_names import GLOBAL_STEP, model_name, stored
 from recipes.config import RunConfig
-from recipes.strategies import CKPT_KEY_SUFFIX
+from recipes.reporting import append_eval_record, eval_line, read_result_step
 from recipes.workload import Workload
 
-__all__ = ["CheckpointScorer", "final_line", "result_scores", "run_evaluator"]
+__all__ = ["CheckpointScorer", "result_scores", "run_evaluator"]
 
 v1 = tf.compat.v1
 
@@ -51,13 +51,15 @@ class CheckpointScorer:
             self._step = v1.train.get_or_create_global_step()
             self._params = work.model.create_params()
             self._state = work.model.state_variables()
-            model_vars = {f"model/{k}": v for k, v in [*self._params.items(), *self._state.items()]}
-            self._saver = v1.train.Saver(var_list={"global_step": self._step, **model_vars})
+            model_vars = {
+                model_name(k): v for k, v in [*self._params.items(), *self._state.items()]
+            }
+            self._saver = v1.train.Saver(var_list={GLOBAL_STEP: self._step, **model_vars})
             # The same variables under the TF2 strategies' object-checkpoint keys.
             self._tf2_saver = v1.train.Saver(
                 var_list={
-                    "global_step" + CKPT_KEY_SUFFIX: self._step,
-                    **{name + CKPT_KEY_SUFFIX: v for name, v in model_vars.items()},
+                    stored(GLOBAL_STEP, True): self._step,
+                    **{stored(name, True): v for name, v in model_vars.items()},
                 }
             )
         self._splits: dict[str, tuple[Any, list[Any]]] = {}
@@ -69,7 +71,7 @@ class CheckpointScorer:
         Raises:
             tf.errors.NotFoundError, tf.errors.DataLossError, ValueError: rotated away or torn.
         """
-        tf2 = tf.train.load_checkpoint(ckpt).has_tensor("global_step" + CKPT_KEY_SUFFIX)
+        tf2 = tf.train.load_checkpoint(ckpt).has_tensor(stored(GLOBAL_STEP, True))
         # In its own graph: the TF2 strategies' chiefs run eagerly, and Saver.restore outside
         # its graph takes the eager path, which cannot reach these graph variables.
         with self.graph.as_default():
@@ -135,15 +137,6 @@ def result_scores(scorer: CheckpointScorer, ckpt: str) -> tuple[int, dict[str, f
     return gs, scores
 
 
-def final_line(result: dict[str, Any]) -> str:
-    """``loss=... accuracy=... examples_per_sec=...``: the chief's last line."""
-    keys = ["loss", *(k for k in result if k in METRIC_KEYS), "examples_per_sec"]
-    return " ".join(f"{k}={result[k]}" for k in keys if k in result)
-
-
-METRIC_KEYS = ("accuracy", "mae", "mse")
-
-
 def _identity(path: str) -> Optional[tuple[int, int, int]]:
     """Which file ``path`` is right now (inode, size, mtime), or None when there is none."""
     try:
@@ -151,14 +144,6 @@ def _identity(path: str) -> Optional[tuple[int, int, int]]:
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _result_step(path: str) -> Optional[int]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return int(json.load(f)["global_step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def run_evaluator(
@@ -195,12 +180,13 @@ def run_evaluator(
                     continue
                 scores = scorer.score("eval")
                 _record(writer, metrics_path, step, scores, ckpt)
-                shown = " ".join(f"{k}={v:.4f}" for k, v in scores.items() if k != "loss")
-                log(f"eval step={step} {shown} loss={scores['loss']:.4f}".replace("  ", " "))
+                log(eval_line(step, scores))
                 last, last_step = ckpt, step
                 continue
             current = _identity(result_path)
-            final = _result_step(result_path) if current is not None and current != stale else None
+            final = (
+                read_result_step(result_path) if current is not None and current != stale else None
+            )
             if final is not None and last_step >= final:
                 break
             if last_step >= cfg.trainer.max_steps:
@@ -226,11 +212,4 @@ def _record(writer: Any, path: str, step: int, scores: dict[str, float], ckpt: s
     )
     writer.add_summary(summary, step)
     writer.flush()
-    line = {
-        "global_step": step,
-        **{name: round(value, 6) for name, value in scores.items()},
-        "time": round(time.time(), 3),
-        "checkpoint": os.path.basename(ckpt),
-    }
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(line) + "\n")
+    append_eval_record(path, step, scores, ckpt)

@@ -70,16 +70,16 @@ def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
         print("usage: python -m recipes.inspect_model RUN_YAML [PS_COUNT]", file=sys.stderr)
         return 2
-    from recipes.config import ConfigError
-    from recipes.data import DataError
-    from recipes.keras_model import ModelError
-    from recipes.objective import ObjectiveError
+    from recipes.errors import RecipeError, UserCodeError
 
     try:
         variables = model_variables(argv[0], int(argv[1]) if len(argv) > 1 else 1)
-    except (ConfigError, DataError, ModelError, ObjectiveError, ValueError) as e:
+    except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        if isinstance(e, UserCodeError):
+            for frame in e.details():
+                print(f"  {frame}", file=sys.stderr)
+        return e.code
     print(json.dumps({"variables": variables}))
     return 0
 

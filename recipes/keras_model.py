@@ -28,41 +28,17 @@ such as EAMSGD's look-ahead point or multi_gpu's per-tower reads). ``tf_keras`` 
 from __future__ import annotations
 
 import collections
-import importlib
+import inspect
 from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["KerasModel", "ModelError", "import_target"]
+from recipes.errors import ModelError, UserCodeError
+
+__all__ = ["KerasModel", "ModelError"]
 
 v1 = tf.compat.v1
 Params = dict[str, Any]
-
-
-class ModelError(Exception):
-    """The user's model cannot be built or used; one line naming the key and the fix."""
-
-
-def import_target(target: str, key: str) -> Callable[..., Any]:
-    """The callable ``pkg.module.name`` names.
-
-    Raises:
-        ModelError: it does not import, or is not callable.
-    """
-    module_name, _, attr = target.rpartition(".")
-    if not module_name:
-        raise ModelError(f"{key}={target!r} is not a dotted path: use my_pkg.module.function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ModelError(
-            f"{key}={target}: cannot import {module_name} ({e}); put its package in "
-            "recipe.code_dir (default: the current directory) so that tfplan ships it"
-        ) from None
-    fn = getattr(module, attr, None)
-    if fn is None or not callable(fn):
-        raise ModelError(f"{key}={target}: {module_name} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]
 
 
 def _reset_keras_names() -> None:
@@ -103,8 +79,10 @@ class KerasModel:
         key: str = "model._target_",
         partitions: int = 1,
         partition_bytes: Optional[int] = None,
+        target: Optional[str] = None,
     ) -> None:
         self._factory = factory
+        self._target = target or f"{factory.__module__}.{factory.__qualname__}"
         self._kwargs = dict(kwargs or {})
         self._sample = sample
         self._key = key
@@ -122,9 +100,18 @@ class KerasModel:
 
         _reset_keras_names()
         try:
-            model = self._factory(**self._kwargs)
+            inspect.signature(self._factory).bind(**self._kwargs)
         except TypeError as e:
-            raise ModelError(f"{self._key}: calling it failed ({e}); check model.* keys") from None
+            raise ModelError(
+                f"{self._key}={self._target}: cannot be called with "
+                f"{', '.join(self._kwargs) or 'no argument'} ({e}): check the model.* keys"
+            ) from None
+        except ValueError:
+            pass  # no signature to read (a builtin, a C extension): just call it
+        try:
+            model = self._factory(**self._kwargs)
+        except Exception as e:  # noqa: BLE001 - the user's own code raised: keep its traceback
+            raise UserCodeError(self._key, self._target, e) from e
         if not isinstance(model, keras.Model):
             kind = type(model).__module__ + "." + type(model).__name__
             hint = (
@@ -250,7 +237,9 @@ class KerasModel:
             if w.path not in self.parts:
                 params[w.path] = var
                 continue
-            for key, (lo, hi) in self._pieces(w):
+            for key, rows in self._pieces(w):
+                assert rows is not None  # a partitioned variable's pieces have row ranges
+                lo, hi = rows
                 params[key] = tf.Variable(
                     var.initial_value[lo:hi], name=f"model/{key}", trainable=True
                 )

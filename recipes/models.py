@@ -19,6 +19,9 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from recipes.config import ModelConf, RunConfig
+from recipes.errors import ConfigError
+from recipes.targets import import_target
+from recipes.vocabulary import BUILTIN_MODELS, LOSSES, SINGLE_OUTPUT_LOSSES
 
 __all__ = ["Model", "Params", "build_model", "input_width", "loss_and_accuracy", "objective_of"]
 
@@ -37,10 +40,10 @@ class Model:
         num_classes: int,
         input_dim: Optional[int] = None,
     ) -> None:
-        if cfg.name not in ("logreg", "mlp", "cnn"):
-            raise ValueError(
-                f"unknown model '{cfg.name}'; valid: logreg, mlp, cnn, or your own Keras model "
-                "with model._target_=my_pkg.models.build"
+        if cfg.name not in BUILTIN_MODELS:
+            raise ConfigError(
+                f"model.name={cfg.name}: unknown; valid: {', '.join(BUILTIN_MODELS)}, or your "
+                "own Keras model with model._target_=my_pkg.models.build"
             )
         self.cfg = cfg
         self.image_size = image_size
@@ -48,7 +51,7 @@ class Model:
         self.num_classes = num_classes
         self.input_dim = input_dim or image_size * image_size * channels
         if cfg.name == "cnn" and self.input_dim != image_size * image_size * channels:
-            raise ValueError(
+            raise ConfigError(
                 f"model=cnn reads {image_size}x{image_size}x{channels} images (data.image_size, "
                 f"data.channels), but the features hold {self.input_dim} values per example"
             )
@@ -168,12 +171,12 @@ def input_width(spec: Any) -> int:
     """How many numbers one example's features hold (a built-in model's input width).
 
     Raises:
-        ValueError: a string feature, or a shape that is not fully known.
+        ConfigError: a string feature, or a shape that is not fully known.
     """
     width = 0
     for name, (shape, dtype) in spec.features.items():
         if dtype == "string" or any(d is None or d < 0 for d in shape):
-            raise ValueError(
+            raise ConfigError(
                 f"data feature {name!r} ({dtype}, shape {list(shape)}) cannot feed a built-in "
                 "model, which reads fixed-size numbers: drop it from data.features or bring "
                 "your own Keras model (model._target_=...)"
@@ -196,11 +199,13 @@ def build_model(
     ``state_variables``.
 
     Raises:
-        recipes.keras_model.ModelError: the user's callable cannot be imported or called.
-        ValueError: an unknown built-in model.
+        recipes.errors.TargetError: the user's callable cannot be found.
+        recipes.errors.ModelError: it cannot be called with the model.* keys.
+        recipes.errors.UserCodeError: the user's code raised.
+        recipes.errors.ConfigError: an unknown built-in model.
     """
     if cfg.model.target:
-        from recipes.keras_model import KerasModel, import_target
+        from recipes.keras_model import KerasModel
 
         factory = import_target(cfg.model.target, "model._target_")
         return KerasModel(
@@ -209,18 +214,18 @@ def build_model(
             sample=sample,
             partitions=partitions,
             partition_bytes=cfg.model.partition_bytes,
+            target=cfg.model.target,
         )
     width = input_width(spec) if spec is not None else None
     # one output for binary classification and regression, one per class otherwise
-    one = cfg.model.loss in ("binary_crossentropy", "mse", "mae", "huber")
+    one = cfg.model.loss in SINGLE_OUTPUT_LOSSES
     outputs = 1 if one else cfg.data.num_classes
     return Model(cfg.model, cfg.data.image_size, cfg.data.channels, outputs, width)
 
 
 def objective_of(cfg: RunConfig) -> Any:
     """The loss and metrics of the run config (``model.loss``, ``model.metrics``)."""
-    from recipes.keras_model import import_target
-    from recipes.objective import LOSSES, Objective
+    from recipes.objective import Objective
 
     m = cfg.model
     custom = None if m.loss in LOSSES else import_target(m.loss, "model.loss")

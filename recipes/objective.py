@@ -15,22 +15,10 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["LOSSES", "METRICS", "Objective", "ObjectiveError"]
+from recipes.errors import ObjectiveError, UserCodeError
+from recipes.vocabulary import CLASSIFICATION_LOSSES, LOSSES, METRICS
 
-LOSSES = (
-    "sparse_categorical_crossentropy",
-    "categorical_crossentropy",
-    "binary_crossentropy",
-    "mse",
-    "mae",
-    "huber",
-)
-METRICS = ("accuracy", "mse", "mae")
-_CLASSIFICATION = LOSSES[:3]
-
-
-class ObjectiveError(Exception):
-    """The loss does not fit the model's outputs or the labels; one line naming the key."""
+__all__ = ["Objective", "ObjectiveError"]
 
 
 def _flat(t: tf.Tensor) -> tf.Tensor:
@@ -46,7 +34,7 @@ class Objective:
 
     @property
     def classification(self) -> bool:
-        return self.loss in _CLASSIFICATION
+        return self.loss in CLASSIFICATION_LOSSES
 
     def check(self, outputs: Any, labels: Any) -> None:
         """Refuse outputs that do not fit the loss (static shapes only)."""
@@ -70,7 +58,10 @@ class Objective:
 
     def per_example_loss(self, outputs: Any, labels: Any) -> tf.Tensor:
         if self.custom is not None:
-            return self.custom(labels, outputs)
+            try:
+                return self.custom(labels, outputs)
+            except Exception as e:  # noqa: BLE001 - the user's own loss raised: keep its traceback
+                raise UserCodeError("model.loss", self.loss, e) from e
         name = self.loss
         if name == "sparse_categorical_crossentropy":
             logits = outputs if self.from_logits else tf.math.log(outputs + 1e-7)
@@ -108,7 +99,7 @@ class Objective:
         for metric in self.metrics:
             if metric == "accuracy":
                 values[metric] = tf.reduce_mean(tf.cast(self._correct(outputs, labels), tf.float32))
-            elif metric in ("mse", "mae"):
+            elif metric in METRICS:  # the regression metrics: mse, mae
                 out = tf.cast(_flat(outputs), tf.float32)
                 y = tf.cast(_flat(labels), tf.float32)
                 err = out - y

@@ -14,12 +14,9 @@ losses are those of the checkpoint's weights, restored from disk.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,11 +26,13 @@ import tensorflow as tf
 from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
-from recipes.evaluator import CheckpointScorer, final_line, result_scores
-from recipes.inputs import InputError, explain_known_error, graph_feeds
+from recipes.errors import EXIT_NAN_LOSS, EXIT_PEER_TIMEOUT, TrainingFailed
+from recipes.evaluator import CheckpointScorer, result_scores
+from recipes.failures import input_failure
+from recipes.inputs import graph_feeds
 from recipes.live import Live
+from recipes.reporting import ProgressLog, result_record, write_result
 from recipes.runtime import (
-    PeerUnreachable,
     RoleSessionCreator,
     chief_saver,
     done_queue_sizes,
@@ -51,11 +50,8 @@ from recipes.workload import Workload, saver_names
 
 __all__ = [
     "ReplicaGraph",
-    "TrainingFailed",
     "build_replica_graph",
-    "input_failure",
     "run_replica",
-    "write_json_atomic",
 ]
 
 v1 = tf.compat.v1
@@ -72,14 +68,6 @@ PEERS_DONE_WAIT_SECS = 10.0
 def peers_done_wait_secs() -> float:
     env = os.environ.get("TFPLAN_DONE_WAIT_SECS", "").strip()
     return max(0.0, float(env)) if env else PEERS_DONE_WAIT_SECS
-
-
-class TrainingFailed(Exception):
-    """Training stopped on an error the user can act on; ``code`` is the exit status."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -224,14 +212,6 @@ def _hooks(
     return hooks
 
 
-def write_json_atomic(path: str, obj: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
 def _send_done_tokens(
     server: Any, task: TaskInfo, g: ReplicaGraph, log: Log, config: Any = None
 ) -> None:
@@ -304,15 +284,10 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     leave = threading.Event()
     if not task.is_chief:  # asked to leave a running job: after a push, as at the end
         signal.signal(signal.SIGUSR2, lambda *_: leave.set())
-    recent: deque[float] = deque(maxlen=20)
-    i, gs, prev_gs, first_gs, t_start = 0, 0, 0, None, time.monotonic()
-    t_last = t_start  # the last step's end: the wall time stops there, not at the session's close
-    last_log_gs, last_log_t = 0, t_start
-    try:
-        # after everything that can fail here (the data, the graph): that is said at once
-        wait_for_peers(task, cfg.trainer.peer_wait_secs, log)
-    except PeerUnreachable as e:
-        raise TrainingFailed(str(e), 4) from None
+    progress = ProgressLog(ex_per_gs, cfg.trainer.log_steps, process_start, log)
+    i, gs = 0, 0
+    # after everything that can fail here (the data, the graph): that is said at once
+    wait_for_peers(task, cfg.trainer.peer_wait_secs, log)
     try:
         hooks = _hooks(cfg, g, scaffold, task.is_chief, max_steps)
         stop_hook = next(h for h in hooks if isinstance(h, v1.train.StopAtStepHook))
@@ -335,7 +310,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                     # read (one ps round trip per window) only on the first run and on the
                     # last local run before an exchange, so that a stop drops the unpushed
                     # window as the hooked StopAtStepHook would.
-                    want_gs = first_gs is None or not local[(k + 1) % n_ops]
+                    want_gs = not progress.started or not local[(k + 1) % n_ops]
                     fetches = [ops[k], g.train.loss] + ([g.global_step] if want_gs else [])
                     try:
                         out = sess._tf_sess().run(  # noqa: SLF001 - see docs/runtime.md
@@ -357,22 +332,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                     )
                     gs = int(gs)
                 i += 1
-                recent.append(float(loss))
-                now = t_last = time.monotonic()
-                if first_gs is None:
-                    first_gs, t_start, last_log_gs, last_log_t = gs, now, gs, now
-                    log(
-                        f"step={gs} loss={loss:.4f} first step {time.time() - process_start:.2f}s"
-                        " after launch"
-                    )
-                elif gs < prev_gs:  # a restarted ps: the chief restored a checkpoint
-                    log(f"step={gs} loss={loss:.4f} back from global step {prev_gs}")
-                    last_log_gs, last_log_t = gs, now
-                elif gs // cfg.trainer.log_steps > last_log_gs // cfg.trainer.log_steps:
-                    rate = (gs - last_log_gs) * ex_per_gs / max(now - last_log_t, 1e-9)
-                    log(f"step={gs} loss={np.mean(recent):.4f} examples_per_sec={rate:.1f}")
-                    last_log_gs, last_log_t = gs, now
-                prev_gs = gs
+                progress.step(gs, [float(loss)])
                 if local[k] and gs >= max_steps:
                     break  # what StopAtStepHook would do at the next hooked run
                 if leave.is_set() and not local[k]:
@@ -381,21 +341,20 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
     except tf.compat.v1.train.NanLossDuringTrainingError:
         raise TrainingFailed(
             f"loss became NaN near step={gs}: lower algo.lr (now {cfg.algo.lr}) or check the data",
-            3,
+            EXIT_NAN_LOSS,
         ) from None
     except tf.errors.DeadlineExceededError:
         raise TrainingFailed(
             f"a training step at step={gs} took longer than run_timeout_secs="
             f"{cfg.algo.get('run_timeout_secs')}: a peer replica or ps is "
             "probably down",
-            4,
+            EXIT_PEER_TIMEOUT,
         ) from None
     except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as e:
         raise input_failure(e, cfg, gs) from None
-    wall = t_last - t_start
     if task.is_chief:
         final = _final_checkpoint(cfg, task, server, g, scaffold, log, config)
-        _write_result(cfg, task, g, work, final, result_path, recent, first_gs or 0, wall, log)
+        _write_result(cfg, task, work, final, progress, log)
     _send_done_tokens(server, task, g, log, config)
     log(f"{task.type}/{task.index} finished after {i} runs")
     return 0
@@ -448,28 +407,8 @@ def _stored_step(ckpt: str) -> int | None:
         return None
 
 
-def input_failure(e: Exception, cfg: RunConfig, gs: int) -> Exception:
-    """A TensorFlow error while training: the input's fault (a record that does not parse, a
-    factory's dataset that ended) as a one-line InputError, else the error itself."""
-    if isinstance(e, (tf.errors.OutOfRangeError, StopIteration)):
-        return InputError(
-            f"the training data ended at step={gs}: a data._target_ dataset must repeat, or "
-            "yield at least trainer.max_steps batches"
-        )
-    return explain_known_error(e, cfg.data) or e
-
-
 def _write_result(
-    cfg: RunConfig,
-    task: TaskInfo,
-    g: ReplicaGraph,
-    work: Workload,
-    ckpt: str,
-    result_path: str,
-    recent: deque[float],
-    first_gs: int,
-    wall: float,
-    log: Log,
+    cfg: RunConfig, task: TaskInfo, work: Workload, ckpt: str, progress: ProgressLog, log: Log
 ) -> None:
     """Score the final checkpoint's weights (held-out split, and a bounded sample of the
     training set), then write result.json atomically."""
@@ -478,18 +417,5 @@ def _write_result(
         intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads
     )
     gs, scores = result_scores(CheckpointScorer(work, config), ckpt)
-    ex_per_gs = g.train.batches_per_global_step * cfg.data.batch_size
-    result = {
-        "status": "succeeded",
-        "global_step": gs,
-        "last_batch_loss": round(float(np.mean(recent)) if recent else float("nan"), 6),
-        **scores,
-        "examples_per_sec": round((gs - first_gs) * ex_per_gs / max(wall, 1e-9), 1),
-        "wall_time_secs": round(wall, 3),
-        "algo": cfg.algo.name,
-        "replicas": task.n_replicas,
-        "ps": task.n_ps,
-        "checkpoint": os.path.basename(ckpt),  # the one whose step and weights these are
-    }
-    write_json_atomic(result_path, result)
-    log(f"step={gs} final: {final_line(result)}")
+    result = result_record(progress, gs, scores, cfg.algo.name, task.n_replicas, task.n_ps, ckpt)
+    write_result(cfg.output_dir, result, log)

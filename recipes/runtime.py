@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Union
 import tensorflow as tf
 
 from recipes.config import TaskInfo
+from recipes.errors import PeerUnreachable
 from recipes.live import Live
 
 __all__ = [
@@ -76,10 +77,6 @@ def op_threads(task: TaskInfo) -> int:
     if sharing <= 1:
         return 0
     return max(1, cores // sharing)
-
-
-class PeerUnreachable(Exception):
-    """A parameter server this replica needs could not be reached in time."""
 
 
 def wait_for_peers(task: TaskInfo, timeout_secs: float, log: Any = print) -> None:
@@ -357,7 +354,7 @@ def lost_peer(error: Exception) -> bool:
 _SessionInterface: Any = next(c for c in v1.Session.__mro__ if c.__name__ == "SessionInterface")
 
 
-class PeerLossIsUnavailable(_SessionInterface):  # type: ignore[misc]
+class PeerLossIsUnavailable(_SessionInterface):
     """A raw session whose lost-peer ``UnknownError`` is raised as ``UnavailableError``: what
     MonitoredSession recovers from (a new session, the chief restoring the checkpoint)."""
 
@@ -427,7 +424,7 @@ def wait_until_initialized(
             time.sleep(POLL_SECS)
 
 
-class RoleSessionCreator(v1.train.SessionCreator):
+class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
     """Session creator for chief and non-chief replicas (see the module docstring)."""
 
     def __init__(

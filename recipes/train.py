@@ -2,12 +2,15 @@
 
 Dispatches on TF_CONFIG's task type: ``ps`` serves variables until every replica is done,
 ``worker``/``chief`` train, ``evaluator`` scores checkpoints. The TF2 strategies (``algo=allreduce``,
-``algo=pss``, see ``recipes/strategies``) run eagerly and take every role but the evaluator's. Known errors (config, data, NaN loss,
-a dead peer) print one line on stderr and exit non-zero; ``TFPLAN_DEBUG=1`` shows the traceback.
+``algo=pss``, see ``recipes/strategies``) run eagerly and take every role but the evaluator's.
+Known errors (``recipes/errors.py``: config, data, NaN loss, a dead peer) print one line on
+stderr and exit with their code; an exception of the user's own code (a model or data factory, a
+loss) prints that line and the innermost frames of the user's files; ``TFPLAN_DEBUG=1`` shows the
+whole traceback of any error.
 
-Exit codes: 0 done; 1 unexpected error; 2 bad config or data; 3 NaN loss; 4 peer timeout;
-5 the group lost a member (allreduce: a peer; pss: a ps): restart the group, it resumes from the
-last checkpoint.
+Exit codes: 0 done; 1 a failure at run time (the user's code raised, or an unexpected error);
+2 bad config or data; 3 NaN loss; 4 peer timeout; 5 the group lost a member (allreduce: a peer;
+pss: a ps): restart the group, it resumes from the last checkpoint.
 
 Warm standby (``TFPLAN_STANDBY=1``, docs/contract.md): import TensorFlow and everything the task
 needs, say so, then wait for SIGUSR1 without binding the task's port; on it, run as the task.
@@ -30,7 +33,8 @@ import argparse  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
 
-from recipes.config import ConfigError, load_run_config, task_from_env  # noqa: E402
+from recipes.config import load_run_config, task_from_env  # noqa: E402
+from recipes.errors import ConfigError, RecipeError, UserCodeError  # noqa: E402
 
 __all__ = ["STANDBY_ENV", "main"]
 
@@ -146,25 +150,29 @@ def main(argv: list[str] | None = None) -> int:
         help="the resolved run config (run.yaml)",
     )
     args = parser.parse_args(argv)
-    from recipes.data import DataError
-
     try:
         if os.environ.get(STANDBY_ENV) == "1":
             _stand_by(args.config)
         return _run(args.config)
-    except (ConfigError, DataError, ValueError) as e:
-        return _fail(e, 2)
+    except RecipeError as e:
+        return _fail(e, e.code)
     except KeyboardInterrupt:
         return 130
-    except Exception as e:  # noqa: BLE001 - one line for known failures, traceback on demand
-        code = getattr(e, "code", None)
-        return _fail(e, code if isinstance(code, int) and code > 0 else 1)
+    except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback on demand
+        return _fail(e, 1)
 
 
 def _fail(e: BaseException, code: int) -> int:
     if os.environ.get("TFPLAN_DEBUG"):
         raise e
-    print(f"error: {e}", file=sys.stderr, flush=True)
+    if isinstance(e, RecipeError):
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    else:  # not one the recipes explain: its type says more than its message alone
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    if isinstance(e, UserCodeError):
+        for frame in e.details():
+            print(f"  {frame}", file=sys.stderr)
+        print("  (TFPLAN_DEBUG=1 shows the whole traceback)", file=sys.stderr, flush=True)
     return code
 
 

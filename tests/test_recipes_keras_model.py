@@ -182,12 +182,13 @@ def test_bad_models_and_losses_are_one_line_errors() -> None:
                 Objective("mse", metrics=("accuracy",)).metric_values(tf.zeros([4, 1]), tf.zeros([4]))
             except ObjectiveError as e:
                 print("ObjectiveError", e)
-        from recipes.keras_model import import_target
+        from recipes.errors import TargetError
+        from recipes.targets import import_target
         for target in ["nomodule_xyz.build", "os.path.no_such_fn", "build"]:
             try:
                 import_target(target, "model._target_")
-            except ModelError as e:
-                print("ModelError", e)
+            except TargetError as e:
+                print("TargetError", e)
         """
     )
     lines = [line for line in out.splitlines() if "Error" in line]

@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 from recipes.config import DataConf, ModelConf
-from recipes.data import load
+from recipes.datasets import load
+from recipes.errors import ConfigError
 from recipes.models import Model, loss_and_accuracy
 
 v1 = tf.compat.v1
@@ -64,5 +65,5 @@ def test_model_shapes_names_and_learning(cfg: ModelConf, names: set[str]) -> Non
 
 
 def test_unknown_model_is_rejected_with_the_valid_names() -> None:
-    with pytest.raises(ValueError, match="valid: logreg, mlp, cnn"):
+    with pytest.raises(ConfigError, match="valid: logreg, mlp, cnn"):
         Model(ModelConf(name="resnet"), 8, 1, 10)

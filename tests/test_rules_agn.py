@@ -29,6 +29,7 @@ from recipes.algorithms.adag import adag_scale
 from recipes.algorithms.base import BuildContext, Problem
 from recipes.algorithms.downpour_easy import DownpourEasy
 from recipes.config import AlgoConf
+from recipes.errors import ConfigError
 
 v1 = tf.compat.v1
 LR = 0.05
@@ -374,7 +375,7 @@ def test_downpour_easy_defaults_to_an_adagrad_ps_and_rejects_other_local_optimiz
     r = bx @ W0 + B0 - by
     gw = 2.0 / len(by) * (bx.T @ r)
     np.testing.assert_allclose(rep.params()["w"], W0 - LR * gw / np.sqrt(0.1 + gw**2), atol=1e-6)
-    with pytest.raises(ValueError, match="plain SGD"):
+    with pytest.raises(ConfigError, match="plain SGD"):
         build_replicas(
             InProcessCluster(n_workers=1), algo("downpour_easy", optimizer="adam"), 1, init=False
         )

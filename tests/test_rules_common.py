@@ -18,6 +18,7 @@ from recipe_cluster import InProcessCluster
 from recipes.algorithms import available, get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import AlgoConf
+from recipes.errors import ConfigError
 
 v1 = tf.compat.v1
 X_DIM = 3
@@ -167,7 +168,7 @@ ALL_ALGORITHMS = [
 
 def test_registry_lists_every_algorithm_and_rejects_unknown() -> None:
     assert available() == ALL_ALGORITHMS
-    with pytest.raises(ValueError, match="valid: adag, agn, downpour"):
+    with pytest.raises(ConfigError, match="valid: adag, agn, downpour"):
         get_algorithm("downpour_hard")
 
 

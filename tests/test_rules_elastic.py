@@ -19,6 +19,7 @@ from test_rules_common import B0, W0, Replica, build_replicas, data_batches, lin
 
 from recipes.algorithms.eamsgd import EAMSGD
 from recipes.config import AlgoConf
+from recipes.errors import ConfigError
 
 v1 = tf.compat.v1
 LR = 0.05
@@ -172,7 +173,7 @@ def test_elastic_alpha_defaults_to_beta_over_n_and_rejects_out_of_range() -> Non
         init=False,
     )
     assert reps[0].train.extras["alpha"] == pytest.approx(0.45)
-    with pytest.raises(ValueError, match="alpha must be in"):
+    with pytest.raises(ConfigError, match="alpha must be in"):
         build_replicas(
             InProcessCluster(n_workers=1), elastic("eamsgd", 2, alpha=1.5), 1, init=False
         )

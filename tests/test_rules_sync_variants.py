@@ -17,6 +17,7 @@ from test_rules_common import B0, W0, X_DIM, Replica, build_replicas, data_batch
 from test_rules_sync import stop, wait_step
 
 from recipes.config import AlgoConf
+from recipes.errors import ConfigError
 
 v1 = tf.compat.v1
 LR = 0.1
@@ -184,5 +185,5 @@ def test_sync_lr_chief_init_leaves_exactly_r_tokens_not_the_guides_2r() -> None:
 
 
 def test_sync_lr_rejects_a_rate_list_of_the_wrong_length() -> None:
-    with pytest.raises(ValueError, match="2 rates for 3 replicas"):
+    with pytest.raises(ConfigError, match="2 rates for 3 replicas"):
         build_replicas(InProcessCluster(n_workers=3), sync_lr(lrs=[0.1, 0.2]), 3, init=False)

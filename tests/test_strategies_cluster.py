@@ -382,7 +382,8 @@ def test_evaluator_ignores_an_earlier_runs_result_until_it_is_rewritten(tmp_path
 
     from recipes.config import ModelConf
     from recipes.models import Model
-    from recipes.strategies.common import Checkpoints, Optimizer
+    from recipes.strategies.checkpoints import Checkpoints
+    from recipes.strategies.optimizer import Optimizer
 
     cfg = run_config(tmp_path / "out", ALLREDUCE, max_steps=120)
     out = Path(cfg["output_dir"])

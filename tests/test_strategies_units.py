@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from recipes.checkpoint_names import OBJECT_SUFFIX as CKPT_KEY_SUFFIX
 from recipes.config import AlgoConf, ConfigError, DataConf, ModelConf, RunConfig, TrainerConf
-from recipes.data import load
+from recipes.datasets import load
 from recipes.evaluator import CheckpointScorer
+from recipes.failures import first_line
 from recipes.models import Model
-from recipes.strategies import CKPT_KEY_SUFFIX
-from recipes.strategies.common import Checkpoints, Optimizer, first_line
+from recipes.strategies.checkpoints import Checkpoints
+from recipes.strategies.optimizer import Optimizer
 from recipes.workload import Workload
 
 V1 = {
@@ -44,7 +46,7 @@ def test_optimizer_follows_the_tf1_update_rules(name: str) -> None:
 
 
 def test_unknown_optimizer_is_refused() -> None:
-    with pytest.raises(ValueError, match="valid: sgd, adagrad, adam, momentum"):
+    with pytest.raises(ConfigError, match="valid: sgd, adagrad, adam, momentum"):
         Optimizer("rmsprop", 0.1)
 
 

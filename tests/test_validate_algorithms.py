@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from recipes.algorithms import available
+from recipes.errors import ConfigError
 from recipes.strategies import STRATEGIES
 from tfplan.cli.main import main
 from tfplan.config.algorithms import ALGORITHMS
@@ -231,5 +232,5 @@ def test_the_recipes_refuse_what_the_planner_refuses() -> None:
         (AlgoConf(name="multi_gpu", extra={"device": "tpu"}), "cpu or gpu"),
         (AlgoConf(name="sync_lr", optimizer="adam"), "SGD with per-worker rates"),
     ]:
-        with tf.Graph().as_default(), pytest.raises(ValueError, match=match):
+        with tf.Graph().as_default(), pytest.raises(ConfigError, match=match):
             build_replicas(InProcessCluster(n_workers=1), conf, 1, init=False)

@@ -1,6 +1,6 @@
 """Write the training shards and the evaluation file as tf.Example records.
 
-    python make_data.py OUT_DIR [SHARDS]
+python make_data.py OUT_DIR [SHARDS]
 """
 
 import os
@@ -48,7 +48,7 @@ def write_csv(path, n=3000, seed=3):
     y = x @ np.array([2.0, -1.0, 0.5]) + rng.normal(scale=0.1, size=n)
     with open(path, "w") as f:
         f.write("x1,x2,x3,y\n")
-        for row, target in zip(x, y):
+        for row, target in zip(x, y, strict=True):
             f.write(",".join(f"{v:.5f}" for v in row) + f",{target:.5f}\n")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 from recipes.algorithms.base import Algorithm
+from recipes.errors import ConfigError
 
 __all__ = ["available", "get_algorithm"]
 
@@ -40,7 +41,7 @@ def get_algorithm(name: str) -> Algorithm:
         ValueError: unknown name (the message lists the valid ones).
     """
     if name not in _MODULES:
-        raise ValueError(f"unknown algorithm '{name}'; valid: {', '.join(available())}")
+        raise ConfigError(f"unknown algorithm '{name}'; valid: {', '.join(available())}")
     module, cls = _MODULES[name].split(":")
     algo: Algorithm = getattr(importlib.import_module(module), cls)()
     return algo

@@ -24,6 +24,7 @@ import tensorflow as tf
 from recipes.algorithms.agn import AGN
 from recipes.algorithms.base import BuildContext, Params
 from recipes.algorithms.local import add_global_steps, option
+from recipes.errors import ConfigError
 
 
 def adag_scale(center: Any, pulled: Any, gamma: float) -> Any:
@@ -39,7 +40,7 @@ class ADAG(AGN):
     ) -> Any:
         gamma = float(option(ctx, "gamma", 1e-4))
         if gamma <= 0:
-            raise ValueError(f"algo.gamma must be > 0, got {gamma}")
+            raise ConfigError(f"algo.gamma must be > 0, got {gamma}")
         # On the worker, as [TH] Alg. adag_3: read the center once, send the scaled delta.
         adds = [
             center[k].assign_add(

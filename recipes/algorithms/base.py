@@ -19,6 +19,8 @@ from typing import Any, Callable, ClassVar, Optional
 import tensorflow as tf
 
 from recipes.config import AlgoConf
+from recipes.errors import ConfigError
+from recipes.vocabulary import OPTIMIZERS
 
 __all__ = [
     "Algorithm",
@@ -127,7 +129,7 @@ def make_optimizer(name: str, lr: float) -> Any:
         return v1.train.AdamOptimizer(lr, use_locking=False)
     if name == "momentum":
         return v1.train.MomentumOptimizer(lr, 0.9, use_locking=False)
-    raise ValueError(f"unknown optimizer '{name}'; valid: sgd, adagrad, adam, momentum")
+    raise ConfigError(f"algo.optimizer={name}: unknown; valid: {', '.join(OPTIMIZERS)}")
 
 
 def move_to_local_collection(variables: list[Any]) -> None:

@@ -31,6 +31,8 @@ from recipes.algorithms.local import (
     local_twins,
     option,
 )
+from recipes.errors import ConfigError
+from recipes.vocabulary import PS_OPTIMIZERS
 
 v1 = tf.compat.v1
 
@@ -43,8 +45,10 @@ class Downpour(WindowedAlgorithm):
         self, ctx: BuildContext, problem: Problem, center: Params, local: Params, window: int
     ) -> Window:
         ps_optimizer = str(option(ctx, "ps_optimizer", "sgd")).lower()
-        if ps_optimizer not in ("sgd", "adagrad"):
-            raise ValueError(f"unknown algo.ps_optimizer '{ps_optimizer}'; valid: sgd, adagrad")
+        if ps_optimizer not in PS_OPTIMIZERS:
+            raise ConfigError(
+                f"algo.ps_optimizer={ps_optimizer}: unknown; valid: {', '.join(PS_OPTIMIZERS)}"
+            )
         pulled = local_twins(center, "pulled")
         grad_sum = local_twins(center, "grad_sum")
         loss = problem.loss_fn(local)

@@ -16,6 +16,7 @@ import dataclasses
 
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.algorithms.downpour import Downpour
+from recipes.errors import ConfigError
 
 
 class DownpourEasy(Downpour):
@@ -23,7 +24,7 @@ class DownpourEasy(Downpour):
 
     def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
         if ctx.algo.optimizer != "sgd":
-            raise ValueError(
+            raise ConfigError(
                 f"downpour_easy runs plain SGD on the workers; got "
                 f"algo.optimizer={ctx.algo.optimizer} (use algo=downpour for others)"
             )

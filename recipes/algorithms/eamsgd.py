@@ -22,6 +22,7 @@ import tensorflow as tf
 from recipes.algorithms.base import BuildContext, Params, Problem, dense
 from recipes.algorithms.easgd import elastic_alpha, elastic_difference, exchange_ops
 from recipes.algorithms.local import Window, WindowedAlgorithm, local_twins, option, read_all
+from recipes.errors import ConfigError
 
 
 class EAMSGD(WindowedAlgorithm):
@@ -35,7 +36,7 @@ class EAMSGD(WindowedAlgorithm):
         alpha = elastic_alpha(ctx)
         delta = float(option(ctx, "momentum", 0.9))
         if not 0.0 <= delta < 1.0:
-            raise ValueError(f"algo.momentum must be in [0, 1), got {delta}")
+            raise ConfigError(f"algo.momentum must be in [0, 1), got {delta}")
         lr = float(ctx.algo.lr)
         velocity = local_twins(center, "velocity")
         x, v = read_all(local), read_all(velocity)

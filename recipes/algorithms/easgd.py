@@ -30,6 +30,7 @@ from recipes.algorithms.local import (
     option,
     read_all,
 )
+from recipes.errors import ConfigError
 
 
 def elastic_alpha(ctx: BuildContext) -> float:
@@ -37,7 +38,7 @@ def elastic_alpha(ctx: BuildContext) -> float:
     alpha = option(ctx, "alpha", None)
     alpha = 0.9 / ctx.n_replicas if alpha is None else float(alpha)
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"algo.alpha must be in [0, 1], got {alpha}")
+        raise ConfigError(f"algo.alpha must be in [0, 1], got {alpha}")
     return alpha
 
 

@@ -25,6 +25,7 @@ from recipes.algorithms.base import (
     make_optimizer,
     move_to_local_collection,
 )
+from recipes.errors import ConfigError
 
 __all__ = [
     "LOCAL",
@@ -54,7 +55,7 @@ def option(ctx: BuildContext, key: str, default: Any) -> Any:
 def positive_int(ctx: BuildContext, key: str, default: int) -> int:
     value = int(option(ctx, key, default))
     if value < 1:
-        raise ValueError(f"algo.{key} must be >= 1, got {value}")
+        raise ConfigError(f"algo.{key} must be >= 1, got {value}")
     return value
 
 

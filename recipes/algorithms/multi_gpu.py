@@ -30,6 +30,7 @@ from recipes.algorithms.base import (
 )
 from recipes.algorithms.local import positive_int
 from recipes.config import AlgoConf
+from recipes.errors import ConfigError
 
 v1 = tf.compat.v1
 
@@ -38,9 +39,9 @@ def tower_settings(algo: AlgoConf) -> tuple[int, str]:
     towers = int(algo.get("towers", 2))
     device = str(algo.get("device", "cpu")).lower()
     if towers < 1:
-        raise ValueError(f"algo.towers must be >= 1, got {towers}")
+        raise ConfigError(f"algo.towers must be >= 1, got {towers}")
     if device not in ("cpu", "gpu"):
-        raise ValueError(f"algo.device must be cpu or gpu, got {device}")
+        raise ConfigError(f"algo.device must be cpu or gpu, got {device}")
     return towers, device
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph, make_optimizer
+from recipes.errors import ConfigError
 
 v1 = tf.compat.v1
 
@@ -23,7 +24,7 @@ def replicas_to_aggregate(ctx: BuildContext) -> int:
     backups = int(ctx.algo.get("backup_workers", 0))
     r = int(ctx.algo.get("replicas_to_aggregate", ctx.n_replicas - backups))
     if not 1 <= r <= ctx.n_replicas:
-        raise ValueError(
+        raise ConfigError(
             f"sync: replicas_to_aggregate={r} must be in 1..{ctx.n_replicas} "
             f"(replicas={ctx.n_replicas}, backup_workers={backups})"
         )

@@ -22,6 +22,7 @@ import tensorflow as tf
 from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph, scaled
 from recipes.algorithms.local import option
 from recipes.algorithms.sync import replicas_to_aggregate
+from recipes.errors import ConfigError
 
 v1 = tf.compat.v1
 
@@ -31,7 +32,7 @@ def worker_learning_rates(ctx: BuildContext) -> list[float]:
     lrs: list[Any] = list(option(ctx, "lrs", None) or [])
     if lrs:
         if len(lrs) != ctx.n_replicas:
-            raise ValueError(f"algo.lrs has {len(lrs)} rates for {ctx.n_replicas} replicas")
+            raise ConfigError(f"algo.lrs has {len(lrs)} rates for {ctx.n_replicas} replicas")
         return [float(v) for v in lrs]
     decay = float(option(ctx, "lr_decay", 0.5))
     return [float(ctx.algo.lr) * decay**i for i in range(ctx.n_replicas)]
@@ -42,7 +43,7 @@ class SyncLR(Algorithm):
 
     def build(self, ctx: BuildContext, problem: Problem) -> TrainGraph:
         if ctx.algo.optimizer != "sgd":
-            raise ValueError(
+            raise ConfigError(
                 f"sync_lr is SGD with per-worker rates; got algo.optimizer={ctx.algo.optimizer}"
             )
         r = replicas_to_aggregate(ctx)

@@ -5,7 +5,8 @@
 
 They run eagerly (TF2), so ``recipes/train.py`` dispatches to :func:`run_task` before it turns
 eager execution off for the TF1 recipes. The evaluator is shared: it reads both checkpoint
-formats. Modules import TensorFlow, so they are loaded only when a task runs.
+formats. Modules import TensorFlow, so they are loaded only when a task runs. Each strategy's
+update rule is ``optimizer.py``; its checkpoints are ``checkpoints.py``.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from recipes.config import RunConfig, TaskInfo
+from recipes.errors import ConfigError
 
-__all__ = ["CKPT_KEY_SUFFIX", "STRATEGIES", "is_strategy", "run_task"]
+__all__ = ["STRATEGIES", "is_strategy", "run_task"]
 
 STRATEGIES = ("allreduce", "pss")
-# Their checkpoints are TF2 object checkpoints: variable "model/dense0/w" is stored under
-# "model/dense0/w" + this suffix ("global_step" likewise); the evaluator reads both formats.
-CKPT_KEY_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def is_strategy(name: str) -> bool:
@@ -36,5 +35,7 @@ def run_task(
     elif cfg.algo.name == "pss":
         from recipes.strategies.pss import run_pss as run
     else:
-        raise ValueError(f"unknown strategy '{cfg.algo.name}'; valid: {', '.join(STRATEGIES)}")
+        raise ConfigError(
+            f"algo={cfg.algo.name}: not a TF2 strategy; valid: {', '.join(STRATEGIES)}"
+        )
     return int(run(cfg, task, process_start, log))

@@ -44,18 +44,12 @@ import numpy as np
 import tensorflow as tf
 
 from recipes.config import ConfigError, RunConfig, TaskInfo
-from recipes.replica import TrainingFailed, input_failure
+from recipes.errors import EXIT_GROUP_LOST, TrainingFailed
+from recipes.failures import first_line, input_failure
 from recipes.runtime import op_threads
-from recipes.strategies.common import (
-    EXIT_GROUP_LOST,
-    Checkpoints,
-    Log,
-    Optimizer,
-    Progress,
-    first_line,
-    stream_seed,
-    write_result,
-)
+from recipes.strategies.checkpoints import Checkpoints
+from recipes.strategies.common import Log, Progress, stream_seed, write_result
+from recipes.strategies.optimizer import Optimizer
 from recipes.workload import Workload
 
 __all__ = ["run_pss", "run_pss_server", "send_done_tokens"]

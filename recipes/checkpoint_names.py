@@ -1,0 +1,35 @@
+"""How a variable is named in a checkpoint, for every algorithm (stdlib only).
+
+The TF1 recipes (the twelve parameter-server algorithms) write name-based checkpoints: the
+model's variables as ``model/<path>`` (``model/dense0/w``, or a Keras path such as
+``model/hidden/kernel``) and the step as ``global_step``. The TF2 strategies (``allreduce``,
+``pss``) write TF2 object checkpoints, whose keys are the same names followed by
+:data:`OBJECT_SUFFIX`. Whoever reads a checkpoint (the evaluator, an export) tells the two
+apart by the ``global_step`` key: :func:`object_based`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["GLOBAL_STEP", "MODEL_PREFIX", "OBJECT_SUFFIX", "model_name", "object_based", "stored"]
+
+GLOBAL_STEP = "global_step"
+MODEL_PREFIX = "model/"
+# A TF2 object checkpoint stores variable "model/dense0/w" under "model/dense0/w" + this suffix.
+OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def model_name(path: str) -> str:
+    """The checkpoint name of the model variable at ``path`` (``dense0/w``)."""
+    return MODEL_PREFIX + path
+
+
+def stored(name: str, object_based: bool) -> str:
+    """The key ``name`` is stored under in a checkpoint of either format."""
+    return name + OBJECT_SUFFIX if object_based else name
+
+
+def object_based(keys: Iterable[str]) -> bool:
+    """Whether a checkpoint whose keys are ``keys`` is a TF2 object checkpoint."""
+    return GLOBAL_STEP + OBJECT_SUFFIX in set(keys)

@@ -1,0 +1,35 @@
+"""What a TensorFlow error raised while training means, for the TF1 replicas and the TF2
+strategies alike: the input's fault as a one-line :class:`~recipes.errors.InputError`, or the
+first telling line of TensorFlow's many."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from recipes.config import RunConfig
+from recipes.errors import InputError
+from recipes.inputs import explain_known_error
+
+__all__ = ["first_line", "input_failure"]
+
+
+def input_failure(e: Exception, cfg: RunConfig, gs: int) -> Exception:
+    """A TensorFlow error while training: the input's fault (a record that does not parse, a
+    factory's dataset that ended) as a one-line InputError, else the error itself."""
+    if isinstance(e, (tf.errors.OutOfRangeError, StopIteration)):
+        return InputError(
+            f"the training data ended at step={gs}: a data._target_ dataset must repeat, or "
+            "yield at least trainer.max_steps batches"
+        )
+    return explain_known_error(e, cfg.data) or e
+
+
+def first_line(e: BaseException) -> str:
+    """The first telling line of an error message (TF's run to dozens of lines and start with
+    generic ones such as "Graph execution error:"), at most 200 characters."""
+    generic = ("Graph execution error", "Detected at node", "<stack traces", "File ")
+    for line in str(e).splitlines():
+        line = line.strip()
+        if line and not line.startswith(generic) and "root error(s) found" not in line:
+            return line[:200]
+    return type(e).__name__

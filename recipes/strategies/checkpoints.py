@@ -1,0 +1,123 @@
+"""The TF2 strategies' checkpoints: ``output_dir/model.ckpt-<step>`` in TF2's object format, read
+and written by the chief on its own host (the evaluator reads them too: recipes/checkpoint_names.py
+says how their keys differ from the TF1 recipes')."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from recipes.checkpoint_names import GLOBAL_STEP, model_name, stored
+from recipes.config import TaskInfo
+from recipes.errors import ConfigError
+from recipes.models import Params
+
+__all__ = ["CKPT_NAME", "KEEP_CHECKPOINTS", "Checkpoints"]
+
+CKPT_NAME = "model.ckpt"
+KEEP_CHECKPOINTS = 5  # as tf.compat.v1.train.Saver's default max_to_keep
+
+
+def _tree(flat: Params) -> tf.Module:
+    """Nest ``{"dense0/w": var}`` as modules, so the checkpoint key is ``.../dense0/w/...``."""
+    root = tf.Module()
+    for key, var in flat.items():
+        node = root
+        *path, leaf = key.split("/")
+        for part in path:
+            if part not in vars(node):
+                setattr(node, part, tf.Module())
+            node = getattr(node, part)
+        setattr(node, leaf, var)
+    return root
+
+
+class Checkpoints:
+    """``output_dir/model.ckpt-<step>`` in TF2's object format, the last 5 kept, listed in
+    ``output_dir/checkpoint`` (so ``tf.train.latest_checkpoint`` and the evaluator find them),
+    written and read by the task that owns this object (the chief), on its own host.
+
+    Keys: ``global_step``, ``model/<param>`` (e.g. ``model/dense0/w``; the model's non-trainable
+    state too, e.g. a batch norm's ``moving_mean``) and ``optimizer/<slot>/<param>``, each
+    followed by ``/.ATTRIBUTES/VARIABLE_VALUE``. Written with
+    ``Checkpoint.write`` (no save counter: one more variable that TF would create lazily, and
+    in a distribution scope on one task only).
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        step: Any,
+        params: Params,
+        slots: Params,
+        task: Optional[TaskInfo] = None,
+        state: Optional[Params] = None,
+    ) -> None:
+        self.output_dir = output_dir
+        self._params = {**params, **(state or {})}
+        self._ckpt = tf.train.Checkpoint(
+            global_step=step, model=_tree(self._params), optimizer=_tree(slots)
+        )
+        # Why: by default each variable's device does the file I/O, so pss's ps would write
+        # (and read) their shards on their own hosts; every read and write of the checkpoint
+        # happens here instead, on this task's host (TF 2.21, hosts without a shared folder).
+        self._options = tf.train.CheckpointOptions(
+            experimental_io_device=f"/job:{task.type}/replica:0/task:{task.index}/device:CPU:0"
+            if task is not None
+            else None
+        )
+        self.last_step: Optional[int] = None
+        self.last_path: Optional[str] = None  # the checkpoint of last_step
+
+    def _kept(self) -> list[str]:
+        state = tf.train.get_checkpoint_state(self.output_dir)
+        return list(state.all_model_checkpoint_paths) if state else []
+
+    def write(self, step: int) -> str:
+        os.makedirs(self.output_dir, exist_ok=True)
+        prefix = os.path.join(self.output_dir, f"{CKPT_NAME}-{step}")
+        path = str(self._ckpt.write(prefix, options=self._options))
+        kept = [p for p in self._kept() if os.path.basename(p) != os.path.basename(path)]
+        kept.append(path)
+        for old in kept[:-KEEP_CHECKPOINTS]:
+            for f in tf.io.gfile.glob(old + ".*"):
+                tf.io.gfile.remove(f)
+        kept = kept[-KEEP_CHECKPOINTS:]
+        tf.compat.v1.train.update_checkpoint_state(
+            self.output_dir,
+            os.path.basename(path),
+            all_model_checkpoint_paths=[os.path.basename(p) for p in kept],
+        )
+        self.last_step, self.last_path = step, path
+        return path
+
+    def restore_latest(self) -> Optional[int]:
+        """Restore the newest checkpoint of ``output_dir``; its step, or None when there is none.
+
+        Raises:
+            ConfigError: the checkpoint is not one of these strategies' (another algorithm's,
+                or another model's): resume needs the same experiment setup.
+        """
+        path = tf.train.latest_checkpoint(self.output_dir)
+        if path is None:
+            return None
+        reader = tf.train.load_checkpoint(path)
+        shapes = reader.get_variable_to_shape_map()
+        for name, var in {
+            GLOBAL_STEP: None,
+            **{model_name(k): v for k, v in self._params.items()},
+        }.items():
+            key = stored(name, True)
+            if key not in shapes or (var is not None and list(shapes[key]) != list(var.shape)):
+                raise ConfigError(
+                    f"checkpoint {path} does not hold {name} as this run builds it (another "
+                    "algorithm or model wrote it?): use a new experiment.id or output_dir"
+                )
+        # expect_partial: the optimizer's slots may differ (a changed algo.optimizer starts fresh
+        # slots), the model and the step may not (checked above).
+        self._ckpt.read(path, options=self._options).expect_partial()
+        self.last_step = int(reader.get_tensor(stored(GLOBAL_STEP, True)))
+        self.last_path = path
+        return self.last_step

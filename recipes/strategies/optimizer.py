@@ -1,0 +1,72 @@
+"""The TF2 strategies' update rule (``algo=allreduce``, ``algo=pss``): ``algo.optimizer`` applied
+to eager variables, distributed ones included, with tf.compat.v1's formulas (the TF1 algorithms'
+rules are in ``recipes/algorithms/``, one file each; they use tf.compat.v1's optimizers
+themselves)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from recipes.errors import ConfigError
+from recipes.models import Params
+from recipes.vocabulary import OPTIMIZERS
+
+__all__ = ["Optimizer"]
+
+
+class Optimizer:
+    """``algo.optimizer`` with tf.compat.v1's update rules (as the TF1 recipes use them), for
+    eager variables, distributed ones included: ``sgd``; ``momentum`` (0.9: a <- 0.9 a + g,
+    w <- w - lr a); ``adagrad`` (accumulator from 0.1: a <- a + g^2, w <- w - lr g / sqrt(a));
+    ``adam`` (0.9, 0.999, 1e-8, bias correction with t = global step + 1).
+
+    Why not a Keras optimizer: Keras 3 optimizers track their own ``keras.Variable`` state and
+    step counter; these few lines keep the slots in our checkpoints under plain names.
+    """
+
+    SLOTS = {"sgd": (), "momentum": ("momentum",), "adagrad": ("accumulator",), "adam": ("m", "v")}
+
+    def __init__(self, name: str, lr: float) -> None:
+        name = name.lower()
+        if name not in self.SLOTS:
+            raise ConfigError(f"algo.optimizer={name}: unknown; valid: {', '.join(OPTIMIZERS)}")
+        self.name = name
+        self.lr = float(lr)
+
+    def create_slots(
+        self, params: Params, colocate: Callable[[Any], AbstractContextManager[Any]] | None = None
+    ) -> Params:
+        """One slot per parameter and slot kind, keyed ``<slot>/<param>``, next to its variable."""
+        slots: Params = {}
+        for pname, var in params.items():
+            for slot in self.SLOTS[self.name]:
+                with colocate(var) if colocate else nullcontext():
+                    init = 0.1 if slot == "accumulator" else 0.0
+                    slots[f"{slot}/{pname}"] = tf.Variable(
+                        tf.fill(var.shape, init), trainable=False, name=f"{slot}/{pname}"
+                    )
+        return slots
+
+    def apply(self, params: Params, grads: dict[str, Any], slots: Params, step: Any) -> None:
+        """Apply one update to every parameter (inside a ``tf.function``)."""
+        lr = tf.constant(self.lr, tf.float32)
+        if self.name == "adam":
+            t = tf.cast(step, tf.float32) + 1.0
+            lr = lr * tf.sqrt(1.0 - tf.pow(0.999, t)) / (1.0 - tf.pow(0.9, t))
+        for name, var in params.items():
+            g = grads[name]
+            if self.name == "sgd":
+                var.assign_sub(lr * g)
+            elif self.name == "momentum":
+                a = slots[f"momentum/{name}"].assign(0.9 * slots[f"momentum/{name}"] + g)
+                var.assign_sub(lr * a)
+            elif self.name == "adagrad":
+                a = slots[f"accumulator/{name}"].assign_add(g * g)
+                var.assign_sub(lr * g / tf.sqrt(a))
+            else:
+                m = slots[f"m/{name}"].assign(0.9 * slots[f"m/{name}"] + 0.1 * g)
+                v = slots[f"v/{name}"].assign(0.999 * slots[f"v/{name}"] + 0.001 * g * g)
+                var.assign_sub(lr * m / (tf.sqrt(v) + 1e-8))
