@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -277,3 +278,19 @@ def test_a_reader_that_goes_away_is_not_a_traceback(tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_the_tabular_examples_factory_command_plans_from_its_folder(tmp_path: Path) -> None:
+    """examples/tabular/README.md's factory command, run from the example's folder: the data
+    factory's package is found in recipe.code_dir (the current folder) as the model's is, by
+    the one importer the tasks use, not only when PYTHONPATH names the folder."""
+    example = tmp_path / "tabular"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "examples" / "tabular", example)
+    args = ("model._target_=tabular.models.build", "data._target_=tabular.data.make")
+    done = tfplan(example, "plan", "--no-save", *args, "algo=allreduce", "cluster.ps=0")
+    assert done.returncode == 0, done.stderr
+    assert "Data: factory: tabular.data.make shards its own data" in done.stdout
+    # and a factory that is nowhere is still one line naming the key and the fix
+    done = tfplan(example, "plan", "--no-save", "data._target_=nowhere_pkg.data.make")
+    assert done.returncode != 0
+    assert "data._target_" in done.stderr and "recipe.code_dir" in done.stderr, done.stderr

@@ -93,3 +93,41 @@ def test_recipes_never_import_tfplan() -> None:
     for path in (ROOT / "recipes").rglob("*.py"):
         for module in _imports(path):
             assert not module.startswith("tfplan"), f"{path} imports {module}"
+
+
+# recipes/: the modules tfplan's planner imports (and every recipe builds on) need no TensorFlow
+PLAIN_RECIPES = (
+    "recipes.errors",
+    "recipes.vocabulary",
+    "recipes.targets",
+    "recipes.reporting",
+    "recipes.checkpoint_names",
+    "recipes.config",
+    "recipes.live",
+    "recipes.inputs.files",
+)
+HEAVY = ("tensorflow", "keras", "tf_keras", "numpy")
+
+
+@pytest.mark.parametrize("module", PLAIN_RECIPES)
+def test_the_plain_recipes_modules_import_no_tensorflow(module: str) -> None:
+    """What the planner validates with (errors, vocabulary, the importer, file lookup) and what
+    every task writes (reporting) stays importable without TensorFlow, and imports only plain
+    modules of its own (``recipes.inputs.lazy`` imports TensorFlow only when asked)."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    for imported in _imports(path):
+        assert imported.split(".")[0] not in HEAVY, f"{module} imports {imported}"
+        if imported.startswith("recipes"):
+            assert imported in (*PLAIN_RECIPES, "recipes.inputs.lazy"), (
+                f"{module} imports {imported}, which is not a plain module"
+            )
+
+
+def test_the_tf2_strategies_do_not_import_the_tf1_training_loop() -> None:
+    """allreduce and pss share the recipes' core (workload, reporting, evaluator), not the TF1
+    replica's loop or the TF1 algorithms."""
+    for path in (ROOT / "recipes" / "strategies").rglob("*.py"):
+        for module in _imports(path):
+            assert not module.startswith(("recipes.replica", "recipes.algorithms")), (
+                f"{path.relative_to(ROOT)} imports {module}"
+            )
