@@ -8,7 +8,7 @@ import pytest
 
 from tfplan.diagnosis import catalogue
 from tfplan.diagnosis.catalogue import CATALOGUE, KnownFailure, register
-from tfplan.diagnosis.explain import Evidence, OomKill, explain, last_lines
+from tfplan.diagnosis.explain import Evidence, OomKill, error_line, explain, last_lines
 
 
 def evidence(output: str = "", exit_code: int | None = 1, **extra: object) -> Evidence:
@@ -79,3 +79,25 @@ def test_an_extension_registers_its_own_entry_first(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ValueError, match="already registered"):
         catalogue.register(mine)
     assert register is catalogue.register
+
+
+def test_the_error_line_is_quoted_not_a_frame_or_a_hint_after_it() -> None:
+    user_code = (
+        "step=0 loss=2.3\n"
+        "error: model._target_=pkg.models.build raised KeyError: 'hidden_units' at pkg/models.py:7\n"
+        "  pkg/models.py:7 in build: units = cfg['hidden_units']\n"
+        "  (TFPLAN_DEBUG=1 shows the whole traceback)\n"
+    )
+    assert error_line(user_code) == (
+        "error: model._target_=pkg.models.build raised KeyError: 'hidden_units' at pkg/models.py:7"
+    )
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/tensorflow/python/framework/ops.py", line 1221, in from_node_def\n'
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: No space left on device\n"
+        '  File "/x/tensorflow/python/framework/ops.py", line 1221, in from_node_def\n'
+    )
+    assert error_line(traceback) == (
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: No space left on device"
+    )
+    assert error_line("step=1 loss=0.5\nbye\n") is None

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 from tfplan.diagnosis.catalogue import CATALOGUE, KnownFailure
 
-__all__ = ["Evidence", "Explanation", "OomKill", "explain", "last_lines", "size_text"]
+__all__ = [
+    "Evidence",
+    "Explanation",
+    "OomKill",
+    "error_line",
+    "explain",
+    "last_lines",
+    "size_text",
+]
 
 # the end of a log is enough: a program's fatal error is its last words
 TAIL_BYTES = 64 * 1024
@@ -129,3 +137,22 @@ def last_lines(output: str, count: int = 3) -> list[str]:
     """The last non-empty lines of a log (what an unrecognised failure shows)."""
     lines = [line.rstrip() for line in output.splitlines() if not _NOISE.match(line)]
     return lines[-count:]
+
+
+# "error: ..." (the recipes' one line, and most command-line programs'), or the last line of a
+# Python traceback ("KeyError: 'x'", "tensorflow.python.framework.errors_impl.NotFoundError: ...")
+_ERROR_LINE = re.compile(r"^(error: |[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?)")
+
+
+def error_line(output: str) -> str | None:
+    """The line of a log that says what went wrong: the last ``error: ...`` line, else the last
+    exception line of a traceback; never a traceback's frame (``  File "...", line N``) or the
+    indented lines that follow the error. None when the log holds neither."""
+    lines = [line.rstrip() for line in output.splitlines() if not _NOISE.match(line)]
+    for line in reversed(lines):
+        if line.startswith("error: "):
+            return line
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line):
+            return line
+    return None

@@ -16,6 +16,7 @@ from tfplan.diagnosis.explain import (
     Evidence,
     Explanation,
     OomKill,
+    error_line,
     explain,
     last_lines,
 )
@@ -37,6 +38,7 @@ class Diagnosis:
     exit_code: int | None
     explanation: Explanation | None
     last_lines: tuple[str, ...]
+    error: str | None = None  # the log's error line (explain.error_line), when it has one
 
     @property
     def line(self) -> str:
@@ -45,6 +47,8 @@ class Diagnosis:
             ended = "ended" if self.exit_code == 0 else "failed"
             return f"{self.task} {ended}: {self.explanation.line}"
         code = "killed or vanished" if self.exit_code is None else f"exit code {self.exit_code}"
+        if self.error:  # the error itself, not a traceback frame or a hint printed after it
+            return f"{self.task} failed ({code}): {self.error}"
         last = f"; its last line: {self.last_lines[-1]}" if self.last_lines else ""
         return f"{self.task} failed ({code}){last}"
 
@@ -77,7 +81,12 @@ def diagnose_output(
         task.name, task.host, task.exit_code, output, output_dir, oom, task.never_listened
     )
     return Diagnosis(
-        task.name, task.host, task.exit_code, explain(evidence), tuple(last_lines(output))
+        task.name,
+        task.host,
+        task.exit_code,
+        explain(evidence),
+        tuple(last_lines(output)),
+        error_line(output),
     )
 
 
