@@ -116,7 +116,7 @@ class UserCodeError(RecipeError):
         self.key, self.target, self.error = key, target, error
         message = " ".join(str(error).split())[:300]
         what = type(error).__name__ + (f": {message}" if message else "")
-        where = user_frames(error.__traceback__, limit=1)
+        where = user_frames(error.__traceback__, limit=1, source=False)
         at = f" at {where[0]}" if where else ""
         super().__init__(f"{key}={target} {doing} {what}{at}")
         self.__cause__ = error
@@ -139,10 +139,12 @@ def _is_own_frame(filename: str) -> bool:
     return not path.startswith(stdlib + os.sep)
 
 
-def user_frames(tb: Optional[TracebackType], limit: int = 5) -> list[str]:
+def user_frames(tb: Optional[TracebackType], limit: int = 5, source: bool = True) -> list[str]:
     """The innermost ``limit`` frames of ``tb`` in the user's own files, innermost last, as
-    ``path:line in function: source line``."""
+    ``path:line in function: source line`` (``path:line`` alone without ``source``)."""
     frames = [f for f in traceback.extract_tb(tb) if _is_own_frame(f.filename)]
+    if not source:
+        return [f"{f.filename}:{f.lineno}" for f in frames[-limit:]]
     return [
         f"{f.filename}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else "")
         for f in frames[-limit:]

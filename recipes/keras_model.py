@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import collections
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -80,8 +80,14 @@ class KerasModel:
         partitions: int = 1,
         partition_bytes: Optional[int] = None,
         target: Optional[str] = None,
+        features: Optional[Sequence[str]] = None,
     ) -> None:
         self._factory = factory
+        self._features = tuple(features) if features is not None else None
+        self.unused_features: tuple[str, ...] = ()  # features no input of the model takes
+        # the features the model's inputs take, and whether it takes them as a dict (by name)
+        # or a list (in its inputs' order); None: it takes what it is given
+        self._takes: Optional[tuple[tuple[str, ...], bool]] = None
         self._target = target or f"{factory.__module__}.{factory.__qualname__}"
         self._kwargs = dict(kwargs or {})
         self._sample = sample
@@ -138,7 +144,44 @@ class KerasModel:
             raise ModelError(f"{self._key}: two builds gave other variables; is it deterministic?")
         self.keys, self.state_keys = names, state
         self.parts = self._split(model)
+        self.unused_features = self._check_inputs(model)
         return model
+
+    def _check_inputs(self, model: Any) -> tuple[str, ...]:
+        """The model's named inputs against the data's features (a dict of them): each input
+        must name a feature, or Keras maps the features to the inputs by their order (silently
+        wrong) or fails on a shape naming no key. Returns the features no input takes.
+
+        Raises:
+            ModelError: an input names no feature.
+        """
+        struct = getattr(model, "_inputs_struct", None)  # a functional model's inputs, as given
+        if self._features is None or struct is None:
+            return ()  # one feature tensor, or a model that names no inputs (subclassed)
+        if isinstance(struct, dict):
+            names = [str(k) for k in struct]
+        else:
+            names = [str(getattr(t, "name", "")) for t in tf.nest.flatten(struct)]
+        have = set(self._features)
+        for name in names:
+            if name not in have:
+                raise ModelError(
+                    f"{self._key}={self._target}: the model's input {name!r} is not a feature "
+                    f"of the data (its features: {', '.join(sorted(have))}): name each "
+                    f"keras.Input after the feature it takes (keras.Input(..., name='...'))"
+                )
+        self._takes = (tuple(names), isinstance(struct, dict))
+        return tuple(f for f in self._features if f not in set(names))
+
+    def _select(self, features: Any) -> Any:
+        """The features the model's inputs take, in the structure it was built with: Keras
+        matches a dict with other keys by position, not by name."""
+        if self._takes is None or not isinstance(features, dict):
+            return features
+        names, by_name = self._takes
+        if by_name:
+            return {name: features[name] for name in names}
+        return [features[name] for name in names] if len(names) > 1 else features[names[0]]
 
     def _split(self, model: Any) -> dict[str, list[tuple[int, int]]]:
         """Which trainable variables are partitioned, and each part's rows."""
@@ -313,7 +356,7 @@ class KerasModel:
         ]
         non_trainable = [state_vars[k] for k in self.state_keys]
         outputs, new_state = model.stateless_call(
-            trainable, non_trainable, features, training=training
+            trainable, non_trainable, self._select(features), training=training
         )
         if not training or not non_trainable:
             return outputs

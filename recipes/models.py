@@ -215,6 +215,7 @@ def build_model(
             partitions=partitions,
             partition_bytes=cfg.model.partition_bytes,
             target=cfg.model.target,
+            features=None if spec is None or spec.single else tuple(spec.features),
         )
     width = input_width(spec) if spec is not None else None
     # one output for binary classification and regression, one per class otherwise

@@ -27,12 +27,12 @@ from recipes.inputs import InputSpec
 from recipes.models import build_model, objective_of
 from recipes.objective import Objective, ObjectiveError
 
-__all__ = ["Workload", "saver_names"]
+__all__ = ["Workload", "sample_features", "saver_names"]
 
 v1 = tf.compat.v1
 
 
-def _sample(spec: InputSpec) -> Any:
+def sample_features(spec: InputSpec) -> Any:
     """One example's worth of zeros in the features' structure: builds a Keras model that has no
     ``keras.Input`` (a Sequential without one, a subclassed model)."""
 
@@ -67,7 +67,9 @@ class Workload:
             recipes.keras_model.ModelError: the model's callable cannot be imported or called.
         """
         spec = inputs.input_spec(cfg.data)
-        model = build_model(cfg, sample=lambda: _sample(spec), spec=spec, partitions=partitions)
+        model = build_model(
+            cfg, sample=lambda: sample_features(spec), spec=spec, partitions=partitions
+        )
         return cls(cfg, model, objective_of(cfg), spec)
 
     # -- datasets -------------------------------------------------------------------------

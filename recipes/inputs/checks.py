@@ -21,6 +21,7 @@ from recipes.inputs.npz import _npz_table
 from recipes.inputs.peek import _check_compression
 from recipes.inputs.pipelines import _check_batch, _train, eval_dataset, input_spec
 from recipes.inputs.specs import InputSpec
+from recipes.inputs.tfrecord import _tfrecord_feats
 from recipes.targets import find_target
 
 _TF_TYPES = {"float": "float32", "int64": "int64", "string": "string", "double": "float64"}
@@ -29,8 +30,9 @@ _TF_TYPES = {"float": "float32", "int64": "int64", "string": "string", "double":
 @_plain_python
 def check_static(data: DataConf, *, search_path: Sequence[str] = ()) -> None:
     """The checks that need no TensorFlow (plan time): the source exists, globs match, files
-    exist, CSV headers hold the columns, npz files hold the arrays, the factory's module can be
-    found. :func:`check` does the rest.
+    exist, CSV headers hold the columns, npz files hold the arrays, the first TFRecord holds the
+    label and the configured features (dtype and size), the factory's module can be found.
+    :func:`check` does the rest.
 
     ``search_path`` is where the user's code will be found besides ``sys.path``: the planner
     passes ``recipe.code_dir``, which tfplan ships to the tasks but which is not on its own path.
@@ -57,6 +59,8 @@ def check_static(data: DataConf, *, search_path: Sequence[str] = ()) -> None:
             _csv_plan(data, files, key)
         elif kind == "npz":
             _npz_table(data, files, key)
+        elif kind == "tfrecord":  # the label and features against the first record's
+            _tfrecord_feats(data, files, key)
 
 
 @_plain_python

@@ -16,7 +16,6 @@ from typing import Optional
 
 from recipes.config import DataConf
 from recipes.errors import InputError
-from recipes.inputs.lazy import _tf
 
 
 def _check_compression(data: DataConf) -> str:
@@ -73,23 +72,102 @@ def _peek_example(
     files: list[str], compression: str, key: str
 ) -> tuple[str, dict[str, tuple[str, int]]]:
     """The first record of the first non-empty file (of the first 16): its features as
-    name -> (dtype, number of values)."""
-    tf = _tf()
+    name -> (dtype, number of values). No TensorFlow: the planner checks a TFRecord source's
+    label and features with it."""
     for path in files[:16]:
         raw = _first_record(path, compression, key)
         if raw is None:
             continue
         try:
-            example = tf.train.Example.FromString(raw)
-        except Exception:  # noqa: BLE001 - protobuf's DecodeError
+            return path, example_features(raw)
+        except ValueError:
             raise InputError(f"{key}: the records of {path} are not tf.Example protos") from None
-        out = {}
-        for name, feature in example.features.feature.items():
-            kind = feature.WhichOneof("kind")
-            dtype = {"float_list": "float32", "int64_list": "int64", "bytes_list": "string"}.get(
-                kind or "", "float32"
-            )
-            values = getattr(feature, kind).value if kind else ()
-            out[name] = (dtype, len(values))
-        return path, out
     raise InputError(f"{key}: {files[0]} (and the files after it) hold no record")
+
+
+# tf.train.Example's wire format (tensorflow/core/example/{example,feature}.proto): Example
+# {1: Features}, Features {1: repeated map entry {1: name, 2: Feature}}, Feature {oneof 1:
+# BytesList, 2: FloatList, 3: Int64List}, each list {1: repeated value (packed or not)}.
+_KINDS = {1: "string", 2: "float32", 3: "int64"}
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _fields(buf: bytes) -> list[tuple[int, int, bytes]]:
+    """(field number, wire type, payload) of every field of one protobuf message (a varint's
+    payload is left empty: only its presence is counted)."""
+    out: list[tuple[int, int, bytes]] = []
+    pos = 0
+    while pos < len(buf):
+        tag, pos = _varint(buf, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, pos = _varint(buf, pos)
+            out.append((number, wire, b""))
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            if pos + length > len(buf):
+                raise ValueError("truncated field")
+            out.append((number, wire, buf[pos : pos + length]))
+            pos += length
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            out.append((number, wire, buf[pos : pos + size]))
+            pos += size
+        else:
+            raise ValueError(f"wire type {wire}")
+    return out
+
+
+def _count_values(kind: int, values: bytes) -> int:
+    """How many values one BytesList, FloatList or Int64List holds."""
+    count = 0
+    for number, wire, payload in _fields(values):
+        if number != 1:
+            continue
+        if kind == 2 and wire == 2:  # packed floats
+            count += len(payload) // 4
+        elif kind == 3 and wire == 2:  # packed varints
+            packed, pos = payload, 0
+            while pos < len(packed):
+                _, pos = _varint(packed, pos)
+                count += 1
+        else:
+            count += 1
+    return count
+
+
+def example_features(raw: bytes) -> dict[str, tuple[str, int]]:
+    """A serialized tf.train.Example's features, name -> (dtype, number of values).
+
+    Raises:
+        ValueError: the bytes are not an Example.
+    """
+    out: dict[str, tuple[str, int]] = {}
+    for number, wire, features in _fields(raw):
+        if number != 1 or wire != 2:
+            continue
+        for entry_number, entry_wire, entry in _fields(features):
+            if entry_number != 1 or entry_wire != 2:
+                continue
+            name, kind, count = "", 0, 0
+            for field_number, _, payload in _fields(entry):
+                if field_number == 1:
+                    name = payload.decode()
+                elif field_number == 2:
+                    for k, _, values in _fields(payload):
+                        if k in _KINDS:
+                            kind, count = k, _count_values(k, values)
+            out[name] = (_KINDS.get(kind, "float32"), count)
+    return out

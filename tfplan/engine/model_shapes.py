@@ -8,8 +8,11 @@ keeps the answer in ``.tfplan/cache/`` under a key of everything that can change
 and data config, the user's code (its digest) and the TensorFlow version. Later plans of the
 same model read the cache (milliseconds instead of seconds).
 
-A model that cannot be built here gives no preview and a plan warning with the reason (the hosts
-may differ from this machine; if they do not, the tasks fail the same way, in one line).
+The build also runs the model once on a batch shaped as the data's features, checks that its
+named inputs are features, and reports the features it does not take. A model that cannot be
+built here gives no preview and the reason, with the exit status of the build (2: the config or
+the data; 1: the user's own code raised, whose frames come along): the plan makes it an error
+when every task runs on this machine, a warning otherwise (the hosts may differ).
 """
 
 from __future__ import annotations
@@ -43,11 +46,23 @@ class Inspection:
         source: str,
         problem: str = "",
         devices: dict[str, int] | None = None,
+        unused_features: tuple[str, ...] = (),
+        exit_code: int | None = None,
+        frames: tuple[str, ...] = (),
     ) -> None:
         self.variables = variables
         self.source = source
         self.problem = problem
         self.devices = devices or {}  # variable -> the ps the device setter put it on
+        self.unused_features = unused_features  # the data's features no model input takes
+        self.exit_code = exit_code  # of the failed build: 2 config or data, 1 the user's code
+        self.frames = frames  # the user's own frames, innermost last, when their code raised
+
+    @property
+    def refused(self) -> bool:
+        """The recipes refused the config or the user's code raised (not a crash or a time-out):
+        the tasks would fail the same way on a host like this one."""
+        return self.variables is None and self.exit_code in (1, 2) and bool(self.problem)
 
 
 def _key(
@@ -113,13 +128,15 @@ def inspect_model(
         except subprocess.TimeoutExpired:
             return Inspection(None, source, f"building it took over {INSPECT_TIMEOUT_SECS:g}s")
     if proc.returncode != 0:
-        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-        why = (
-            errors[-1][len("error: ") :]
-            if errors
-            else (proc.stderr.strip().splitlines() or ["?"])[-1]
-        )
-        return Inspection(None, source, why)
+        lines = proc.stderr.splitlines()
+        errors = [i for i, ln in enumerate(lines) if ln.startswith("error:")]
+        if not errors:
+            why = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            return Inspection(None, source, why)
+        at = errors[-1]
+        frames = tuple(ln.strip() for ln in lines[at + 1 :] if ln.startswith("  "))
+        why = lines[at][len("error: ") :]
+        return Inspection(None, source, why, exit_code=proc.returncode, frames=frames)
     raw = json.loads(proc.stdout.strip().splitlines()[-1])
     write_atomic(cached, json.dumps(raw))
     return _inspection(raw, source)
@@ -127,4 +144,5 @@ def inspect_model(
 
 def _inspection(raw: dict[str, Any], source: str) -> Inspection:
     devices = {str(v["name"]): int(v.get("ps", 0)) for v in raw["variables"]}
-    return Inspection(_variables(raw["variables"]), source, devices=devices)
+    unused = tuple(str(f) for f in raw.get("unused_features") or ())
+    return Inspection(_variables(raw["variables"]), source, devices=devices, unused_features=unused)
