@@ -1,4 +1,6 @@
-"""`tfplan plan` and `tfplan show`: real subprocesses for the main paths, in-process for errors."""
+"""`tfplan plan` and `tfplan show`: real subprocesses for the main paths, in-process for errors;
+and what every command shares: -e ID or experiment.id=ID, the user's own config groups, the step
+bar."""
 
 from __future__ import annotations
 
@@ -294,3 +296,146 @@ def test_the_tabular_examples_factory_command_plans_from_its_folder(tmp_path: Pa
     done = tfplan(example, "plan", "--no-save", "data._target_=nowhere_pkg.data.make")
     assert done.returncode != 0
     assert "data._target_" in done.stderr and "recipe.code_dir" in done.stderr, done.stderr
+
+
+# --- -e ID and experiment.id=ID, alike for every command ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "words",
+    [["status"], ["logs"], ["logs", "worker/1"], ["watch"], ["destroy"], ["explain"]],
+    ids=" ".join,
+)
+def test_every_command_of_an_experiment_takes_experiment_id_as_plan_does(
+    words: list[str], in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*words, "experiment.id=nope"]) == 1
+    by_word = capsys.readouterr()
+    assert main([*words, "-e", "nope"]) == 1
+    assert capsys.readouterr() == by_word
+    assert by_word.out == ""
+    assert by_word.err == (
+        f"error: experiment 'nope' has no state in {in_tmp / '.tfplan'}: nothing was applied\n"
+    )
+    assert main([*words, "-e", "nope", "experiment.id=nope"]) == 1  # the same id twice: fine
+    assert capsys.readouterr() == by_word
+    assert main([*words, "-e", "first", "experiment.id=second"]) == 1
+    assert capsys.readouterr().err == (
+        "error: experiment.id: -e first and experiment.id=second name different experiments; "
+        "give the id once, as -e ID or experiment.id=ID\n"
+    )
+
+
+def test_plan_and_apply_take_e_as_experiment_id(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "-e", "first", "--no-save", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["experiment_id"] == "first"
+    assert main(["plan", "experiment.id=first", "-e", "first", "--no-save", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["experiment_id"] == "first"
+    for verb in ("plan", "apply"):
+        assert main([verb, "-e", "first", "experiment.id=second"]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err == (
+            "error: experiment.id: -e first and experiment.id=second name different "
+            "experiments; give the id once, as -e ID or experiment.id=ID\n"
+        )
+    # apply -e ID plans experiment.id=ID, shows it and asks (no terminal here: refused)
+    assert main(["apply", "-e", "first"]) == 1
+    out, err = capsys.readouterr()
+    assert 'tfplan plan for experiment "first"' in out
+    assert err == "error: this needs approval and stdin is not a terminal: pass --auto-approve\n"
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_tensorboard_and_export_model_take_the_experiment_either_way(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    errors = set()
+    for words in (["nope"], ["-e", "nope"], ["experiment.id=nope"]):
+        assert main(["tensorboard", *words]) == 1
+        errors.add(capsys.readouterr().err)
+    assert errors == {
+        f"error: no experiment or sweep 'nope' in {in_tmp / '.tfplan'} (known: none yet); "
+        "give its id or its folder\n"
+    }
+    assert main(["tensorboard", "other", "experiment.id=nope"]) == 1
+    assert capsys.readouterr().err.startswith("error: experiment.id: TARGET other and experiment")
+    errors.clear()
+    for words in (["-e", "nope"], ["experiment.id=nope"]):  # export model names an experiment
+        assert main(["export", "model", *words]) == 1
+        errors.add(capsys.readouterr().err)
+    assert len(errors) == 1 and errors.pop().startswith("error: no experiment 'nope' in")
+
+
+# --- the user's own config groups: ./conf (or --config-dir) over tfplan's ----------------------
+
+
+def _cluster_file(port_base: int) -> str:
+    local = Path(__file__).resolve().parent.parent / "conf" / "cluster" / "local.yaml"
+    text = local.read_text()
+    assert "port_base: 2222\n" in text
+    return text.replace("port_base: 2222\n", f"port_base: {port_base}\n")
+
+
+def _ports(plan: dict[str, object]) -> list[int]:
+    tasks = plan["tasks"]
+    assert isinstance(tasks, list)
+    return sorted(int(t["port"]) for t in tasks)
+
+
+def test_a_conf_folder_adds_the_users_groups_without_a_config_yaml(tmp_path: Path) -> None:
+    (tmp_path / "conf" / "cluster").mkdir(parents=True)
+    (tmp_path / "conf" / "cluster" / "mine.yaml").write_text(_cluster_file(23456))
+    done = tfplan(tmp_path, "plan", "cluster=mine", "--json", "--no-save")
+    assert done.returncode == 0, done.stderr
+    assert _ports(json.loads(done.stdout)) == [23456, 23457, 23458]
+    wrong = tfplan(tmp_path, "plan", "cluster=nope", "--no-save")
+    assert wrong.stderr == (
+        "error: cluster: no option 'nope'; available options: 3node, gpu2x4, k8s, local, "
+        "local_allreduce, local_chief, mine, slurm\n"
+    )
+
+
+def test_the_users_file_wins_and_config_dir_and_sweeps_find_the_groups_too(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (in_tmp / "conf" / "cluster").mkdir(parents=True)
+    (in_tmp / "conf" / "cluster" / "local.yaml").write_text(_cluster_file(23500))
+    assert main(["plan", "--json", "--no-save"]) == 0  # config.yaml's default: cluster=local
+    assert _ports(json.loads(capsys.readouterr().out)) == [23500, 23501, 23502]
+    (in_tmp / "groups" / "cluster").mkdir(parents=True)
+    (in_tmp / "groups" / "cluster" / "mine.yaml").write_text(_cluster_file(23600))
+    assert main(["plan", "--config-dir", "groups", "cluster=mine", "--json", "--no-save"]) == 0
+    assert _ports(json.loads(capsys.readouterr().out)) == [23600, 23601, 23602]
+    assert main(["plan", "--config-dir", "groups", "-m", "cluster=mine", "algo.lr=0.1,0.2"]) == 0
+    assert "ports 23600-23602" in capsys.readouterr().out
+    assert main(["plan", "--config-dir", "nowhere", "--no-save"]) == 1
+    assert capsys.readouterr().err == (
+        f"error: --config-dir: no folder {in_tmp / 'nowhere'}; give the folder of your own "
+        "config groups (e.g. conf/ holding cluster/mine.yaml)\n"
+    )
+
+
+# --- apply's step bar --------------------------------------------------------------------------
+
+
+def test_the_step_bar_ends_at_max_steps_and_says_the_true_step() -> None:
+    import io
+    import re
+
+    from rich.console import Console
+
+    from tfplan.cli.output import shown_step, step_progress
+
+    assert shown_step(120, 300) == (120, "")
+    assert shown_step(300, 300) == (300, "")
+    assert shown_step(305, 300) == (300, " (global step 305)")
+    assert shown_step(305, None) == (305, "")  # watch: no total to stop at
+    screen = io.StringIO()
+    with step_progress(Console(file=screen, force_terminal=True, width=100), 300) as on_step:
+        on_step(120)
+        on_step(305)
+    frames = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue()).split("\r")
+    last = [f for f in frames if "global step" in f][-1]
+    assert "300/300 (global step 305)" in last and "305/300" not in screen.getvalue()

@@ -1,10 +1,14 @@
 """The user's packages in the plan: found in recipe.code_dir (or installed), recorded with their
-size and digest, shipped by every backend, shown in the plan; and what the planner checks of the
-user's model and data config without TensorFlow."""
+size and digest, shipped by every backend, shown in the plan, and checked again when a saved plan
+is applied; and what the planner checks of the user's model and data config without
+TensorFlow."""
 
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -14,6 +18,7 @@ from tfplan.backends.staging import RECIPES_DIR, package_files, ship_code, shipp
 from tfplan.cli.render import plan_lines
 from tfplan.config.compose import compose_config, to_config
 from tfplan.config.schema import Config
+from tfplan.engine.plans import check_user_code
 from tfplan.engine.user_code import find_user_code
 from tfplan.errors import ConfigError
 from tfplan.planning.context import PlanContext
@@ -192,3 +197,53 @@ def test_kubernetes_carries_the_users_package_in_the_configmap_or_refuses_it(
     code = find_user_code(config(*USER), str(root))
     with pytest.raises(TfplanError, match=r"my_pkg/weights.bin .* is not text.*code=image"):
         export_manifests(dataclasses.replace(made, user_code=code), "jobs")
+
+
+# --- a saved plan is exact about the user's code ------------------------------------------------
+
+
+def _tfplan(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFPLAN_")}
+    return subprocess.run(
+        [sys.executable, "-m", "tfplan", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _saved_digest(path: Path) -> str:
+    return Plan.from_json(path.read_text()).user_code[0].digest
+
+
+def test_apply_refuses_a_saved_plan_whose_code_changed_and_starts_nothing(tmp_path: Path) -> None:
+    """Planned, then the user's module edited: apply (of the saved plan or a plan file) refuses
+    in one line with both digests, before the lock or any task; the first apply, not the second,
+    says so. A module that is gone is refused the same way."""
+    (tmp_path / "losses.py").write_text("def fn(labels, outputs):\n    pass\n")
+    for args in (("plan",), ("plan", "-out", "my.plan")):
+        done = _tfplan(tmp_path, *args, "model.loss=losses.fn", "cluster.port_base=24610")
+        assert done.returncode == 0, done.stderr
+    before = _saved_digest(tmp_path / ".tfplan" / "plan.json")
+    assert _saved_digest(tmp_path / "my.plan") == before
+    check_user_code(Plan.from_json((tmp_path / "my.plan").read_text()))  # unchanged: applies
+    (tmp_path / "losses.py").write_text("def fn(labels, outputs):\n    return 0\n")
+    after = find_user_code(config("model.loss=losses.fn"), str(tmp_path))[0].digest
+    assert after != before
+    made = sorted(p.name for p in (tmp_path / ".tfplan").iterdir())
+    for words in (("apply",), ("apply", "my.plan")):
+        done = _tfplan(tmp_path, *words, "--auto-approve")
+        assert done.returncode == 1 and done.stdout == ""
+        assert done.stderr == (
+            f"error: your code changed since the plan was saved (losses: digest {before[:8]} -> "
+            f"{after[:8]}, model.loss): run `tfplan plan` again\n"
+        )
+    assert sorted(p.name for p in (tmp_path / ".tfplan").iterdir()) == made  # no state, no lock
+    (tmp_path / "losses.py").unlink()
+    done = _tfplan(tmp_path, "apply", "my.plan")
+    assert done.returncode == 1 and done.stderr == (
+        f"error: your code changed since the plan was saved (losses: {tmp_path / 'losses.py'} "
+        "is gone, model.loss): run `tfplan plan` again\n"
+    )

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from tfplan.cli.common import (
+    add_experiment_option,
     add_size_arguments,
     add_target_argument,
     approved,
@@ -27,7 +28,7 @@ from tfplan.cli.render import print_lines, print_plan, targeting_warning
 from tfplan.cli.sweep import add_sweep_arguments, run_sweep_command
 from tfplan.engine.background import start_background_supervisor
 from tfplan.engine.lognoise import shows_tf_noise
-from tfplan.engine.plans import make_plan
+from tfplan.engine.plans import check_user_code, make_plan
 from tfplan.engine.refresh import refreshed_state
 from tfplan.engine.runner import ExperimentRun
 from tfplan.engine.supervisor import Outcome
@@ -61,7 +62,12 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         help="return once every task is started; a background supervisor watches them to the "
         "end (tfplan status shows it, tfplan watch follows it, tfplan destroy stops it)",
     )
-    apply.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
+    add_experiment_option(apply, "the experiment to plan and apply", word=False)
+    apply.add_argument(
+        "--config-dir",
+        help="your own config groups (DIR/cluster/mine.yaml: cluster=mine), over tfplan's; with "
+        "a config.yaml, a whole config tree (default: ./conf if there)",
+    )
     apply.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     add_target_argument(apply, "plan and start or stop")
     add_all_lines_argument(apply)
@@ -136,10 +142,11 @@ def _plan_to_apply(
             "(tfplan plan OVERRIDES -target NAME, then tfplan apply)"
         )
     if files:
-        return workspace.load_plan(Path(files[0])), False, None
+        return _saved_plan(workspace, Path(files[0])), False, None
     if not overrides and workspace.default_plan_path.exists():
+        plan = _saved_plan(workspace, None)
         out.print(f"Applying the saved plan {workspace.default_plan_path}")
-        return workspace.load_plan(), False, None
+        return plan, False, None
     from omegaconf import OmegaConf
 
     from tfplan.config.compose import compose_config, to_config
@@ -149,6 +156,19 @@ def _plan_to_apply(
     state = refreshed_state(workspace.store(cfg.experiment.id))
     plan = make_plan(cfg, state, targets=args.targets)
     return plan, True, OmegaConf.to_yaml(composed)
+
+
+def _saved_plan(workspace: Workspace, path: Path | None) -> Plan:
+    """A saved plan, applied exactly as it was made: refused before anything starts when the
+    user's code it ships changed since (the state's own staleness is checked under the lock).
+
+    Raises:
+        PlanFileError: no such plan file, or not one of this format.
+        StaleStateError: the user's code changed since the plan was saved.
+    """
+    plan = workspace.load_plan(path)
+    check_user_code(plan)
+    return plan
 
 
 def _applied_partially(plan: Plan, out: Console) -> None:
@@ -174,7 +194,15 @@ def _supervise(run: ExperimentRun, out: Console, max_steps: int | None, show_all
 def _report(
     outcome: Outcome, plan: Plan, result: dict[str, Any] | None, result_at: str, out: Console
 ) -> None:
-    if outcome.succeeded:
+    max_steps = plan.run_config.get("trainer", {}).get("max_steps")
+    step = outcome.last_step
+    if outcome.succeeded and isinstance(max_steps, int) and step is not None and step > max_steps:
+        # the bar stopped at max_steps (tfplan.cli.output.shown_step): the true step, once
+        out.print(
+            f"\n[bold green]Training complete[/]: {outcome.reason} at global step {step} "
+            f"(trainer.max_steps={max_steps}: asynchronous workers finish the steps they began)."
+        )
+    elif outcome.succeeded:
         out.print(f"\n[bold green]Training complete[/]: {outcome.reason}.")
     else:
         out.print(f"\n[bold red]Training failed[/]: {outcome.reason}.")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfplan.cli.common import (
+    add_experiment_option,
     add_size_arguments,
     add_target_argument,
     compose,
@@ -50,8 +51,13 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         action="store_true",
         help="exit 0 when there are no changes, 2 when there are, 1 on error",
     )
+    add_experiment_option(plan, "the experiment to plan", word=False)
     plan.add_argument("--cfg", choices=["job"], help="print the composed config and exit")
-    plan.add_argument("--config-dir", help="the conf/ folder to use (default: ./conf or tfplan's)")
+    plan.add_argument(
+        "--config-dir",
+        help="your own config groups (DIR/cluster/mine.yaml: cluster=mine), over tfplan's; with "
+        "a config.yaml, a whole config tree (default: ./conf if there)",
+    )
     plan.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     plan.add_argument("--no-save", action="store_true", help="do not write a plan file")
     plan.add_argument(

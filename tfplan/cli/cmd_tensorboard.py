@@ -6,7 +6,8 @@ import argparse
 import signal
 from pathlib import Path
 
-from tfplan.cli.common import console, workspace_from
+from tfplan.cli.common import add_experiment_option, console, workspace_from
+from tfplan.errors import ConfigError
 
 __all__ = ["add_parsers", "run_tensorboard"]
 
@@ -19,6 +20,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "experiment or sweep applied from here). A sweep shows one run per point.",
     )
     board.add_argument("target", nargs="?", metavar="EXPERIMENT|SWEEP|DIR")
+    add_experiment_option(board, "the experiment (the same as TARGET)", word=True)
     board.add_argument("--port", type=int, help="default: 6006 when free, else any free port")
     board.add_argument(
         "--host", default="127.0.0.1", help="address to serve on (default: loopback only)"
@@ -38,11 +40,12 @@ def run_tensorboard(args: argparse.Namespace) -> int:
 
     out = console()
     workspace = workspace_from(args.workspace)
-    if args.target and Path(args.target).is_dir():
-        folder = Path(args.target).absolute()
+    target = _target(args.target, args.experiment)
+    if target and Path(target).is_dir():
+        folder = Path(target).absolute()
         kind = "sweep" if (folder / "sweep.json").is_file() else "experiment"
     else:
-        kind, folder = find_output(workspace, args.target)
+        kind, folder = find_output(workspace, target)
     log_path = workspace.root / "tensorboard" / f"{folder.name}.log"
     board = start_tensorboard(folder, log_path, host=args.host, port=args.port)
     out.print(f"TensorBoard on {kind} {folder}: {board.url} (pid {board.process.pid})")
@@ -57,3 +60,18 @@ def run_tensorboard(args: argparse.Namespace) -> int:
         board.process.wait(timeout=10)
         return 0
     return board.process.returncode or 0
+
+
+def _target(given: str | None, experiment: str | None) -> str | None:
+    """TARGET, or the experiment ``-e ID`` (``experiment.id=ID``) names: one of them.
+
+    Raises:
+        ConfigError: both were given, naming different things.
+    """
+    if given and experiment and given != experiment:
+        raise ConfigError(
+            "experiment.id",
+            f"TARGET {given} and experiment {experiment} differ",
+            "give one of them: tfplan tensorboard ID (or -e ID)",
+        )
+    return experiment or given

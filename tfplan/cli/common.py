@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from tfplan.cli.render import SUMMARY_THRESHOLD, Line, print_lines
 from tfplan.engine.store import StateStore
 from tfplan.engine.workspace import Workspace
-from tfplan.errors import StateError, TfplanError
+from tfplan.errors import ConfigError, StateError, TfplanError
 from tfplan.planning.state import State
 
 if TYPE_CHECKING:
@@ -24,8 +24,13 @@ if TYPE_CHECKING:
     from tfplan.backends.api import Backend
     from tfplan.config.schema import Config
 
+# The key of the experiment's id in the config: ``-e ID`` is another way to say it.
+EXPERIMENT_KEY = "experiment.id"
+
 __all__ = [
+    "EXPERIMENT_KEY",
     "add_experiment_arguments",
+    "add_experiment_option",
     "add_size_arguments",
     "add_target_argument",
     "approved",
@@ -33,8 +38,10 @@ __all__ = [
     "compose",
     "console",
     "err_console",
+    "is_experiment_word",
     "load_experiment",
     "refuse_targets_in_sweeps",
+    "settle_experiment",
     "show_lines",
     "workspace_from",
 ]
@@ -159,5 +166,49 @@ def add_size_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-e", "--experiment", help="experiment id (default: the only one)")
+    """``-e ID`` (or ``experiment.id=ID``, as plan and apply take it) and ``--workspace``."""
+    add_experiment_option(parser, "experiment id (default: the only one)", word=True)
     parser.add_argument("--workspace", help="workspace folder (default: .tfplan)")
+
+
+def add_experiment_option(parser: argparse.ArgumentParser, what: str, word: bool) -> None:
+    """``-e ID``. With ``word``, the verb takes no Hydra overrides, and an ``experiment.id=ID``
+    among its words means the same (tfplan.cli.main takes it out before argparse sees it, so
+    that it is not read as a task or a file); plan and apply read that word as an override."""
+    parser.add_argument(
+        "-e", "--experiment", metavar="ID", help=f"{what}; experiment.id=ID says the same"
+    )
+    if word:
+        parser.set_defaults(experiment_word=True)
+
+
+def is_experiment_word(word: str) -> bool:
+    """``experiment.id=ID``, as a Hydra override names the experiment (``+``/``++`` too)."""
+    key, sep, _ = word.partition("=")
+    return bool(sep) and key.lstrip("+") == EXPERIMENT_KEY
+
+
+def settle_experiment(args: argparse.Namespace, words: list[str]) -> None:
+    """One experiment id from ``-e ID`` and ``experiment.id=ID`` (``words`` taken out of the
+    command line, or the verb's own overrides): on ``args.experiment``, and for plan and apply
+    among their overrides too, where ``-e ID`` means ``experiment.id=ID``.
+
+    Raises:
+        ConfigError: they name different experiments.
+    """
+    overrides: list[str] | None = getattr(args, "overrides", getattr(args, "args", None))
+    named = [*words, *(w for w in overrides or [] if is_experiment_word(w))]
+    given = [args.experiment] if args.experiment else []
+    ids = list(dict.fromkeys([*given, *(w.partition("=")[2] for w in named)]))
+    if len(ids) > 1:
+        shown = " and ".join(dict.fromkeys([*(f"-e {i}" for i in given), *named]))
+        raise ConfigError(
+            EXPERIMENT_KEY,
+            f"{shown} name different experiments",
+            "give the id once, as -e ID or experiment.id=ID",
+        )
+    if not ids:
+        return
+    if overrides is not None and not named:
+        overrides.append(f"{EXPERIMENT_KEY}={ids[0]}")
+    args.experiment = ids[0]

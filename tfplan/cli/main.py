@@ -54,9 +54,20 @@ def parse(parser: argparse.ArgumentParser, given: list[str]) -> argparse.Namespa
 
     argparse takes the positional overrides as one run, so ``plan cluster=local --no-save
     algo=sync`` would refuse ``algo=sync``; words after an option that are not options join the
-    overrides instead. Anything else unknown is argparse's usual error.
+    overrides instead. A verb that names an experiment with ``-e ID`` but takes no overrides
+    (status, logs, ...) takes ``experiment.id=ID`` too, as plan and apply do: those words are
+    kept in ``args.experiment_words`` (see :func:`tfplan.cli.common.settle_experiment`).
+    Anything else unknown is argparse's usual error.
     """
+    words: list[str] = []
+    verb = _verb_parser(parser, given)
+    if verb is not None and verb.get_default("experiment_word"):
+        from tfplan.cli.common import is_experiment_word
+
+        words = [w for w in given if is_experiment_word(w)]
+        given = [w for w in given if not is_experiment_word(w)]
     args, extra = parser.parse_known_args(given)
+    args.experiment_words = words
     if extra and hasattr(args, "overrides") and not any(w.startswith("-") for w in extra):
         args.overrides = [*(args.overrides or []), *extra]
         return args
@@ -65,11 +76,27 @@ def parse(parser: argparse.ArgumentParser, given: list[str]) -> argparse.Namespa
     return args
 
 
+def _verb_parser(
+    parser: argparse.ArgumentParser, given: list[str]
+) -> argparse.ArgumentParser | None:
+    """The parser of the verb ``given`` names, if it names one."""
+    verb = next((a for a in given if not a.startswith("-")), None)
+    for action in parser._actions:  # argparse lists the verbs' parsers nowhere else
+        if isinstance(action, argparse._SubParsersAction) and verb in action.choices:
+            found: argparse.ArgumentParser = action.choices[verb]
+            return found
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     given = list(argv) if argv is not None else sys.argv[1:]
     args = parse(build_parser(given), given)
     try:
+        if hasattr(args, "experiment"):
+            from tfplan.cli.common import settle_experiment
+
+            settle_experiment(args, args.experiment_words)
         code: int = args.func(args)
         return code
     except TfplanError as error:

@@ -13,7 +13,13 @@ from rich.text import Text
 
 from tfplan.engine.lognoise import HIDDEN_HINT, NoiseFilter
 
-__all__ = ["LogPrinter", "add_all_lines_argument", "start_progress", "step_progress"]
+__all__ = [
+    "LogPrinter",
+    "add_all_lines_argument",
+    "shown_step",
+    "start_progress",
+    "step_progress",
+]
 
 _ROLE_STYLE = {
     "ps": "blue",
@@ -69,23 +75,40 @@ def add_all_lines_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def shown_step(step: int, total: int | None) -> tuple[int, str]:
+    """(the bar's count, a note after it) for global step ``step`` of ``total``.
+
+    In the asynchronous algorithms every worker finishes the step it has begun when the chief
+    reaches trainer.max_steps, so the global step ends a few past it (305 of 300): the count
+    stops at the total, and the note says the true step."""
+    if total is None or step <= total:
+        return step, ""
+    return total, f" (global step {step})"
+
+
 @contextmanager
 def step_progress(console: Console, max_steps: int | None) -> Iterator[Callable[[int], None]]:
-    """A live global-step bar on a terminal; a no-op callback when output is piped."""
+    """A live global-step bar on a terminal, that ends at ``max_steps`` however far past it the
+    step goes (:func:`shown_step`); a no-op callback when output is piped."""
     if not console.is_terminal:
         yield lambda step: None
         return
     progress = Progress(
         TextColumn("global step"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.completed}/{task.total}{task.fields[past]}"),
         TimeElapsedColumn(),
         console=console,
         transient=True,
     )
-    bar = progress.add_task("train", total=max_steps)
+    bar = progress.add_task("train", total=max_steps, past="")
+
+    def update(step: int) -> None:
+        count, past = shown_step(step, max_steps)
+        progress.update(bar, completed=count, past=past)
+
     with progress:
-        yield lambda step: progress.update(bar, completed=step)
+        yield update
 
 
 @contextmanager

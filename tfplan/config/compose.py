@@ -26,9 +26,11 @@ from tfplan.config.schema import (
 from tfplan.errors import ConfigError
 
 __all__ = [
+    "BUILTIN_CONF",
     "conf_dir",
     "compose_config",
     "config_from_dict",
+    "groups_over",
     "instantiate_overrides",
     "one_line_error",
     "register_configs",
@@ -41,18 +43,38 @@ __all__ = [
 _TARGET_GROUPS = {"model": "keras", "data": "factory"}
 
 
+# tfplan's own config tree: config.yaml and every group's built-in options.
+BUILTIN_CONF = (Path(__file__).resolve().parents[2] / "conf").resolve()
+
+
 def conf_dir(given: str | Path | None = None) -> Path:
     """The config tree: ``given`` (``--config-dir``), else ``$TFPLAN_CONF``, else ``./conf`` when
-    it holds a config.yaml, else the project's own ``conf/`` next to the package."""
+    it is there, else tfplan's own ``conf/`` next to the package.
+
+    A folder without a config.yaml holds only the user's own group options (``cluster/mine.yaml``
+    for ``cluster=mine``): Hydra searches tfplan's own tree after it (:func:`groups_over`), so a
+    user's file wins over tfplan's of the same name, and the user need not copy config.yaml."""
     if given:
         return Path(given).absolute()
     env = os.environ.get("TFPLAN_CONF")
     if env:
         return Path(env).resolve()
     here = Path.cwd() / "conf"
-    if (here / "config.yaml").is_file():
+    if here.is_dir():
         return here.resolve()
-    return (Path(__file__).resolve().parents[2] / "conf").resolve()
+    return BUILTIN_CONF
+
+
+def groups_over(main: str | None) -> Path | None:
+    """The tree to search after Hydra's primary config folder ``main``: tfplan's own when
+    ``main`` holds only the user's groups (no config.yaml), else None (a whole tree, or none).
+    hydra_plugins/tfplan_searchpath asks it, for every compose (a sweep's points included)."""
+    if not main:
+        return None
+    folder = Path(main.removeprefix("file://"))
+    if not folder.is_dir() or (folder / "config.yaml").is_file() or folder == BUILTIN_CONF:
+        return None
+    return BUILTIN_CONF
 
 
 def register_configs() -> None:
@@ -72,7 +94,8 @@ def register_configs() -> None:
 
 
 def compose_config(overrides: list[str], config_dir: str | Path | None = None) -> DictConfig:
-    """Compose ``config.yaml`` with Hydra's override grammar.
+    """Compose ``config.yaml`` with Hydra's override grammar (the user's own groups of a
+    ``conf/`` without config.yaml over tfplan's: :func:`conf_dir`).
 
     Raises:
         ConfigError: an unknown group option, key or wrongly typed value, in one line.
@@ -80,9 +103,11 @@ def compose_config(overrides: list[str], config_dir: str | Path | None = None) -
     register_configs()
     overrides = instantiate_overrides(overrides)
     directory = conf_dir(config_dir)
-    if not (directory / "config.yaml").is_file():
+    if not directory.is_dir():
         raise ConfigError(
-            "--config-dir", f"no config.yaml in {directory}", "point TFPLAN_CONF at a conf/ folder"
+            "--config-dir",
+            f"no folder {directory}",
+            "give the folder of your own config groups (e.g. conf/ holding cluster/mine.yaml)",
         )
     GlobalHydra.instance().clear()
     try:
@@ -135,7 +160,9 @@ def instantiate_overrides(overrides: list[str]) -> list[str]:
 def to_config(cfg: DictConfig) -> Config:
     """The typed config; a value that is still ``???`` is a one-line error naming its key."""
     try:
-        return cast(Config, OmegaConf.to_object(cfg))
+        from tfplan.config.step_cap import cap_from_env  # TFPLAN_MAX_STEPS_CAP (docs/planning.md)
+
+        return cap_from_env(cast(Config, OmegaConf.to_object(cfg)))
     except OmegaConfBaseException as error:
         raise one_line_error(error) from error
 

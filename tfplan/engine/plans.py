@@ -15,15 +15,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recipes.vocabulary import FACTORY_SOURCE, FILE_SOURCES
-from tfplan.errors import ConfigError, TfplanError
+from tfplan.errors import ConfigError, StaleStateError, TfplanError
 from tfplan.planning.context import PlanContext
-from tfplan.planning.plan import Plan
+from tfplan.planning.plan import Plan, UserCode
 from tfplan.planning.state import State
 
 if TYPE_CHECKING:
     from tfplan.config.schema import Config
 
-__all__ = ["check_data_files", "make_plan", "plan_context", "replan_from_state", "tf_version"]
+__all__ = [
+    "check_data_files",
+    "check_user_code",
+    "make_plan",
+    "plan_context",
+    "replan_from_state",
+    "tf_version",
+]
 
 
 TF_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tf-nightly")
@@ -135,10 +142,21 @@ def checkpoint_step(state: State) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _every_task_here(made: Plan) -> bool:
+    """Every task runs on this machine: what fails here fails there."""
+    return made.backend.name == "process" and all(h.address in LOCAL_ADDRESSES for h in made.hosts)
+
+
 def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
-    """The sharding preview of a user's Keras model, from an inspection build (cached); the
-    reason in a plan warning when it cannot be built here."""
-    if not made.builtin_recipes or not cfg.model._target_:
+    """The sharding preview of a user's Keras model, from an inspection build (cached), which
+    also runs the user's data factory and the model on one batch of the data's shape, and lists
+    the features the model does not take.
+
+    Raises:
+        TfplanError: the build refused the config or the user's code raised, and every task
+            runs on this machine (elsewhere it is a plan warning: the hosts may differ).
+    """
+    if not made.builtin_recipes or not (cfg.model._target_ or cfg.data._target_):
         return made
     from tfplan.engine.model_shapes import inspect_model
     from tfplan.planning.sharding import preview_of
@@ -155,12 +173,27 @@ def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
         made.run_config, made.user_code, code_dir, cache_dir, made.tf_version, num_ps
     )
     if found.variables is None:
+        if found.refused and _every_task_here(made):
+            frames = "".join(f"\n  {frame}" for frame in found.frames)
+            hint = "\n  (TFPLAN_DEBUG=1 shows the whole traceback)" if frames else ""
+            raise TfplanError(f"{found.problem}{frames}{hint}")
+        what = (
+            f"model._target_={cfg.model._target_}"
+            if cfg.model._target_
+            else (f"data._target_={cfg.data._target_}")
+        )
         note = (
-            f"model._target_={cfg.model._target_}: could not build it here to learn its shapes "
-            f"({found.problem}); the plan shows no variables, and the tasks fail the same way "
-            "unless their hosts differ from this machine"
+            f"{what}: could not build the model on the data here ({found.problem}); the plan "
+            "shows no variables of it, and the tasks fail the same way unless their hosts "
+            "differ from this machine"
         )
         return replace(made, warnings=(*made.warnings, note))
+    if found.unused_features:
+        taken = f"features the model does not take: {', '.join(found.unused_features)}"
+        note = f"{made.data_note}; {taken}" if made.data_note else taken
+        made = replace(made, data_note=note)
+    if not cfg.model._target_:
+        return made  # a built-in model: the planner knows its variables already
     preview = preview_of(found.variables, num_ps, found.source, found.devices)
     return replace(made, sharding=preview)
 
@@ -193,10 +226,7 @@ def check_data_files(made: Plan) -> Plan:
         else:
             note = f"{conf.name}, {sharding_reason(conf, max(1, replicas))}"
     except (InputError, RunConfigError) as error:
-        local = made.backend.name == "process" and all(
-            h.address in LOCAL_ADDRESSES for h in made.hosts
-        )
-        if local:
+        if _every_task_here(made):
             raise TfplanError(str(error)) from None
         note = f"{error} (checked on this machine; the hosts must see the data at that path)"
         return replace(made, warnings=(*made.warnings, note))
@@ -212,3 +242,44 @@ def replan_from_state(state: State) -> Plan | None:
 
     cfg = config_from_dict(state.config["config"])
     return make_plan(cfg, state, PlanContext.from_dict(state.config["context"]))
+
+
+def check_user_code(plan: Plan) -> None:
+    """Refuse a saved plan whose user code changed on disk since it was made.
+
+    Apply ships the files as they are now, while the plan (its digests, its tasks' fingerprints)
+    describes the ones it saw: applying it would run code nobody planned, and only the next
+    apply would notice. The digests are recomputed by the function that recorded them, on the
+    plan's own config and folder.
+
+    Raises:
+        StaleStateError: a package's files differ, or it is no longer where it was (one line
+            naming each, with the keys that name it).
+        ConfigError: the plan's config no longer fits this version's schema.
+    """
+    if not plan.user_code or not plan.source_config:
+        return
+    from tfplan.config.compose import config_from_dict
+    from tfplan.engine.user_code import find_user_code
+
+    gone = [code for code in plan.user_code if not Path(code.source).exists()]
+    now: dict[str, UserCode] = {}
+    if not gone:  # else find_user_code's error says where to run tfplan; the fix is a new plan
+        cfg = config_from_dict(plan.source_config["config"])
+        cwd = str(plan.source_config.get("context", {}).get("cwd") or os.getcwd())
+        now = {code.name: code for code in find_user_code(cfg, cwd)}
+    changed = []
+    for code in gone or plan.user_code:
+        found = now.get(code.name)
+        keys = ", ".join(code.keys)
+        if found is None:
+            changed.append(f"{code.name}: {code.source} is gone, {keys}")
+        elif found.source != code.source:
+            changed.append(f"{code.name}: from {found.source} now, not {code.source}, {keys}")
+        elif found.digest != code.digest:
+            changed.append(f"{code.name}: digest {code.digest[:8]} -> {found.digest[:8]}, {keys}")
+    if changed:
+        raise StaleStateError(
+            f"your code changed since the plan was saved ({'; '.join(changed)}): "
+            "run `tfplan plan` again"
+        )

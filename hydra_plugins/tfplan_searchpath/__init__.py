@@ -1,0 +1,1 @@
+"""tfplan's config tree under the user's own config groups (see tfplan.config.compose.conf_dir)."""
