@@ -8,7 +8,15 @@ import pytest
 
 from tfplan.diagnosis import catalogue
 from tfplan.diagnosis.catalogue import CATALOGUE, KnownFailure, register
-from tfplan.diagnosis.explain import Evidence, OomKill, error_line, explain, last_lines
+from tfplan.diagnosis.explain import (
+    Evidence,
+    OomKill,
+    bytes_text,
+    error_line,
+    explain,
+    last_lines,
+)
+from tfplan.diagnosis.frames import error_frames, is_own_file, last_error, project_path
 
 
 def evidence(output: str = "", exit_code: int | None = 1, **extra: object) -> Evidence:
@@ -101,3 +109,158 @@ def test_the_error_line_is_quoted_not_a_frame_or_a_hint_after_it() -> None:
         "tensorflow.python.framework.errors_impl.ResourceExhaustedError: No space left on device"
     )
     assert error_line("step=1 loss=0.5\nbye\n") is None
+
+
+# --- the user's own frames (tfplan/diagnosis/frames.py) ----------------------------------------
+
+RECIPE_ERROR = (
+    "step=0 loss=2.3\n"
+    "error: model._target_=pkg.models.build raised KeyError: 'hidden_units' at "
+    "/w/_code/pkg/models.py:7 in build: units = cfg['hidden_units']\n"
+    "  /w/_code/pkg/layers.py:3 in dense: return make(cfg)\n"
+    "  /w/_code/pkg/models.py:7 in build: units = cfg['hidden_units']\n"
+    "  (TFPLAN_DEBUG=1 shows the whole traceback)\n"
+)
+
+PROGRAM_TRACEBACK = """\
+step=1 loss=0.5
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/home/me/proj/train.py", line 30, in <module>
+    main()
+  File "/home/me/proj/train.py", line 12, in main
+    model = build(cfg)
+            ^^^^^^^^^^
+  File "/home/me/proj/models.py", line 4, in build
+    units = cfg["x"]
+            ~~~^^^^^
+  File "/usr/lib/python3.11/json/__init__.py", line 346, in loads
+    return _default_decoder.decode(s)
+  File "/venv/lib/python3.11/site-packages/keras/src/layers/core/dense.py", line 88, in build
+    raise KeyError(name)
+  File "/usr/lib/python3/dist-packages/numpy/core/x.py", line 1, in f
+  File "/w/_code/recipes/train.py", line 80, in _run
+KeyError: 'x'
+"""
+
+
+def test_the_recipes_frames_are_the_ones_under_the_error_line_without_the_hint() -> None:
+    assert error_frames(RECIPE_ERROR) == [
+        "/w/_code/pkg/layers.py:3 in dense: return make(cfg)",
+        "/w/_code/pkg/models.py:7 in build: units = cfg['hidden_units']",
+    ]
+    found = last_error(RECIPE_ERROR)
+    assert found is not None and found.form == "error" and found.line.startswith("error: model.")
+    assert error_frames(RECIPE_ERROR, limit=1) == [
+        "/w/_code/pkg/models.py:7 in build: units = cfg['hidden_units']"
+    ]
+
+
+def test_a_traceback_keeps_only_the_users_files_innermost_last() -> None:
+    """Never the standard library, an installed package, frozen code or tfplan's recipes; the
+    source line without 3.11's carets; the innermost three."""
+    assert error_frames(PROGRAM_TRACEBACK) == [
+        "/home/me/proj/train.py:30 in <module>: main()",
+        "/home/me/proj/train.py:12 in main: model = build(cfg)",
+        '/home/me/proj/models.py:4 in build: units = cfg["x"]',
+    ]
+    found = last_error(PROGRAM_TRACEBACK)
+    assert found is not None and found.form == "traceback" and found.line == "KeyError: 'x'"
+
+
+def test_the_last_error_counts_a_chained_exception_its_outermost_traceback() -> None:
+    chained = (
+        PROGRAM_TRACEBACK
+        + "\nDuring handling of the above exception, another exception occurred:\n\n"
+        + "Traceback (most recent call last):\n"
+        + '  File "/home/me/proj/train.py", line 14, in main\n'
+        + "    raise ValueError('bad config') from None\n"
+        + "ValueError: bad config\n"
+    )
+    assert error_frames(chained) == [
+        "/home/me/proj/train.py:14 in main: raise ValueError('bad config') from None"
+    ]
+    # a recipes' error line after a traceback is the last error, and the other way round
+    assert error_frames(PROGRAM_TRACEBACK + RECIPE_ERROR)[-1].startswith("/w/_code/pkg/models.py")
+    assert error_frames(RECIPE_ERROR + PROGRAM_TRACEBACK)[-1].startswith("/home/me/proj/models.py")
+    syntax = 'Traceback (most recent call last):\n  File "/p/t.py", line 3\n    x = (\n        ^\n'
+    assert error_frames(syntax + "SyntaxError: '(' was never closed\n") == ["/p/t.py:3: x = ("]
+
+
+def test_no_frames_of_the_users_code_in_a_tensorflow_failure_or_a_plain_log() -> None:
+    tensorflow_only = (
+        "error: ResourceExhaustedError: Graph execution error:\n\n"
+        "Detected at node 'save/SaveV2' defined at (most recent call last):\n"
+        '    File "/w/_code/recipes/train.py", line 180, in <module>\n'
+        "Original stack trace for 'save/SaveV2':\n"
+        '  File "/w/_code/recipes/runtime.py", line 192, in chief_saver\n'
+        '  File "/v/lib/python3.11/site-packages/tensorflow/python/training/saver.py", line 9\n'
+    )
+    assert error_frames(tensorflow_only) == []
+    assert error_frames("step=1 loss=0.5\nbye\n") == []
+    assert last_error("step=1\n") is None
+    assert not is_own_file("<frozen runpy>") and not is_own_file("/usr/lib/python3.11/os.py")
+    assert is_own_file("/home/me/lib/project/models.py")
+    assert project_path("/w/_code/pkg/models.py:7") == "pkg/models.py:7"
+    assert project_path("/home/me/proj/models.py:4") == "/home/me/proj/models.py:4"
+
+
+def test_the_users_code_is_explained_with_its_error_and_where_to_fix_it() -> None:
+    found = explain(evidence(RECIPE_ERROR))
+    assert found is not None and found.id == "user-code"
+    assert found.cause.startswith("model._target_=pkg.models.build raised KeyError: 'hidden_units'")
+    assert "fix pkg/models.py:7 in your project" in found.fix and "TFPLAN_DEBUG=1" in found.fix
+    found = explain(evidence(PROGRAM_TRACEBACK))
+    assert found is not None and found.id == "user-traceback"
+    assert found.cause == "KeyError: 'x' at /home/me/proj/models.py:4 in build: units = cfg[\"x\"]"
+    assert "/home/me/proj/models.py:4" in found.fix and "tfplan logs worker/1" in found.fix
+    # an error without frames of the user's code stays as it was: unknown
+    assert explain(evidence("error: ResourceExhaustedError: Graph execution error:\n")) is None
+
+
+def test_a_specific_entry_wins_over_the_users_code_even_one_registered_after_it() -> None:
+    estimator = PROGRAM_TRACEBACK.replace(
+        "KeyError: 'x'", "AttributeError: module 'tensorflow' has no attribute 'estimator'"
+    )
+    found = explain(evidence(estimator))
+    assert found is not None and found.id == "estimator-removed"
+    mine = KnownFailure(
+        id="mine", title="t", cause="c", fix="f", reproduce="r", patterns=(r"KeyError: 'x'",)
+    )
+    found = explain(evidence(PROGRAM_TRACEBACK), [*CATALOGUE, mine])
+    assert found is not None and found.id == "mine"
+
+
+# --- a full disk ------------------------------------------------------------------------------
+
+
+def test_a_full_disk_names_the_output_folder_the_fix_and_asks_for_its_free_space() -> None:
+    checkpoint = (
+        "error: ResourceExhaustedError: Graph execution error:\n"
+        "/out/model.ckpt-0.data-00000-of-00001.tempstate8184; No space left on device\n"
+        "\t [[{{node save/SaveV2}}]]\n"
+    )
+    found = explain(evidence(checkpoint))
+    assert found is not None and found.id == "disk-full"
+    assert found.cause == "worker/1 could not write to /out: its disk is full"
+    assert found.free_space_of == "/out"
+    assert "cluster.output_dir" in found.fix and "last 5 checkpoints" in found.fix
+    found = explain(evidence(checkpoint, free_bytes=3 * 2**10))
+    assert found is not None and found.free_space_of is None
+    assert found.cause == "worker/1 could not write to /out: its disk is full (3 KiB free now)"
+
+
+def test_a_full_disk_elsewhere_names_that_folder() -> None:
+    python = "OSError: [Errno 28] No space left on device: '/scratch/me/cache/x.bin'\n"
+    found = explain(evidence(python, free_bytes=0))
+    assert found is not None and found.id == "disk-full"
+    assert (
+        found.cause
+        == "worker/1 could not write to /scratch/me/cache: its disk is full (0 bytes free now)"
+    )
+    flush = "Failed to flush 3 records to /logs/events.out: No space left on device\n"
+    found = explain(evidence(flush))
+    assert found is not None and found.free_space_of == "/logs"
+    found = explain(evidence("OSError: [Errno 28] No space left on device\n"))
+    assert found is not None and found.free_space_of == "/out"
+    assert bytes_text(5 * 2**30) == "5.0 GiB" and bytes_text(512) == "512 bytes"

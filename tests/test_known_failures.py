@@ -21,10 +21,12 @@ from pathlib import Path
 import pytest
 from apply_helpers import (
     BackgroundTfplan,
+    alive,
     base_overrides,
     free_port_base,
     kill_groups,
     recorded_groups,
+    state_of,
     tfplan,
 )
 from test_apply_ssh import _conf_with_cluster, _host
@@ -279,6 +281,48 @@ def test_a_loss_that_becomes_nan_names_the_step_and_the_learning_rate(ws: Path) 
     assert failed, applied.stdout[-3000:]
     check_explained(ws, applied.stdout, failed[0], "nan-loss", "algo.lr")
     assert " at step " in str(explained(ws, failed[0])["cause"])
+
+
+@pytest.fixture
+def small_disk(ws: Path) -> Iterator[Path]:
+    """``ws/out`` (the experiment's cluster.output_dir) on a tmpfs of 400 KiB: room for the
+    launcher's record and the chief's graph and first summaries, not for its first checkpoint.
+    Unmounted at the end, once every task is gone."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    where = ws / "out"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        kill_groups(recorded_groups(ws))
+        if subprocess.run(["umount", str(where)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.mark.full
+def test_an_output_folder_whose_disk_fills_is_named_with_its_free_space(
+    ws: Path, small_disk: Path
+) -> None:
+    """The chief's checkpoint write fails with ENOSPC (TensorFlow's ResourceExhaustedError, a
+    TensorFlow frame last in the log): the line names the folder, what is free there now, and
+    the key to change."""
+    args = [
+        *base_overrides(ws, free_port_base(10)),
+        "trainer.max_steps=50",
+        "trainer.checkpoint_steps=20",
+        "lifecycle.restart.worker=Never",
+    ]
+    applied = tfplan(ws, "apply", "--auto-approve", *args, timeout=300)
+    assert applied.returncode == 1
+    assert "No space left on device" in (ws / "work" / "worker-0" / "task.log").read_text()
+    words = f"worker/0 could not write to {small_disk}: its disk is full ("
+    check_explained(ws, applied.stdout, "worker/0", "disk-full", words)
+    row = explained(ws, "worker/0")
+    assert "free now)" in str(row["cause"]) and "cluster.output_dir" in str(row["fix"])
+    state = state_of(ws)
+    assert not [t["name"] for t in state["tasks"] if alive(int(t["handle"]["pid"]))]
 
 
 SAVER = """

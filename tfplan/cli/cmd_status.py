@@ -49,7 +49,7 @@ def run_status(args: argparse.Namespace) -> int:
             for task in sorted(state.tasks, key=task_order)
         ]
         for row, task in zip(rows, sorted(state.tasks, key=task_order), strict=True):
-            row["explanation"] = _explanation(backend, task, row, tails.get(task.name), state)
+            row.update(_diagnosis(backend, task, row, tails.get(task.name), state))
         standbys = [
             _row(backend, standby, infos.get(standby.name), tails.get(standby.name), True)
             for standby in sorted(state.standbys, key=task_order)
@@ -107,7 +107,10 @@ def run_status(args: argparse.Namespace) -> int:
             row.get("explanation") or row["last_line"],
         )
     out.print(table)
-    out.print(_supervisor_line(supervisor))
+    for line in _frame_lines(rows):
+        out.print(line, highlight=False, soft_wrap=True)
+    running = any(row["state"] in _RUNNING for row in rows)
+    out.print(_supervisor_line(supervisor, running))
     if state.allocation is not None and state.allocation.id is not None:
         out.print(f"allocation: {state.allocation.id}")
     return 0
@@ -162,25 +165,42 @@ def _row(
     }
 
 
-def _explanation(
+def _diagnosis(
     backend: Backend,
     task: TaskRecord,
     row: dict[str, Any],
     tail: bytes | Exception | None,
     state: State,
-) -> str:
-    """Why a failed task failed (or why one that ended never joined the cluster), in one line,
-    when the cause is a known one; else ""."""
+) -> dict[str, Any]:
+    """``explanation``: why a failed task failed (or why one that ended never joined the
+    cluster), in one line, when the cause is a known one or its log says its error; else "".
+    ``frames``: the innermost frames of the user's own files behind that error."""
     if row["state"] != "failed" and not task.never_listened:
-        return ""
+        return {"explanation": "", "frames": []}
     record = replace(task, exit_code=row["exit_code"])
     if isinstance(tail, bytes):
         found = diagnose_output(
-            record, tail.decode(errors="replace"), state.output_dir or "", oom_of(backend, record)
+            record,
+            tail.decode(errors="replace"),
+            state.output_dir or "",
+            oom_of(backend, record),
+            backend,
         )
     else:
         found = diagnose(backend, record, state.output_dir or "")
-    return found.line if found.explanation is not None else ""
+    said = found.explanation is not None or found.error is not None
+    return {"explanation": found.line if said else "", "frames": list(found.frames)}
+
+
+def _frame_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Under the table: each failed task's frames of the user's own code (the table's cell
+    holds one line)."""
+    lines = []
+    for row in rows:
+        if row.get("frames"):
+            lines.append(f"{row['task']}: in your code (innermost last):")
+            lines += [f"  {frame}" for frame in row["frames"]]
+    return lines
 
 
 def _tail(data: bytes | Exception | None) -> tuple[int | None, str]:
@@ -205,12 +225,24 @@ def _supervisor(state: State) -> dict[str, Any] | None:
     return supervisor_status(state)
 
 
-def _supervisor_line(info: dict[str, Any] | None) -> str:
+# a task in these states may still need a supervisor
+_RUNNING = ("running", "pending", "unreachable")
+
+
+def _supervisor_line(info: dict[str, Any] | None, running: bool = True) -> str:
+    """Who supervises the tasks; ``running``: whether any task may still run (with none, there
+    is nothing to watch: the line says so instead of asking for ``tfplan watch``)."""
     if info is None:
+        if not running:
+            return "supervisor: none (no task is running)"
         return "supervisor: none (run `tfplan watch` to supervise the running tasks)"
     kind = "background" if info["detached"] else "attached"
     if info["alive"]:
         return f"supervisor: {kind}, pid {info['pid']} on {info['host']}"
+    if not running:
+        return (
+            f"supervisor: {kind} pid {info['pid']} on {info['host']} has ended (no task is running)"
+        )
     return (
         f"supervisor: {kind} pid {info['pid']} on {info['host']} is GONE: "
         "run `tfplan watch` to take over"

@@ -30,6 +30,15 @@ class KnownFailure:
         needs_oom_record: the host's kernel must have recorded an out-of-memory kill in the
             task's life (``OomKill``).
         needs_never_listened: the task ran with a port and was never seen listening on it.
+        user_frames_in: the log's last error shows frames of the user's own files, in this
+            form: ``error`` (the recipes' ``error:`` line and its indented frames) or
+            ``traceback`` (a Python traceback); fills ``{error}`` and ``{where}`` (the
+            innermost frame's ``path:line``, relative to the project for code apply shipped:
+            tfplan/diagnosis/frames.py). Empty: not looked at.
+        catch_all: tried after every other entry (an extension's included): a broad signature
+            that a specific one must win over.
+        free_space_of: the folder (a template, e.g. ``{folder}``) whose free space the cause
+            reports as ``{free_now}``; the caller reads it (I/O) and explains again.
         cause: one line, ``{task}``, ``{host}``, ``{output_dir}``, the pattern's named groups...
         fix: one line naming the key or command to change.
         reproduce: how the test provokes it (the docs say it).
@@ -45,6 +54,9 @@ class KnownFailure:
     exit_codes: tuple[int, ...] = ()
     needs_oom_record: bool = False
     needs_never_listened: bool = False
+    user_frames_in: str = ""
+    catch_all: bool = False
+    free_space_of: str = ""
     where: str = "run"
     _compiled: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
 
@@ -66,6 +78,21 @@ CATALOGUE: list[KnownFailure] = [
         fix="give the task more memory, or make it use less (a smaller data.batch_size or model, "
         "fewer tasks per host: the host's cpu_slots)",
         reproduce="a task whose memory limit (a cgroup) is below what it allocates",
+    ),
+    KnownFailure(
+        id="disk-full",
+        title="The disk is full (ENOSPC) where the task writes",
+        patterns=(
+            r"(?P<path>/[^\s;:'\"]+); No space left on device",
+            r"\[Errno 28\] No space left on device: '(?P<path2>/[^']+)'",
+            r"(?P<path3>/[^\s;:'\"]+)'?: No space left on device",
+            r"No space left on device",
+        ),
+        free_space_of="{folder}",
+        cause="{task} could not write to {folder}: its disk is full{free_now}",
+        fix="free space there, or set cluster.output_dir to a folder on a larger disk (the "
+        "built-in recipes keep the last 5 checkpoints; no key keeps fewer)",
+        reproduce="an output folder on a tmpfs too small for the chief's first checkpoint",
     ),
     KnownFailure(
         id="keras3-multiworker-fit",
@@ -158,6 +185,25 @@ CATALOGUE: list[KnownFailure] = [
         fix="check the route and the firewall between the hosts (cluster.firewall opens the "
         "cluster's ports to its own hosts only) and each host's address in cluster.hosts",
         reproduce="a route to the parameter server's host dropped on a worker's host",
+    ),
+    KnownFailure(
+        id="user-code",
+        title="The user's own code raised (a model, data or loss factory of the recipes)",
+        user_frames_in="error",
+        catch_all=True,
+        cause="{error}",
+        fix="fix {where} in your project (TFPLAN_DEBUG=1 in tfplan apply's environment prints "
+        "the whole traceback; +recipe.env.TFPLAN_DEBUG=1 for tasks on other hosts)",
+        reproduce="a model factory (model._target_) that raises KeyError",
+    ),
+    KnownFailure(
+        id="user-traceback",
+        title="The user's own program raised (recipe=command)",
+        user_frames_in="traceback",
+        catch_all=True,
+        cause="{error}",
+        fix="fix your code at {where} (tfplan logs {task} shows the whole traceback)",
+        reproduce="a program of recipe=command that raises KeyError",
     ),
     KnownFailure(
         id="gpus-missing",

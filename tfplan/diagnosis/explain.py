@@ -6,16 +6,19 @@ out-of-memory record) through its backend; nothing here reads files or runs anyt
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tfplan.diagnosis.catalogue import CATALOGUE, KnownFailure
+from tfplan.diagnosis.frames import last_error, project_path
 
 __all__ = [
     "Evidence",
     "Explanation",
     "OomKill",
+    "bytes_text",
     "error_line",
     "explain",
     "last_lines",
@@ -47,13 +50,19 @@ class Evidence:
     output_dir: str = ""
     oom: OomKill | None = None
     never_listened: bool = False  # ran with a port, never seen listening on it
+    free_bytes: int | None = None  # free space where the log says the disk is full, when read
 
 
 @dataclass(frozen=True)
 class Explanation:
+    """A known failure's cause and fix, filled in. ``free_space_of``: a folder whose free
+    space the cause would say, not read yet (the caller reads it and explains again with
+    ``Evidence.free_bytes``)."""
+
     id: str
     cause: str
     fix: str
+    free_space_of: str | None = None
 
     @property
     def line(self) -> str:
@@ -62,6 +71,13 @@ class Explanation:
 
 def size_text(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def bytes_text(n: int) -> str:
+    """A size for people, down to bytes (a full disk has little or nothing left)."""
+    if n >= 2**20:
+        return size_text(n)
+    return f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n} bytes"
 
 
 def _fields(entry: KnownFailure, evidence: Evidence, groups: dict[str, str]) -> dict[str, str]:
@@ -87,17 +103,60 @@ def _fields(entry: KnownFailure, evidence: Evidence, groups: dict[str, str]) -> 
         "at_step": f" at step {step}" if step else "",
         "flags": flags.strip(),
         "peer": peer,
+        "folder": _folder(groups, evidence.output_dir),
+        "free_now": (
+            f" ({bytes_text(evidence.free_bytes)} free now)"
+            if evidence.free_bytes is not None
+            else ""
+        ),
     }
+    if entry.user_frames_in:
+        fields.update(_user_error(evidence.output))
     fields.update({k: v for k, v in groups.items() if v is not None and k not in fields})
     return fields
+
+
+def _folder(groups: dict[str, str], output_dir: str) -> str:
+    """The folder a message's path is in: the output folder when the path is inside it (a
+    checkpoint's temporary file), else the path's own folder; the output folder without one."""
+    path = groups.get("path") or groups.get("path2") or groups.get("path3")
+    if not path:
+        return output_dir or "the output folder"
+    if output_dir and (path == output_dir or path.startswith(output_dir.rstrip("/") + "/")):
+        return output_dir
+    return posixpath.dirname(path) or path
+
+
+_FRAME_AT = re.compile(r"(.*?:\d+)(?: in |: |$)")  # a frame's path:line
+
+
+def _user_error(output: str) -> dict[str, str]:
+    """``error``: the log's last error line (``error: `` taken off), with where it raised
+    when the line does not say; ``where``: that frame's ``path:line``."""
+    found = last_error(output)
+    if found is None:
+        return {}
+    error = found.line.removeprefix("error: ").strip() or "an exception"
+    at = _FRAME_AT.match(found.frames[-1]) if found.frames else None
+    where = at[1] if at else ""
+    if where and where not in error:
+        error = f"{error} at {found.frames[-1]}"
+    return {"error": error, "where": project_path(where) if where else "?"}
+
+
+def _user_frames_shown(entry: KnownFailure, output: str) -> bool:
+    found = last_error(output)
+    return found is not None and found.form == entry.user_frames_in and bool(found.frames)
 
 
 def explain(
     evidence: Evidence, catalogue: Sequence[KnownFailure] | None = None
 ) -> Explanation | None:
     """The first entry whose signature matches, with its cause and fix filled in; None when no
-    entry knows this failure (the caller shows the last lines of the log instead)."""
-    for entry in CATALOGUE if catalogue is None else catalogue:
+    entry knows this failure (the caller shows the last lines of the log instead). Entries
+    marked ``catch_all`` are tried after all the others."""
+    entries = CATALOGUE if catalogue is None else catalogue
+    for entry in [*(e for e in entries if not e.catch_all), *(e for e in entries if e.catch_all)]:
         if entry.where != "run":
             continue
         if entry.exit_codes and evidence.exit_code not in entry.exit_codes:
@@ -108,6 +167,8 @@ def explain(
             continue
         if entry.needs_oom_record and evidence.oom is None:
             continue
+        if entry.user_frames_in and not _user_frames_shown(entry, evidence.output):
+            continue
         groups: dict[str, str] | None = {} if not entry.compiled else None
         for pattern in entry.compiled:
             matches = list(pattern.finditer(evidence.output))
@@ -117,7 +178,13 @@ def explain(
         if groups is None:
             continue
         fields = _fields(entry, evidence, groups)
-        return Explanation(entry.id, _fill(entry.cause, fields), _fill(entry.fix, fields))
+        unread = entry.free_space_of and evidence.free_bytes is None
+        return Explanation(
+            entry.id,
+            _fill(entry.cause, fields),
+            _fill(entry.fix, fields),
+            _fill(entry.free_space_of, fields) if unread else None,
+        )
     return None
 
 

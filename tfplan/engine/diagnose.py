@@ -3,14 +3,19 @@
 Used by the supervisor at the moment a task fails (one line after its own last lines), by
 ``tfplan status`` for failed tasks, and by ``tfplan explain`` after the fact. Reading the
 evidence costs one read of the log's end and, for a task killed by SIGKILL, one read of its
-host's kernel log: per failure, never per poll.
+host's kernel log; a log that says the disk is full, one look at that disk's free space: per
+failure, never per poll.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import shlex
+import shutil
+from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend
+from tfplan.backends.process import ProcessBackend
 from tfplan.diagnosis.explain import (
     TAIL_BYTES,
     Evidence,
@@ -20,10 +25,11 @@ from tfplan.diagnosis.explain import (
     explain,
     last_lines,
 )
+from tfplan.diagnosis.frames import error_frames
 from tfplan.errors import TfplanError
 from tfplan.planning.state import TaskRecord
 
-__all__ = ["Diagnosis", "diagnose", "diagnose_output", "oom_of"]
+__all__ = ["Diagnosis", "diagnose", "diagnose_output", "free_space", "oom_of"]
 
 KILLED = (137, -9)  # SIGKILL, as the wrapper records it (128 + 9) or as a signal
 
@@ -39,6 +45,8 @@ class Diagnosis:
     explanation: Explanation | None
     last_lines: tuple[str, ...]
     error: str | None = None  # the log's error line (explain.error_line), when it has one
+    # the innermost frames of the user's own files behind that error (diagnosis/frames.py)
+    frames: tuple[str, ...] = ()
 
     @property
     def line(self) -> str:
@@ -72,21 +80,54 @@ def oom_of(backend: Backend, task: TaskRecord) -> OomKill | None:
     )
 
 
+def free_space(backend: Backend, host: str, folder: str) -> int | None:
+    """Free bytes on the disk that holds ``folder``, as ``host`` sees it: this machine's for a
+    local host of the process backend, ``df`` over the host's transport for an SSH one; None
+    for other backends (their tasks' disks are not this machine's to look at) or when it
+    cannot be read."""
+    if not isinstance(backend, ProcessBackend) or host not in backend.pool.targets:
+        return None
+    if backend.pool.targets[host].kind == "local":
+        path = folder
+        while path and not os.path.exists(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)  # a folder removed since: its disk is its parent's
+        try:
+            return shutil.disk_usage(path).free
+        except OSError:
+            return None
+    try:
+        out = backend.run_on_host(host, f"df -Pk {shlex.quote(folder)} | tail -n 1", "df")
+        return int(out.split()[3]) * 1024
+    except (TfplanError, ValueError, IndexError):
+        return None
+
+
 def diagnose_output(
-    task: TaskRecord, output: str, output_dir: str, oom: OomKill | None = None
+    task: TaskRecord,
+    output: str,
+    output_dir: str,
+    oom: OomKill | None = None,
+    backend: Backend | None = None,
 ) -> Diagnosis:
     """:func:`diagnose` from evidence already read (``tfplan status`` reads every log's end
-    in one round trip per host)."""
+    in one round trip per host). ``backend``: where to read the free space of a full disk the
+    log names (left out: not read)."""
     evidence = Evidence(
         task.name, task.host, task.exit_code, output, output_dir, oom, task.never_listened
     )
+    found = explain(evidence)
+    if found is not None and found.free_space_of and backend is not None:
+        free = free_space(backend, task.host, found.free_space_of)
+        if free is not None:
+            found = explain(replace(evidence, free_bytes=free)) or found
     return Diagnosis(
         task.name,
         task.host,
         task.exit_code,
-        explain(evidence),
+        found,
         tuple(last_lines(output)),
         error_line(output),
+        tuple(error_frames(output)),
     )
 
 
@@ -97,4 +138,4 @@ def diagnose(backend: Backend, task: TaskRecord, output_dir: str) -> Diagnosis:
         output = backend.read_log(task, -TAIL_BYTES).decode(errors="replace")
     except TfplanError:
         output = ""
-    return diagnose_output(task, output, output_dir, oom_of(backend, task))
+    return diagnose_output(task, output, output_dir, oom_of(backend, task), backend)

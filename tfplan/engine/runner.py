@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import posixpath
 import threading
+import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -42,14 +43,17 @@ from tfplan.engine.plans import replan_from_state
 from tfplan.engine.store import StateStore
 from tfplan.engine.supervisor import Outcome, Supervisor
 from tfplan.engine.workspace import Workspace
-from tfplan.errors import ConfigError, TfplanError
+from tfplan.errors import ConfigError, PreflightError, TfplanError
+from tfplan.files import read_json_object, write_atomic
 from tfplan.planning.plan import Action, Plan
 from tfplan.planning.state import State
 
 __all__ = [
+    "REFUSED_FILE",
     "ExperimentRun",
     "close_record",
     "fetch_outputs",
+    "read_refusal",
     "read_result",
     "record_dir",
     "result_path",
@@ -57,6 +61,30 @@ __all__ = [
 ]
 
 Say = Callable[[str], None]
+
+# In the experiment's workspace folder (.tfplan/<id>/): why the last apply was refused before it
+# began the experiment's record (a host that cannot be reached while apply looks for output_dir)
+REFUSED_FILE = "refused.json"
+
+
+def record_refusal(store: StateStore, reason: str) -> None:
+    """Keep why an apply was refused before it began: no task ran and no record was begun, so
+    only this tells ``tfplan explain``. Atomic; never raises (the refusal itself is the error)."""
+    data = {"at": round(time.time(), 3), "reason": reason}
+    try:
+        write_atomic(store.folder / REFUSED_FILE, json.dumps(data, indent=2) + "\n")
+    except OSError:
+        pass
+
+
+def read_refusal(folder: Path) -> tuple[float, str] | None:
+    """(when, why) of the last refusal :func:`record_refusal` kept in an experiment's workspace
+    folder; None when there is none."""
+    data = read_json_object(folder / REFUSED_FILE) or {}
+    at, reason = data.get("at"), data.get("reason")
+    if not isinstance(at, (int, float)) or not isinstance(reason, str) or not reason:
+        return None
+    return float(at), reason
 
 
 def result_path(output_dir: str) -> str:
@@ -229,7 +257,9 @@ class ExperimentRun:
                 )
             elif self.place is not None and self.place.per_host:
                 self._refuse_moved_chief()
-        except BaseException:
+        except BaseException as error:
+            if isinstance(error, PreflightError):
+                record_refusal(self.store, str(error))
             self._stack.close()
             raise
         return self
