@@ -43,7 +43,11 @@ def test_every_loss_is_implemented(loss: str) -> None:
     objective = Objective(loss, metrics=metrics)
     assert np.isfinite(float(objective.loss_of(outputs, labels)))
     values = objective.metric_values(outputs, labels)
-    assert metrics and set(values) == set(metrics) and all(np.isfinite(float(v)) for v in values.values())
+    assert (
+        metrics
+        and set(values) == set(metrics)
+        and all(np.isfinite(float(v)) for v in values.values())
+    )
 
 
 def test_an_unknown_loss_is_a_config_error() -> None:
