@@ -28,6 +28,7 @@ from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
 from recipes.errors import EXIT_NAN_LOSS, EXIT_PEER_TIMEOUT, TrainingFailed
 from recipes.evaluator import CheckpointScorer, result_scores
+from recipes.export import finish_export, start_export
 from recipes.failures import input_failure
 from recipes.inputs import graph_feeds
 from recipes.live import Live
@@ -251,6 +252,9 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         recipes.data.DataError: the data set cannot be loaded.
     """
     work = Workload.of(cfg, task.n_ps)  # before the server: a missing file fails in a second
+    # the chief's exporter of a user's Keras model imports TensorFlow while the cluster trains;
+    # it ends by itself when this process does (its stdin closes)
+    exporter = start_export(cfg, task.run_yaml, log) if task.is_chief else None
     result_path = os.path.join(cfg.output_dir, "result.json")
     if task.is_chief:
         os.makedirs(cfg.output_dir, exist_ok=True)
@@ -354,7 +358,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         raise input_failure(e, cfg, gs) from None
     if task.is_chief:
         final = _final_checkpoint(cfg, task, server, g, scaffold, log, config)
-        _write_result(cfg, task, work, final, progress, log)
+        _write_result(cfg, task, work, final, progress, log, exporter)
     _send_done_tokens(server, task, g, log, config)
     log(f"{task.type}/{task.index} finished after {i} runs")
     return 0
@@ -408,10 +412,19 @@ def _stored_step(ckpt: str) -> int | None:
 
 
 def _write_result(
-    cfg: RunConfig, task: TaskInfo, work: Workload, ckpt: str, progress: ProgressLog, log: Log
+    cfg: RunConfig,
+    task: TaskInfo,
+    work: Workload,
+    ckpt: str,
+    progress: ProgressLog,
+    log: Log,
+    exporter: Any = None,
 ) -> None:
     """Score the final checkpoint's weights (held-out split, and a bounded sample of the
-    training set), then write result.json atomically."""
+    training set), then write result.json atomically. Then a user's Keras model is exported
+    from the same checkpoint to ``output_dir/model.keras`` by the ``exporter`` the chief started
+    with (recipes/export.py: this process runs with eager execution disabled, Keras saves
+    eagerly); a failed export is a warning, not a failed run."""
     threads = op_threads(task)
     config = v1.ConfigProto(
         intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads
@@ -419,3 +432,4 @@ def _write_result(
     gs, scores = result_scores(CheckpointScorer(work, config), ckpt)
     result = result_record(progress, gs, scores, cfg.algo.name, task.n_replicas, task.n_ps, ckpt)
     write_result(cfg.output_dir, result, log)
+    finish_export(exporter, cfg, ckpt, log)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -108,6 +109,59 @@ def _checkpoint_names(project: Path, result: dict[str, object]) -> set[str]:
     return {line.split("/.ATTRIBUTES")[0] for line in out.split()}
 
 
+# Loads the chief's model.keras where neither tfplan nor the recipes can be imported (the
+# user's project folder on sys.path, as Keras needs for custom objects), and scores it with
+# Keras' predict as recipes/objective.py scores a classification: argmax == label, over every
+# held-out example the chief scored (data.eval, all of it: fewer than data.eval_examples).
+_PREDICT = """
+import importlib.abc, json, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tfplan", "recipes"):
+            raise ImportError(f"{name}: the model must load without tfplan and the recipes")
+        return None
+sys.meta_path.insert(0, Refuse())
+sys.path.insert(0, sys.argv[1])
+import keras, numpy as np, tensorflow as tf
+model = keras.saving.load_model(sys.argv[2])
+spec = {
+    "num": tf.io.FixedLenFeature([4], tf.float32),
+    "cat": tf.io.FixedLenFeature([], tf.int64),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+}
+batch = next(iter(tf.data.TFRecordDataset(sys.argv[3]).batch(1 << 20)))
+rows = {k: v.numpy() for k, v in tf.io.parse_example(batch, spec).items()}
+label = rows.pop("label")
+outputs = model.predict(rows, batch_size=256, verbose=0)
+print(json.dumps({"examples": len(label), "accuracy": float(np.mean(outputs.argmax(-1) == label))}))
+"""
+
+
+def _predicted_accuracy(project: Path) -> float:
+    """The accuracy of ``out/model.keras`` on the held-out file, by Keras alone (one
+    subprocess)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PREDICT,
+            str(project),
+            str(project / "out" / "model.keras"),
+            str(project / "data" / "eval.tfrecord"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=project,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scored = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert scored["examples"] == 1000  # examples/tabular/make_data.py's eval file, every record
+    return float(scored["accuracy"])
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize(
     "algo", [pytest.param(a, marks=() if a in FAST_TIER else pytest.mark.full) for a in ALGORITHMS]
@@ -122,6 +176,13 @@ def test_the_users_keras_model_trains_on_tfrecord_shards(algo: str, project: Pat
     run_yaml = (project / "work" / "worker-0" / "run.yaml").read_text()
     assert "_target_: tabular.models.build" in run_yaml and "units: 16" in run_yaml
     assert f"{project}/data/train-*.tfrecord" in run_yaml  # made absolute at plan time
+    # the trained model back: the chief wrote it from the final checkpoint, Keras alone loads
+    # it, and its predictions score exactly what result.json says
+    logs = "".join(p.read_text() for p in (project / "work").glob("*/task.log"))
+    assert f"exported the trained model to {project / 'out' / 'model.keras'}" in logs, logs[-3000:]
+    accuracy = _predicted_accuracy(project)
+    print(f"{algo}: predict accuracy {accuracy:.6f}, result.json {result['accuracy']}")
+    assert abs(accuracy - float(result["accuracy"])) <= 1e-6, (accuracy, result)  # type: ignore[arg-type]
 
 
 @pytest.mark.cluster

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from recipes.config import RunConfig
 from recipes.evaluator import CheckpointScorer, result_scores
+from recipes.export import export_final
 from recipes.reporting import ProgressLog, result_record
 from recipes.reporting import write_result as write_result_file
 from recipes.workload import Workload
@@ -92,10 +93,13 @@ def write_result(
 ) -> None:
     """``result.json`` (recipes/reporting.py), describing the final checkpoint ``ckpt``: its
     stored global step, and its weights restored from disk (as the evaluator restores them)
-    scored on up to 5,000 training examples (``loss``) and on the held-out split."""
+    scored on up to 5,000 training examples (``loss``) and on the held-out split. Then a
+    user's Keras model is exported from the same checkpoint to ``output_dir/model.keras``,
+    in-process (these chiefs run eagerly, as Keras saves); a failed export is a warning line."""
     config = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads
     )
     gs, scores = result_scores(CheckpointScorer(work, config), ckpt)
     result = result_record(progress, gs, scores, cfg.algo.name, replicas, n_ps, ckpt)
     write_result_file(cfg.output_dir, result, log)
+    export_final(cfg, ckpt, log)

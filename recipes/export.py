@@ -1,0 +1,340 @@
+"""Your trained Keras model back: a checkpoint's weights in the model your factory builds, saved
+as a ``.keras`` file that ``keras.saving.load_model`` opens without tfplan or the recipes.
+
+``python -m recipes.export --config run.yaml --checkpoint PATH --out PATH.keras``
+
+Why rebuild instead of converting: a checkpoint holds only variables (``model/<Keras path>``,
+recipes/checkpoint_names.py), not the architecture. The model is built exactly as the tasks
+build it (``Workload.of``: your ``model._target_`` called with the ``model.*`` keys, Keras'
+name counter reset first, built on a batch shaped as the data's features when it has no
+``keras.Input``), so every weight's ``path`` is the name its checkpoint entry was saved under.
+Every weight is read back, the non-trainable state too (a batch norm's moving statistics):
+from the TF1 recipes' name-based checkpoints or the TF2 strategies' object ones, a variable
+split over the parameter servers (``<path>/part_<i>``, row ranges) joined along axis 0.
+
+The chief of a run that trains a ``model._target_`` writes ``output_dir/model.keras`` from its
+final checkpoint; a failed export is a warning there, never a failed run. The TF1 chief runs with
+eager execution disabled (Keras saves eagerly), so it starts an exporter subprocess when it
+starts (:func:`start_export`, ``--checkpoint -``): the exporter imports TensorFlow and builds the
+model while the cluster trains, at a lower priority, then waits for the final checkpoint's path
+on its stdin (:func:`finish_export`); the chief's exit for any reason closes that pipe and the
+exporter ends without writing. The eager TF2 strategies export in-process (:func:`export_final`). ``tfplan export model``
+runs this module for any checkpoint of an experiment.
+
+Exit codes as ``recipes/train.py``: 0 written; 2 the config, the checkpoint or ``--out`` is
+wrong (one line naming it and the fix); 1 the user's code raised, or a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from recipes.checkpoint_names import MODEL_PREFIX, OBJECT_SUFFIX, model_name, object_based
+from recipes.config import load_run_config
+from recipes.errors import ConfigError, RecipeError, UserCodeError
+
+if TYPE_CHECKING:
+    from recipes.config import RunConfig
+
+__all__ = [
+    "EXPORT_TIMEOUT_SECS",
+    "MODEL_FILE",
+    "export_final",
+    "build_model",
+    "export_model",
+    "final_model_path",
+    "finish_export",
+    "main",
+    "start_export",
+]
+
+MODEL_FILE = "model.keras"  # what the chief writes in output_dir at the end of training
+# The chief waits this long for its export subprocess (TensorFlow's import, a build, a save).
+EXPORT_TIMEOUT_SECS = 300.0
+Log = Callable[[str], None]
+
+
+# -- the export itself (eager TensorFlow) -----------------------------------------------------
+def export_model(cfg: RunConfig, checkpoint: str, out: str, model: Any = None) -> str:
+    """Build the run's Keras model, load every weight from ``checkpoint`` (a prefix such as
+    ``output_dir/model.ckpt-60``, or a folder: its latest) and save it as ``out`` (a
+    ``.keras`` file, written atomically). Returns ``out``.
+
+    Raises:
+        ConfigError: a built-in model (not a Keras one), no such checkpoint, ``out`` not a
+            ``.keras`` path, or a weight the checkpoint lacks or holds in another shape.
+        recipes.errors.RecipeError: the model cannot be built (as a task would fail).
+    """
+    if not cfg.model.target:
+        raise ConfigError(
+            f"model.name={cfg.model.name} is a built-in model, not a Keras model: only a "
+            "model._target_ Keras model exports to .keras (train your own with "
+            "model._target_=my_pkg.models.build; the built-in weights stay readable with "
+            "tf.train.load_checkpoint)"
+        )
+    if not out.endswith(".keras"):
+        raise ConfigError(f"--out {out}: Keras saves a model as a .keras file: end it in .keras")
+    path = _checkpoint_path(checkpoint)
+    entries = _Entries(path)
+    model = model if model is not None else build_model(cfg)
+    for weight in [*model.trainable_variables, *model.non_trainable_variables]:
+        weight.assign(entries.value(weight.path, tuple(int(d) for d in weight.shape)))
+    out = os.path.abspath(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    # Atomic: a reader (a copy back, a user's script) never opens half a zip. "*.tmp.*": what
+    # tfplan's copy of per-host outputs leaves behind.
+    tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp.{os.getpid()}.keras")
+    try:
+        model.save(tmp)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return out
+
+
+def build_model(cfg: RunConfig) -> Any:
+    """The run's Keras model, built as the tasks build it: the same weight paths.
+
+    Raises:
+        ConfigError: a built-in model.
+        recipes.errors.RecipeError: the model cannot be built (as a task would fail).
+    """
+    if not cfg.model.target:
+        raise ConfigError(f"model.name={cfg.model.name} is a built-in model, not a Keras model")
+    from recipes.workload import Workload
+
+    return Workload.of(cfg).model.template()
+
+
+def _checkpoint_path(checkpoint: str) -> str:
+    """The checkpoint prefix ``checkpoint`` names: itself, or a folder's latest.
+
+    Raises:
+        ConfigError: a folder without a checkpoint, or no checkpoint at that prefix.
+    """
+    import tensorflow as tf
+
+    if os.path.isdir(checkpoint):
+        latest = tf.train.latest_checkpoint(checkpoint)
+        if latest is None:
+            raise ConfigError(f"no checkpoint in {checkpoint} yet: train first (tfplan apply)")
+        return str(latest)
+    if not tf.io.gfile.exists(checkpoint + ".index"):
+        raise ConfigError(
+            f"--checkpoint {checkpoint}: no such checkpoint ({checkpoint}.index is missing): "
+            "give a prefix such as <output_dir>/model.ckpt-<step>, or the folder for its latest"
+        )
+    return checkpoint
+
+
+_PART = re.compile(r"/part_(\d+)$")
+
+
+class _Entries:
+    """The model's entries of one checkpoint, by name (``model/<path>``), whichever its format
+    (read one at a time: a large embedding is read once, when its weight asks)."""
+
+    def __init__(self, path: str) -> None:
+        import tensorflow as tf
+
+        self.path = path
+        self._reader = tf.train.load_checkpoint(path)
+        keys = list(self._reader.get_variable_to_shape_map())
+        tf2 = object_based(keys)
+        self._keys = {
+            key.removesuffix(OBJECT_SUFFIX) if tf2 else key: key
+            for key in keys
+            if key.startswith(MODEL_PREFIX) and (not tf2 or key.endswith(OBJECT_SUFFIX))
+        }
+
+    def value(self, path: str, shape: tuple[int, ...]) -> Any:
+        """The value of the weight at ``path``: its entry, or its parts joined along axis 0.
+
+        Raises:
+            ConfigError: the checkpoint has no such weight, or holds it in another shape.
+        """
+        import numpy as np
+
+        name = model_name(path)
+        if name in self._keys:
+            value = self._reader.get_tensor(self._keys[name])
+        else:
+            parts = sorted(
+                (int(m.group(1)), key)
+                for n, key in self._keys.items()
+                if (m := _PART.search(n)) and n[: m.start()] == name
+            )
+            value = None
+            if parts and [i for i, _ in parts] == list(range(len(parts))):
+                value = np.concatenate([self._reader.get_tensor(k) for _, k in parts], axis=0)
+        fix = "export with the run.yaml of the run that wrote it (the same model._target_, model.*)"
+        if value is None:
+            raise ConfigError(
+                f"checkpoint {self.path} holds no {name}, a weight of this model: {fix}"
+            )
+        if tuple(value.shape) != shape:
+            raise ConfigError(
+                f"checkpoint {self.path} holds {name} as {list(value.shape)}, but this model's "
+                f"is {list(shape)}: {fix}"
+            )
+        return value
+
+
+# -- at the end of training (the chief) ---------------------------------------------------------
+def final_model_path(cfg: RunConfig) -> Optional[str]:
+    """``output_dir/model.keras`` for a run that trains a Keras model; None for a built-in one."""
+    return os.path.join(cfg.output_dir, MODEL_FILE) if cfg.model.target else None
+
+
+def _exported(out: str) -> str:
+    return f"exported the trained model to {out} (keras.saving.load_model opens it)"
+
+
+def _not_exported(cfg: RunConfig, out: str, why: str) -> str:
+    return (
+        f"warning: the trained model was not exported to {out}: {why}; the checkpoints are "
+        f"intact (tfplan export model -e {cfg.experiment_id} retries)"
+    )
+
+
+def start_export(
+    cfg: RunConfig, run_yaml: Optional[str], log: Log
+) -> Optional[subprocess.Popen[str]]:
+    """Start the exporter of ``output_dir/model.keras`` in a subprocess with this task's
+    environment (a TF1 chief runs with eager execution disabled; Keras saves eagerly): it
+    imports TensorFlow and builds the model now, while the cluster trains, then waits for the
+    final checkpoint (:func:`finish_export`). None when there is nothing to export (a built-in
+    model) or no run.yaml to give it."""
+    out = final_model_path(cfg)
+    if out is None or not run_yaml:
+        return None
+    command = [sys.executable, "-m", "recipes.export", "--config", run_yaml]
+    command += ["--checkpoint", "-", "--out", out]
+    # No GPU: the chief still holds its own, and a model's save needs none.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    for name in ("TF_CONFIG", "TFPLAN_STANDBY"):  # not a task: no cluster, no standby
+        env.pop(name, None)
+    try:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,  # the final checkpoint's path comes here; EOF: no export
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+    except OSError as e:
+        log(_not_exported(cfg, out, f"cannot start {sys.executable}: {e}"))
+        return None
+
+
+def finish_export(
+    proc: Optional[subprocess.Popen[str]],
+    cfg: RunConfig,
+    checkpoint: str,
+    log: Log,
+    timeout: float = EXPORT_TIMEOUT_SECS,
+) -> None:
+    """Give :func:`start_export`'s exporter the final checkpoint and wait for it; one line
+    either way (a failure is a warning: the run has succeeded, its checkpoints are there)."""
+    out = final_model_path(cfg)
+    if proc is None or out is None:
+        return
+    try:
+        _, err = proc.communicate(input=checkpoint + "\n", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        log(_not_exported(cfg, out, f"it took over {timeout:g}s"))
+        return
+    except BrokenPipeError:  # it ended before it was asked: its own error says why
+        proc.wait()
+        err = proc.stderr.read() if proc.stderr else ""
+    if proc.returncode == 0:
+        log(_exported(out))
+        return
+    lines = [ln for ln in (err or "").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    why = (errors or lines or [f"exit status {proc.returncode}"])[-1]
+    log(_not_exported(cfg, out, why.removeprefix("error: ").strip()))
+
+
+def export_final(cfg: RunConfig, checkpoint: str, log: Log) -> None:
+    """In-process (an eager chief: the TF2 strategies): export ``checkpoint`` to
+    ``output_dir/model.keras``; one line either way, never an exception."""
+    out = final_model_path(cfg)
+    if out is None:
+        return
+    try:
+        export_model(cfg, checkpoint, out)
+    except RecipeError as e:
+        log(_not_exported(cfg, out, str(e)))
+    except Exception as e:  # noqa: BLE001 - Keras' save of an unusual model: say, not fail
+        log(_not_exported(cfg, out, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
+    else:
+        log(_exported(out))
+
+
+# -- python -m recipes.export ----------------------------------------------------------------------
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m recipes.export",
+        description="Write a checkpoint's weights into your Keras model, saved as a .keras file.",
+    )
+    parser.add_argument("--config", required=True, help="the run's run.yaml")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a checkpoint prefix (<output_dir>/model.ckpt-<step>), or a folder for its latest; "
+        "'-': build the model now, then read the checkpoint's path from stdin (a chief's "
+        "exporter; nothing is written when stdin ends without one)",
+    )
+    parser.add_argument("--out", required=True, help="the .keras file to write")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_run_config(args.config)
+        if args.checkpoint == "-":
+            os.nice(10)  # beside a training cluster: its steps come first
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")
+        if args.checkpoint != "-":
+            print(export_model(cfg, args.checkpoint, args.out), flush=True)
+            return 0
+        model = build_model(cfg)  # while the cluster trains
+        checkpoint = sys.stdin.readline().strip()
+        if not checkpoint:
+            return 0  # the chief ended without a final checkpoint: nothing to export
+        print(export_model(cfg, checkpoint, args.out, model), flush=True)
+        return 0
+    except RecipeError as e:
+        return _fail(e, e.code)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - a bug, or Keras refusing: one line, traceback on demand
+        return _fail(e, 1)
+
+
+def _fail(e: BaseException, code: int) -> int:
+    if os.environ.get("TFPLAN_DEBUG"):
+        raise e
+    if isinstance(e, RecipeError):
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    else:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    if isinstance(e, UserCodeError):
+        for frame in e.details():
+            print(f"  {frame}", file=sys.stderr)
+        print("  (TFPLAN_DEBUG=1 shows the whole traceback)", file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.exit(main())

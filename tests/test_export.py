@@ -1,0 +1,501 @@
+"""The trained model back (recipes/export.py, tfplan/engine/model_export.py): a checkpoint's
+weights in the user's Keras model, saved as ``.keras``.
+
+No cluster: checkpoints are written here with the recipes' own naming, in both formats (the TF1
+recipes' name-based ones through a ``Saver`` in a private graph, as the evaluator reads them;
+the TF2 strategies' object ones through ``recipes.strategies.checkpoints.Checkpoints``), a
+variable split over parameter servers stored as its parts. The user's package (a functional
+model with a batch norm, a subclassed model with a registered custom layer, a ``Lambda``) is
+written to a folder of its own and put on ``sys.path``, as a user's would be importable.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+from recipes.checkpoint_names import model_name
+from recipes.config import AlgoConf, DataConf, ModelConf, RunConfig, TrainerConf, load_run_config
+from recipes.errors import ConfigError
+from recipes.export import export_final, export_model, final_model_path, finish_export, start_export
+from recipes.export import main as export_main
+from recipes.strategies.checkpoints import Checkpoints
+from recipes.workload import Workload
+from tfplan.cli.main import main as tfplan_main
+from tfplan.engine.store import StateStore
+from tfplan.planning.state import State, TaskRecord, TaskStatus
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "exportcase"  # the user's package: no other test imports a package of this name
+MODELS = textwrap.dedent(
+    '''
+    """A user's models: nothing of tfplan."""
+    import keras
+
+
+    def build(units=8, classes=10):
+        x = keras.Input((64,), name="x")
+        h = keras.layers.Dense(units, activation="relu", name="hidden")(x)
+        h = keras.layers.BatchNormalization(name="norm")(h)
+        return keras.Model(x, keras.layers.Dense(classes, name="logits")(h))
+
+
+    @keras.saving.register_keras_serializable(package="exportcase")
+    class Scale(keras.layers.Layer):
+        """A custom layer with a weight of its own."""
+
+        def __init__(self, factor=2.0, **kwargs):
+            super().__init__(**kwargs)
+            self.factor = factor
+
+        def build(self, shape):
+            self.gain = self.add_weight(shape=(shape[-1],), initializer="ones", name="gain")
+
+        def call(self, x):
+            return x * self.gain * self.factor
+
+        def get_config(self):
+            return {**super().get_config(), "factor": self.factor}
+
+
+    @keras.saving.register_keras_serializable(package="exportcase")
+    class Net(keras.Model):
+        """Subclassed: no keras.Input, built on the data's shape; dropout keeps a seed."""
+
+        def __init__(self, units=6, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+            self.hidden = keras.layers.Dense(units)
+            self.scale = Scale(3.0)
+            self.norm = keras.layers.BatchNormalization()
+            self.drop = keras.layers.Dropout(0.1)
+            self.out = keras.layers.Dense(10)
+
+        def call(self, x, training=False):
+            h = self.norm(self.scale(self.hidden(x)), training=training)
+            return self.out(self.drop(h, training=training))
+
+        def get_config(self):
+            return {**super().get_config(), "units": self.units}
+
+
+    def net(units=6):
+        return Net(units)
+
+
+    def doubled(units=4):
+        return keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(units, name="first"),
+                keras.layers.Lambda(lambda t: t * 2.0, name="twice"),
+                keras.layers.Dense(10, name="last"),
+            ]
+        )
+    '''
+)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def code_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The user's project folder, on ``sys.path`` (where Keras finds the custom classes)."""
+    where = tmp_path_factory.mktemp("user_project")
+    (where / PACKAGE).mkdir()
+    (where / PACKAGE / "__init__.py").write_text("")
+    (where / PACKAGE / "models.py").write_text(MODELS)
+    sys.path.insert(0, str(where))
+    yield where
+    sys.path.remove(str(where))
+    for name in [m for m in sys.modules if m == PACKAGE or m.startswith(f"{PACKAGE}.")]:
+        del sys.modules[name]
+
+
+def _cfg(out: Path, factory: str, **kwargs: Any) -> RunConfig:
+    model = ModelConf(target=f"{PACKAGE}.models.{factory}", kwargs=kwargs)
+    return RunConfig(str(out), AlgoConf("allreduce"), model, DataConf(), TrainerConf())
+
+
+def _trained(cfg: RunConfig, seed: int = 1) -> tuple[dict[str, np.ndarray], list[str], set[str]]:
+    """New values for every weight the checkpoints hold (as training would leave them), by
+    path; the paths of ``model.weights`` in their order; the trainable ones."""
+    model = Workload.of(cfg).model.template()
+    rng = np.random.RandomState(seed)
+    values = {}
+    for w in [*model.trainable_variables, *model.non_trainable_variables]:
+        shape = tuple(int(d) for d in w.shape)
+        dtype = np.dtype(tf.as_dtype(w.dtype).as_numpy_dtype)
+        if dtype.kind == "f":
+            values[w.path] = rng.standard_normal(shape).astype(dtype)
+        else:
+            values[w.path] = rng.randint(0, 1000, size=shape).astype(dtype)
+    trainable = {w.path for w in model.trainable_variables}
+    return values, [w.path for w in model.weights], trainable
+
+
+def _split(values: dict[str, np.ndarray], path: str, parts: int) -> dict[str, np.ndarray]:
+    """``path`` stored as ``parts`` row ranges, as keras_model splits it over parameter servers."""
+    rows = values[path].shape[0]
+    bounds = [rows * i // parts for i in range(parts + 1)]
+    stored = {k: v for k, v in values.items() if k != path}
+    for i in range(parts):
+        stored[f"{path}/part_{i}"] = values[path][bounds[i] : bounds[i + 1]]
+    return stored
+
+
+def _write_tf1(folder: Path, stored: dict[str, np.ndarray], step: int) -> str:
+    """A name-based checkpoint as the TF1 recipes write it: ``model/<name>``, ``global_step``
+    (a private graph, as the evaluator's scorer builds one in an eager process)."""
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        gs = v1.Variable(step, dtype=tf.int64, name="global_step")
+        names = {
+            model_name(k): v1.Variable(v, name=f"v{i}") for i, (k, v) in enumerate(stored.items())
+        }
+        saver = v1.train.Saver(var_list={"global_step": gs, **names})
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            return str(saver.save(sess, str(folder / "model.ckpt"), global_step=step))
+
+
+def _write_tf2(folder: Path, stored: dict[str, np.ndarray], step: int, trainable: set[str]) -> str:
+    """An object checkpoint as the TF2 strategies write it (their own writer)."""
+    params = {k: tf.Variable(v) for k, v in stored.items() if k.split("/part_")[0] in trainable}
+    state = {k: tf.Variable(v) for k, v in stored.items() if k not in params}
+    gs = tf.Variable(step, dtype=tf.int64)
+    return Checkpoints(str(folder), gs, params, {}, state=state).write(step)
+
+
+def _names(ckpt: str) -> set[str]:
+    keys = tf.train.load_checkpoint(ckpt).get_variable_to_shape_map()
+    return {k.split("/.ATTRIBUTES")[0] for k in keys}
+
+
+def _same_weights(loaded: Any, values: dict[str, np.ndarray], order: list[str]) -> None:
+    """The loaded model's weights are exactly ``values`` (``model.weights``' order: a loaded
+    subclassed model's layers may be named by Keras' counter afresh)."""
+    assert len(loaded.weights) == len(order)
+    for weight, path in zip(loaded.weights, order, strict=True):
+        np.testing.assert_array_equal(np.asarray(weight.numpy()), values[path], err_msg=path)
+
+
+def _load(path: str, **kwargs: Any) -> Any:
+    import keras
+
+    return keras.saving.load_model(path, **kwargs)
+
+
+@pytest.mark.parametrize("fmt", ["tf1", "tf2"])
+def test_both_formats_and_a_partitioned_variable_round_trip_to_identical_weights(
+    fmt: str, code_dir: Path, tmp_path: Path
+) -> None:
+    cfg = _cfg(tmp_path, "build", units=16)
+    values, order, trainable = _trained(cfg)
+    assert "norm/moving_mean" in values  # the non-trainable state is exported too
+    stored = _split(values, "hidden/kernel", 3)  # 64 rows over 3 ps: 21, 21, 22
+    if fmt == "tf1":
+        ckpt = _write_tf1(tmp_path, stored, 60)
+    else:
+        ckpt = _write_tf2(tmp_path, stored, 60, trainable)
+    names = _names(ckpt)
+    assert "model/hidden/kernel/part_2" in names and "model/hidden/kernel" not in names
+    out = export_model(cfg, ckpt, str(tmp_path / "model.keras"))
+    _same_weights(_load(out), values, order)
+    # a folder stands for its latest checkpoint; nothing half-written is left beside
+    export_model(cfg, str(tmp_path), str(tmp_path / "again.keras"))
+    _same_weights(_load(str(tmp_path / "again.keras")), values, order)
+    assert not list(tmp_path.glob(".*.tmp.*"))
+
+
+def test_a_subclassed_model_with_a_custom_layer_exports_and_loads(
+    code_dir: Path, tmp_path: Path
+) -> None:
+    """No keras.Input: built on a batch shaped as the data's features, as the tasks build it;
+    the custom layer's weight and the dropout's seed (state) are in the checkpoint."""
+    cfg = _cfg(tmp_path, "net", units=5)
+    values, order, trainable = _trained(cfg)
+    assert any(p.endswith("scale/gain") for p in values)
+    ckpt = _write_tf2(tmp_path, values, 7, trainable)
+    out = export_model(cfg, ckpt, str(tmp_path / "net.keras"))
+    loaded = _load(out)  # the package is importable: its classes are registered
+    assert type(loaded).__name__ == "Net" and loaded.units == 5
+    _same_weights(loaded, values, order)
+    x = np.random.RandomState(0).standard_normal((3, 64)).astype(np.float32)
+    assert loaded.predict(x, verbose=0).shape == (3, 10)
+
+
+def test_a_lambda_layer_loads_with_safe_mode_off(code_dir: Path, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "doubled")
+    values, order, _ = _trained(cfg)
+    ckpt = _write_tf1(tmp_path, values, 3)
+    out = export_model(cfg, ckpt, str(tmp_path / "doubled.keras"))
+    with pytest.raises(ValueError, match="safe_mode=False"):
+        _load(out)
+    loaded = _load(out, safe_mode=False)
+    _same_weights(loaded, values, order)
+    x = np.ones((2, 64), np.float32)
+    w1, b1, w2, b2 = (values[p] for p in order)  # sequential/first/kernel, ...
+    want = (x @ w1 + b1) * 2.0 @ w2 + b2
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_missing_or_of_another_shape_is_one_line(code_dir: Path, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "build", units=16)
+    values, _, trainable = _trained(cfg)
+    ckpt = _write_tf2(
+        tmp_path, {k: v for k, v in values.items() if k != "logits/bias"}, 5, trainable
+    )
+    with pytest.raises(ConfigError) as missing:
+        export_model(cfg, ckpt, str(tmp_path / "m.keras"))
+    assert f"checkpoint {ckpt} holds no model/logits/bias" in str(missing.value)
+    assert "run.yaml of the run that wrote it" in str(missing.value)
+    ckpt = _write_tf1(tmp_path, values, 6)
+    with pytest.raises(ConfigError) as shape:
+        export_model(_cfg(tmp_path, "build", units=8), ckpt, str(tmp_path / "m.keras"))
+    assert "holds model/hidden/kernel as [64, 16], but this model's is [64, 8]" in str(shape.value)
+    for error in (missing.value, shape.value):
+        assert "\n" not in str(error)
+    assert not (tmp_path / "m.keras").exists()
+
+
+def test_a_failed_export_at_the_end_of_training_is_one_warning_line(
+    code_dir: Path, tmp_path: Path
+) -> None:
+    """The chiefs' end of training: a failed export (in-process for the TF2 strategies, a
+    subprocess for the TF1 chief) is a warning naming the retry, never an exception."""
+    cfg = _cfg(tmp_path, "build", units=16)
+    values, _, trainable = _trained(cfg)
+    ckpt = _write_tf2(
+        tmp_path, {k: v for k, v in values.items() if k != "logits/bias"}, 5, trainable
+    )
+    lines: list[str] = []
+    export_final(cfg, ckpt, lines.append)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"warning: the trained model was not exported to {tmp_path / 'model.keras'}: checkpoint"
+    ), lines
+    assert lines[0].endswith("(tfplan export model -e default retries)")
+    failing = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.exit('error: checkpoint x holds no y: fix it')"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    finish_export(failing, cfg, ckpt, lines.append)
+    assert lines[1].startswith("warning: the trained model was not exported to ")
+    assert ": checkpoint x holds no y: fix it; the checkpoints are intact" in lines[1], lines
+    _write_tf2(tmp_path, values, 6, trainable)
+    export_final(cfg, str(tmp_path / "model.ckpt-6"), lines.append)
+    assert lines[2] == (
+        f"exported the trained model to {tmp_path / 'model.keras'} "
+        "(keras.saving.load_model opens it)"
+    )
+    assert final_model_path(_cfg(tmp_path, "build")) == str(tmp_path / "model.keras")
+    builtin = RunConfig(str(tmp_path), AlgoConf("sync"), ModelConf(), DataConf(), TrainerConf())
+    assert final_model_path(builtin) is None
+    assert start_export(builtin, "run.yaml", lines.append) is None and len(lines) == 3
+
+
+def test_a_chiefs_exporter_builds_first_then_writes_or_ends_with_the_chief(
+    code_dir: Path, tmp_path: Path
+) -> None:
+    """The TF1 chief's exporter starts with the chief (TensorFlow's import overlaps training)
+    and waits for the final checkpoint on stdin: given one it writes model.keras; when the
+    chief ends first (its stdin closes) it ends without writing."""
+    cfg = _cfg(tmp_path, "build", units=16)
+    values, _, trainable = _trained(cfg)
+    ckpt = _write_tf2(tmp_path, values, 7, trainable)
+    run_yaml = _run_yaml(
+        tmp_path / "run",
+        tmp_path,
+        {"_target_": f"{PACKAGE}.models.build", "kwargs": {"units": 16}},
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code_dir), str(REPO)])}
+    lines: list[str] = []
+    ended = subprocess.Popen(
+        [sys.executable, "-m", "recipes.export", "--config", str(run_yaml), "--checkpoint", "-"]
+        + ["--out", str(tmp_path / "model.keras")],
+        stdin=subprocess.PIPE,
+        env=env,
+    )
+    assert ended.stdin is not None
+    ended.stdin.close()  # the chief died before its final checkpoint
+    assert ended.wait(timeout=240) == 0
+    assert not (tmp_path / "model.keras").exists()
+    old = dict(os.environ)
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]
+    try:
+        exporter = start_export(load_run_config(str(run_yaml)), str(run_yaml), lines.append)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    finish_export(exporter, load_run_config(str(run_yaml)), ckpt, lines.append)
+    assert lines == [
+        f"exported the trained model to {tmp_path / 'model.keras'} "
+        "(keras.saving.load_model opens it)"
+    ]
+
+
+def _run_yaml(folder: Path, output_dir: Path, model: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "output_dir": str(output_dir),
+        "experiment": {"id": "exp"},
+        "algo": {"name": "allreduce"},
+        "model": model,
+        "data": {"name": "digits"},
+        "trainer": {"max_steps": 60},
+    }
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_module_refuses_a_builtin_model_and_a_bad_out_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_yaml = _run_yaml(tmp_path, tmp_path, {"name": "mlp"})
+    assert load_run_config(str(run_yaml)).model.name == "mlp"
+    args = ["--config", str(run_yaml), "--checkpoint", str(tmp_path), "--out"]
+    assert export_main([*args, str(tmp_path / "m.keras")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model.name=mlp is a built-in model"), err
+    custom = _run_yaml(tmp_path / "b", tmp_path, {"_target_": f"{PACKAGE}.models.build"})
+    assert (
+        export_main(["--config", str(custom), "--checkpoint", str(tmp_path), "--out", "m.h5"]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "end it in .keras" in err[0], err
+
+
+# -- tfplan export model ----------------------------------------------------------------------
+def _experiment(
+    workspace: Path,
+    name: str,
+    output_dir: Path,
+    model: dict[str, Any],
+    code_dir: Path,
+    copy_back: bool = False,
+    program: tuple[str, ...] = (),
+) -> Path:
+    """An applied experiment as its state records it: the chief's folder with its run.yaml,
+    its command and environment (the process backend, this machine; ``copy_back``: per-host
+    output, the chief's folder elsewhere; ``program``: the user's own, recipe=command)."""
+    workdir = workspace.parent / "work" / name / "worker-0"
+    run_yaml = _run_yaml(workdir, output_dir, model)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    command = program or (sys.executable, "-m", "recipes.train", "--config", str(run_yaml))
+    chief = TaskRecord(
+        name="worker/0",
+        role="worker",
+        index=0,
+        planned_host="localhost",
+        host="localhost",
+        address="127.0.0.1",
+        port=2222,
+        handle={"pid": 1, "pgid": 1},
+        workdir=str(workdir),
+        log_path=str(workdir / "task.log"),
+        command=command,
+        env={"PYTHONPATH": str(code_dir)},
+        devices=(),
+        is_chief=True,
+        fingerprint="f",
+        config_digest="c",
+        cluster_digest="d",
+        started_at=0.0,
+        status=TaskStatus.SUCCEEDED,
+        exit_code=0,
+    )
+    state = State(
+        lineage="l",
+        serial=1,
+        experiment_id=name,
+        cluster_name="local",
+        output_dir=str(output_dir),
+        tasks=(chief,),
+        record_dir=str(workspace / name / "output") if copy_back else "",
+        copy_back=copy_back,
+    )
+    StateStore(workspace / name).write(state)
+    return output_dir
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = tfplan_main(["export", "model", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_cli_errors_are_one_line_each(
+    tmp_path: Path, code_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ws = tmp_path / ".tfplan"
+    out = _experiment(
+        ws, "exp", tmp_path / "out", {"_target_": f"{PACKAGE}.models.build"}, code_dir
+    )
+    _experiment(ws, "plain", tmp_path / "plain", {"name": "mlp"}, code_dir)
+    keras_model = {"_target_": f"{PACKAGE}.models.build"}
+    _experiment(ws, "apart", tmp_path / "apart", keras_model, code_dir, copy_back=True)
+    _experiment(ws, "own", tmp_path / "own", keras_model, code_dir, program=("python", "t.py"))
+    where = ("--workspace", str(ws))
+    cases = [
+        (["-e", "nope"], "no experiment 'nope' in", "(known: apart, exp, own, plain)"),
+        (["-e", "exp"], f"no checkpoint in {out} yet: train first (tfplan apply)", ""),
+        (["-e", "plain"], "trains the built-in model model.name=mlp, not a Keras model", ""),
+        (
+            ["-e", "apart"],
+            f"are on localhost in {tmp_path / 'apart'} (per-host output), not on this machine",
+            "run `python -m recipes.export --config ",
+        ),
+        (["-e", "own"], "runs your own program (recipe=command)", ""),
+    ]
+    for args, expected, also in cases:
+        code, _, err = _cli(capsys, *args, *where)
+        lines = err.strip().splitlines()
+        assert code != 0 and len(lines) == 1, (args, err)
+        assert expected in lines[0] and also in lines[0], (args, lines)
+    for step in (10, 20, 30):  # only the names matter before anything runs
+        (out / f"model.ckpt-{step}.index").write_text("")
+    code, _, err = _cli(capsys, "-e", "exp", "--step", "15", *where)
+    assert code != 0 and err.strip().splitlines() == [
+        f"error: no checkpoint of step 15 in {out}: there are steps 10, 20, 30 (--step 30)"
+    ]
+    code, _, err = _cli(capsys, "-e", "exp", "--out", str(tmp_path / "m.h5"), *where)
+    assert code != 0 and "end it in .keras" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_cli_exports_the_latest_or_a_given_step(
+    tmp_path: Path, code_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through ``python -m recipes.export`` with the chief's interpreter (one subprocess per
+    export: tfplan imports no TensorFlow)."""
+    ws = tmp_path / ".tfplan"
+    model = {"_target_": f"{PACKAGE}.models.build", "kwargs": {"units": 16}}
+    out = _experiment(ws, "exp", tmp_path / "out", model, code_dir)
+    cfg = _cfg(out, "build", units=16)
+    values, order, trainable = _trained(cfg)
+    older = {k: v + 1 for k, v in values.items()}
+    _write_tf2(out, older, 30, trainable)
+    _write_tf2(out, values, 60, trainable)
+    code, printed, err = _cli(capsys, "-e", "exp", "--workspace", str(ws))
+    assert code == 0, err
+    assert f"Exported step 60 of experiment exp to {out / 'model-60.keras'}" in printed
+    _same_weights(_load(str(out / "model-60.keras")), values, order)
+    mine = tmp_path / "mine" / "older.keras"
+    code, printed, err = _cli(
+        capsys, "-e", "exp", "--step", "30", "--out", str(mine), "--workspace", str(ws)
+    )
+    assert code == 0 and str(mine) in printed, err
+    _same_weights(_load(str(mine)), older, order)
