@@ -24,6 +24,7 @@ Stdlib only: the planner imports these too (plan-time checks raise them).
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from types import TracebackType
 from typing import Optional
@@ -44,6 +45,7 @@ __all__ = [
     "TargetError",
     "TrainingFailed",
     "UserCodeError",
+    "report_failure",
     "user_frames",
 ]
 
@@ -149,3 +151,21 @@ def user_frames(tb: Optional[TracebackType], limit: int = 5, source: bool = True
         f"{f.filename}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else "")
         for f in frames[-limit:]
     ]
+
+
+def report_failure(e: BaseException) -> int:
+    """What a recipes' entry point does with an error that ends it: one line on stderr
+    (``error: ...``; an unexplained one with its type), the user's own frames under a
+    :class:`UserCodeError`, and the exit code. ``TFPLAN_DEBUG`` set: re-raised, so Python
+    prints the whole traceback."""
+    if os.environ.get("TFPLAN_DEBUG"):
+        raise e
+    if isinstance(e, RecipeError):
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    else:  # not one the recipes explain: its type says more than its message alone
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    if isinstance(e, UserCodeError):
+        for frame in e.details():
+            print(f"  {frame}", file=sys.stderr)
+        print("  (TFPLAN_DEBUG=1 shows the whole traceback)", file=sys.stderr, flush=True)
+    return e.code if isinstance(e, RecipeError) else EXIT_FAILED

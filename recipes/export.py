@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from recipes.checkpoint_names import MODEL_PREFIX, OBJECT_SUFFIX, model_name, object_based
 from recipes.config import load_run_config
-from recipes.errors import ConfigError, RecipeError, UserCodeError
+from recipes.errors import ConfigError, RecipeError, report_failure
 
 if TYPE_CHECKING:
     from recipes.config import RunConfig
@@ -313,26 +313,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0  # the chief ended without a final checkpoint: nothing to export
         print(export_model(cfg, checkpoint, args.out, model), flush=True)
         return 0
-    except RecipeError as e:
-        return _fail(e, e.code)
     except KeyboardInterrupt:
         return 130
-    except Exception as e:  # noqa: BLE001 - a bug, or Keras refusing: one line, traceback on demand
-        return _fail(e, 1)
-
-
-def _fail(e: BaseException, code: int) -> int:
-    if os.environ.get("TFPLAN_DEBUG"):
-        raise e
-    if isinstance(e, RecipeError):
-        print(f"error: {e}", file=sys.stderr, flush=True)
-    else:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-    if isinstance(e, UserCodeError):
-        for frame in e.details():
-            print(f"  {frame}", file=sys.stderr)
-        print("  (TFPLAN_DEBUG=1 shows the whole traceback)", file=sys.stderr, flush=True)
-    return code
+    except Exception as e:  # noqa: BLE001 - one line (the user's frames), the traceback on demand
+        return report_failure(e)
 
 
 if __name__ == "__main__":

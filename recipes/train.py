@@ -34,7 +34,7 @@ import signal  # noqa: E402
 import threading  # noqa: E402
 
 from recipes.config import load_run_config, task_from_env  # noqa: E402
-from recipes.errors import ConfigError, RecipeError, UserCodeError  # noqa: E402
+from recipes.errors import ConfigError, report_failure  # noqa: E402
 
 __all__ = ["STANDBY_ENV", "main"]
 
@@ -154,26 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get(STANDBY_ENV) == "1":
             _stand_by(args.config)
         return _run(args.config)
-    except RecipeError as e:
-        return _fail(e, e.code)
     except KeyboardInterrupt:
         return 130
-    except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback on demand
-        return _fail(e, 1)
-
-
-def _fail(e: BaseException, code: int) -> int:
-    if os.environ.get("TFPLAN_DEBUG"):
-        raise e
-    if isinstance(e, RecipeError):
-        print(f"error: {e}", file=sys.stderr, flush=True)
-    else:  # not one the recipes explain: its type says more than its message alone
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-    if isinstance(e, UserCodeError):
-        for frame in e.details():
-            print(f"  {frame}", file=sys.stderr)
-        print("  (TFPLAN_DEBUG=1 shows the whole traceback)", file=sys.stderr, flush=True)
-    return code
+    except Exception as e:  # noqa: BLE001 - one line (the user's frames), the traceback on demand
+        return report_failure(e)
 
 
 if __name__ == "__main__":
