@@ -23,6 +23,7 @@ from tfplan.config.schema import (
     ModelConfig,
     RecipeConfig,
 )
+from tfplan.config.step_cap import cap_from_env  # TFPLAN_MAX_STEPS_CAP: docs/planning.md
 from tfplan.errors import ConfigError
 
 __all__ = [
@@ -160,8 +161,6 @@ def instantiate_overrides(overrides: list[str]) -> list[str]:
 def to_config(cfg: DictConfig) -> Config:
     """The typed config; a value that is still ``???`` is a one-line error naming its key."""
     try:
-        from tfplan.config.step_cap import cap_from_env  # TFPLAN_MAX_STEPS_CAP (docs/planning.md)
-
         return cap_from_env(cast(Config, OmegaConf.to_object(cfg)))
     except OmegaConfBaseException as error:
         raise one_line_error(error) from error
