@@ -38,6 +38,33 @@ def _ports(ws: Path, experiment: str) -> set[int]:
     return {int(t["port"]) for t in state["tasks"] if t.get("port")}
 
 
+def test_a_swept_model_keyword_means_the_factorys_keyword_as_in_plan_and_apply(
+    ws: Path,
+) -> None:
+    """model.units=16,64 sweeps the factory's keyword (model.kwargs.units), as model.units=16
+    sets it in plan and apply (docs/your_model.md section 8); it was "no such key" with -m."""
+    package = ws / "mine"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(
+        "import keras\n\n\ndef build(units=8):\n"
+        "    inputs = keras.Input((64,))\n"
+        "    hidden = keras.layers.Dense(units, name='hidden')(inputs)\n"
+        "    return keras.Model(inputs, keras.layers.Dense(10)(hidden))\n"
+    )
+    proc = tfplan(
+        ws,
+        "plan",
+        "-m",
+        "model._target_=mine.models.build",
+        "model.units=16,64",
+        *sweep_overrides(ws, free_port_base(40)),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    points = [line.split() for line in proc.stdout.splitlines() if line.lstrip().startswith("#")]
+    assert [p[1] for p in points] == ["++model.kwargs.units=16", "++model.kwargs.units=64"]
+
+
 def test_plan_m_is_a_dry_run_of_every_point_with_the_total(ws: Path) -> None:
     port = free_port_base(40)
     proc = tfplan(

@@ -165,8 +165,11 @@ def sweep_spec(
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from tfplan.config.compose import compose_config, conf_dir
+    from tfplan.config.compose import compose_config, conf_dir, instantiate_overrides
 
+    # model.units=16,64 means model.kwargs.units as in plan and apply (and model._target_
+    # selects model=keras): the same rewrite, before Hydra sees the sweep
+    overrides = instantiate_overrides(list(overrides))
     if concurrency < 1:
         raise ConfigError("--concurrency", f"{concurrency} < 1", "run at least one cluster at once")
     try:
