@@ -60,7 +60,7 @@ BARE_COMPOSE = """
 import sys
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from tfplan.config.schema import register_configs
+from tfplan.config.compose import register_configs
 register_configs()
 with initialize_config_dir(config_dir=sys.argv[1], version_base=None):
     cfg = compose(config_name="config", overrides=sys.argv[2:])
