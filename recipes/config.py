@@ -112,6 +112,7 @@ class TrainerConf:
     eval_secs: float = 2.0
     seed: int = 0
     peer_wait_secs: float = 300.0
+    export_model: bool = True  # output_dir/model.keras at the end, for a user's Keras model
 
 
 @dataclass(frozen=True)

@@ -188,8 +188,11 @@ class _Entries:
 
 # -- at the end of training (the chief) ---------------------------------------------------------
 def final_model_path(cfg: RunConfig) -> Optional[str]:
-    """``output_dir/model.keras`` for a run that trains a Keras model; None for a built-in one."""
-    return os.path.join(cfg.output_dir, MODEL_FILE) if cfg.model.target else None
+    """``output_dir/model.keras`` for a run that trains a Keras model; None for a built-in one,
+    or when ``trainer.export_model`` is off."""
+    if not cfg.model.target or not cfg.trainer.export_model:
+        return None
+    return os.path.join(cfg.output_dir, MODEL_FILE)
 
 
 def _exported(out: str) -> str:

@@ -11,6 +11,7 @@ written to a folder of its own and put on ``sys.path``, as a user's would be imp
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -302,6 +303,10 @@ def test_a_failed_export_at_the_end_of_training_is_one_warning_line(
         "(keras.saving.load_model opens it)"
     )
     assert final_model_path(_cfg(tmp_path, "build")) == str(tmp_path / "model.keras")
+    switched_off = dataclasses.replace(
+        _cfg(tmp_path, "build"), trainer=TrainerConf(export_model=False)
+    )
+    assert final_model_path(switched_off) is None  # trainer.export_model=false: no export
     builtin = RunConfig(str(tmp_path), AlgoConf("sync"), ModelConf(), DataConf(), TrainerConf())
     assert final_model_path(builtin) is None
     assert start_export(builtin, "run.yaml", lines.append) is None and len(lines) == 3

@@ -279,6 +279,9 @@ class TrainerConfig:
     # a replica waits this long for every parameter server to accept connections (saying
     # which one every 10 s), then fails naming it (docs/troubleshooting.md, peer-unreachable)
     peer_wait_secs: float = 300.0
+    # the chief writes output_dir/model.keras at the end when the run trains your Keras model
+    # (model._target_; docs/your_model.md "Your model back"); false: the checkpoints only
+    export_model: bool = True
 
 
 @dataclass

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TextIO
+from typing import Any, TextIO
 
 from tfplan.config.schema import Config, TrainerConfig
 from tfplan.errors import ConfigError
@@ -60,7 +60,7 @@ def capped_trainer(trainer: TrainerConfig, cap: int) -> tuple[TrainerConfig, str
     None when ``max_steps`` is within the cap already."""
     if trainer.max_steps <= cap:
         return trainer, None
-    changes: dict[str, int] = {"max_steps": cap}
+    changes: dict[str, Any] = {"max_steps": cap}
     said = [f"trainer.max_steps {trainer.max_steps} -> {cap}"]
     for name in _CADENCES:
         value = getattr(trainer, name)
