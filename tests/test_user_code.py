@@ -6,13 +6,11 @@ TensorFlow."""
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
+from apply_helpers import tfplan
 
 from tfplan.backends.staging import RECIPES_DIR, package_files, ship_code, shipped_code
 from tfplan.cli.render import plan_lines
@@ -202,18 +200,6 @@ def test_kubernetes_carries_the_users_package_in_the_configmap_or_refuses_it(
 # --- a saved plan is exact about the user's code ------------------------------------------------
 
 
-def _tfplan(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TFPLAN_")}
-    return subprocess.run(
-        [sys.executable, "-m", "tfplan", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def _saved_digest(path: Path) -> str:
     return Plan.from_json(path.read_text()).user_code[0].digest
 
@@ -224,7 +210,7 @@ def test_apply_refuses_a_saved_plan_whose_code_changed_and_starts_nothing(tmp_pa
     says so. A module that is gone is refused the same way."""
     (tmp_path / "losses.py").write_text("def fn(labels, outputs):\n    pass\n")
     for args in (("plan",), ("plan", "-out", "my.plan")):
-        done = _tfplan(tmp_path, *args, "model.loss=losses.fn", "cluster.port_base=24610")
+        done = tfplan(tmp_path, *args, "model.loss=losses.fn", "cluster.port_base=24610")
         assert done.returncode == 0, done.stderr
     before = _saved_digest(tmp_path / ".tfplan" / "plan.json")
     assert _saved_digest(tmp_path / "my.plan") == before
@@ -234,7 +220,7 @@ def test_apply_refuses_a_saved_plan_whose_code_changed_and_starts_nothing(tmp_pa
     assert after != before
     made = sorted(p.name for p in (tmp_path / ".tfplan").iterdir())
     for words in (("apply",), ("apply", "my.plan")):
-        done = _tfplan(tmp_path, *words, "--auto-approve")
+        done = tfplan(tmp_path, *words, "--auto-approve")
         assert done.returncode == 1 and done.stdout == ""
         assert done.stderr == (
             f"error: your code changed since the plan was saved (losses: digest {before[:8]} -> "
@@ -242,7 +228,7 @@ def test_apply_refuses_a_saved_plan_whose_code_changed_and_starts_nothing(tmp_pa
         )
     assert sorted(p.name for p in (tmp_path / ".tfplan").iterdir()) == made  # no state, no lock
     (tmp_path / "losses.py").unlink()
-    done = _tfplan(tmp_path, "apply", "my.plan")
+    done = tfplan(tmp_path, "apply", "my.plan")
     assert done.returncode == 1 and done.stderr == (
         f"error: your code changed since the plan was saved (losses: {tmp_path / 'losses.py'} "
         "is gone, model.loss): run `tfplan plan` again\n"
