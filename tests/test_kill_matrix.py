@@ -148,6 +148,9 @@ def _args(ws: Path, *extra: str, via: Via = LOCAL) -> list[str]:
         "cluster.chief=separate",
         "cluster.evaluator=true",
         "lifecycle.restart.backoff_secs=0.2",
+        # the cold start: a wrapper and its program (a task forked from the host's warm seed
+        # has no wrapper: test_a_forked_task_is_forked_again_and_nothing_is_left)
+        "cluster.warm=false",
         *extra,
     ]
 
@@ -239,6 +242,33 @@ def test_a_restart_starts_after_every_process_of_the_previous_life_is_gone(
     assert code == 0, run.text()[-3000:]
     assert "cannot bind" not in run.text()
     lives.assert_nothing_left()
+
+
+@pytest.mark.parametrize("victim", ["ps/0", pytest.param("worker/0", marks=FULL)])
+def test_a_forked_task_is_forked_again_and_nothing_is_left(ws: Path, victim: str) -> None:
+    """Warm starts (the default): every task is forked from its host's warm seed (its pid is
+    the program's own, no wrapper); killed, it is forked again, and when the run ends no
+    program of any life and no seed is left, and the state holds no allocation."""
+    run = ApplyRun(ws, [a for a in _args(ws) if a != "cluster.warm=false"])
+    lives = Lives(ws)
+    up, program = _up(run, victim)
+    run.wait_for(r"^chief/0\s+\| step=", 60)
+    handle = _record(ws, victim)["handle"]
+    assert handle == {"pid": program, "pgid": program, "forked": True}, handle
+    seeds = [int(s["pgid"]) for s in state_of(ws)["allocation"]["data"]["seeds"]]
+    assert len(seeds) == 1 and _group(seeds[0]), "one live warm seed for the one host"
+    lives.note()
+    os.kill(program, signal.SIGKILL)
+    restarted = run.wait_for(rf"{re.escape(victim)}: restarted on localhost", 60, up)
+    _, again = _up(run, victim, restarted)
+    assert again != program and _record(ws, victim)["handle"]["forked"] is True
+    lives.note()
+    (ws / "stop").touch()
+    code = run.finish(timeout=120)
+    assert code == 0, run.text()[-3000:]
+    lives.assert_nothing_left()
+    assert not _group(seeds[0]), "the warm seed outlived its experiment"
+    assert state_of(ws)["allocation"] is None
 
 
 def test_a_restart_waits_for_a_standby_that_is_still_starting(ws: Path) -> None:

@@ -52,6 +52,7 @@ def test_a_killed_ps_is_replaced_by_its_standby_and_training_goes_on(ws: Path) -
             "trainer.log_steps=25",
             "trainer.checkpoint_steps=100",
             "lifecycle.restart.backoff_secs=0.2",
+            "cluster.warm=false",  # standbys are the cold start's (a forked restart needs none)
         ],
     )
     lives = Lives(ws)

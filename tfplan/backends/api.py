@@ -116,6 +116,7 @@ class Launched:
     host: str  # where it runs (a real machine or node name)
     address: str | None  # where the other tasks reach it
     started_at: float  # unix time
+    note: str = ""  # what the user should know of this start ("a cold start: the seed ...")
 
 
 @dataclass(frozen=True)
@@ -379,10 +380,10 @@ class Backend(ABC):
         """
         raise NotImplementedError(f"the {self.name} backend cannot copy outputs back")
 
-    def starts_warm(self, host: str) -> bool:
+    def starts_warm(self, host: str, allocation: Allocation | None = None) -> bool:
         """Whether a task (re)started on ``host`` now skips its program's imports, as a warm
-        standby taking over would (tasks forked from a sweep's warm seed): standbys are then
-        not worth their processes."""
+        standby taking over would (tasks forked from a warm seed: an apply's, recorded in
+        ``allocation``, or a sweep's): standbys are then not worth their processes."""
         return False
 
     def handle_text(self, task: TaskRecord) -> str:

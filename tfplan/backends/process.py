@@ -74,6 +74,8 @@ from tfplan.backends.transports.seeds import (
     WarmSeed,
     fork_request,
     forkable,
+    runs_python_code,
+    seed_env,
 )
 from tfplan.backends.transports.specs import (
     HostTarget,
@@ -100,6 +102,20 @@ LAUNCH_FANOUT = 16
 # how long a fork request waits for the seed's answer (it answers within milliseconds once its
 # imports are done; a seed still importing makes the task wait, never longer than a cold start)
 FORK_WAIT_SECS = 30.0
+SEED_STOP_GRACE_SECS = 1.0  # a seed holds nothing: SIGTERM ends it at once
+SEEDS_KEY = "seeds"  # the allocation's record of an apply's warm seeds
+
+
+def allocation_seeds(allocation: Allocation | None) -> dict[str, WarmSeed]:
+    """The warm seeds an apply recorded in its allocation, by host."""
+    if allocation is None:
+        return {}
+    seeds = [WarmSeed.from_dict(s) for s in allocation.data.get(SEEDS_KEY) or []]
+    return {s.host: s for s in seeds}
+
+
+def _safe(host: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in host) or "host"
 
 
 def host_name(host: HostConfig) -> str:
@@ -125,7 +141,8 @@ class ProcessBackend(Backend):
         self.firewall = bool(ref.config.get("firewall", False))
         self.pool = TransportPool(self.hosts)
         self._output: dict[tuple[str, str, tuple[str, ...]], OutputPlace] = {}
-        self._seeds: dict[str, WarmSeed] = {}
+        self._seeds: dict[str, WarmSeed] = {}  # a sweep's (use_seeds)
+        self.warm = bool(ref.config.get("warm", True))
 
     # ---- plan time -----------------------------------------------------------------------
     @classmethod
@@ -156,7 +173,12 @@ class ProcessBackend(Backend):
             for t, h in zip(targets, cluster.hosts, strict=True)
         )
         ref = BackendRef(
-            cls.name, {"hosts": [asdict(t) for t in targets], "firewall": cluster.firewall}
+            cls.name,
+            {
+                "hosts": [asdict(t) for t in targets],
+                "firewall": cluster.firewall,
+                "warm": cluster.warm,
+            },
         )
         return Target(ref, Topology(places=places), resize_in_place=True)
 
@@ -278,14 +300,29 @@ class ProcessBackend(Backend):
         say: Say,
         submitted: Callable[[Allocation], None],
     ) -> Allocation:
-        """The hosts are the planned ones; with ``cluster.firewall``, install the rules on every
-        host of the plan (replacing what an earlier apply installed) before any task starts."""
-        if not self.firewall:
-            return current or Allocation()
+        """The hosts are the planned ones. With ``cluster.firewall``, install the rules on every
+        host of the plan (replacing what an earlier apply installed) before any task starts;
+        with ``cluster.warm`` (the default), start a warm seed on each host of ``tasks`` that
+        runs Python tasks (:mod:`tfplan.backends.transports.seeds`): it imports TensorFlow
+        while tfplan stages the code, and the tasks fork from it. Both are recorded in the
+        allocation as soon as they start, and :meth:`release` stops them."""
+        allocation = current or Allocation()
+        if self.firewall:
+            allocation = self._install_firewall(plan, allocation, say, submitted)
+        if self.warm and not self._seeds:  # a sweep's own seeds come first
+            allocation = self._start_seeds(plan, tasks, allocation, say, submitted)
+        return allocation
+
+    def _install_firewall(
+        self,
+        plan: Plan,
+        allocation: Allocation,
+        say: Say,
+        submitted: Callable[[Allocation], None],
+    ) -> Allocation:
         firewalls = _firewalls(plan)
-        allocation = Allocation(
-            data={"firewall": sorted(firewalls), "experiment": plan.experiment_id}
-        )
+        data = {**allocation.data, "firewall": sorted(firewalls), "experiment": plan.experiment_id}
+        allocation = replace(allocation, data=data)
         submitted(allocation)  # recorded before installing: a failure part-way is removed again
 
         def install(host: str) -> str:
@@ -306,19 +343,84 @@ class ProcessBackend(Backend):
         )
         return allocation
 
+    def _start_seeds(
+        self,
+        plan: Plan,
+        tasks: Sequence[Task],
+        allocation: Allocation,
+        say: Say,
+        submitted: Callable[[Allocation], None],
+    ) -> Allocation:
+        """A warm seed on each host of ``tasks`` that has Python tasks and no live seed that
+        can fork them; one that cannot start is said, and that host's tasks start cold."""
+        seeds = allocation_seeds(allocation)
+        alive = self._seeds_alive(list(seeds.values()))
+        wanted: dict[str, Task] = {}
+        for task in tasks:
+            if task.host in wanted or not runs_python_code(task.command):
+                continue
+            seed = seeds.get(task.host)
+            if seed is not None and alive.get(seed.host) and forkable(seed, task.command, task.env):
+                continue
+            wanted[task.host] = task
+        if not wanted:
+            return allocation
+        stale = [seeds[h] for h in wanted if h in seeds]
+        if stale:
+            run_on_hosts({s.host: s for s in stale}, lambda s: self.stop_seed(s, 1.0))
+        root = posixpath.join(posixpath.dirname(plan.code_dir), "_seed")
+
+        def start(task: Task) -> WarmSeed:
+            folder = posixpath.join(root, _safe(task.host))
+            return self.start_seed(
+                task.host, folder, task.command[0], seed_env(task.command, task.env)
+            )
+
+        done = run_on_hosts(wanted, start)
+        for host, error in sorted(done.failed.items()):
+            say(f"warm seed on {host} could not start ({error}); its tasks start cold")
+        seeds.update(done.succeeded)
+        allocation = replace(
+            allocation,
+            data={**allocation.data, SEEDS_KEY: [s.to_dict() for s in seeds.values()]},
+        )
+        submitted(allocation)
+        return allocation
+
+    def _seeds_alive(self, seeds: Sequence[WarmSeed]) -> dict[str, bool]:
+        if not seeds:
+            return {}
+
+        def look(seed: WarmSeed) -> bool:
+            info = self.pool[seed.host].status([seed.pid]).get(seed.pid)
+            return info is not None and info.alive
+
+        looked = run_on_hosts({s.host: s for s in seeds}, look)
+        return {h: bool(v) for h, v in looked.succeeded.items()}
+
     def release(self, allocation: Allocation) -> None:
-        """Remove the firewall rules this experiment installed (idempotent)."""
+        """Stop the experiment's warm seeds and remove the firewall rules it installed
+        (idempotent; the tasks the seeds forked have ended already).
+
+        Raises:
+            BackendError: a seed or a host's rules could not be confirmed gone.
+        """
+        problems: dict[str, str] = {}
+        seeds = allocation_seeds(allocation)
+        if seeds:
+            stopped = run_on_hosts(seeds, lambda s: self.stop_seed(s, SEED_STOP_GRACE_SECS))
+            problems.update({h: f"warm seed: {e}" for h, e in stopped.failed.items()})
         hosts = allocation.data.get("firewall") or []
         experiment = str(allocation.data.get("experiment", ""))
-        if not hosts or not experiment:
-            return
-        script = remove_script(experiment)
-        failed = run_on_hosts(
-            {h: h for h in hosts}, lambda h: self.run_on_host(h, script, "firewall")
-        ).failed
-        if failed:
-            detail = "; ".join(f"{h}: {e}" for h, e in sorted(failed.items()))
-            raise BackendError(f"could not remove the firewall rules: {detail}")
+        if hosts and experiment:
+            script = remove_script(experiment)
+            failed = run_on_hosts(
+                {h: h for h in hosts}, lambda h: self.run_on_host(h, script, "firewall")
+            ).failed
+            problems.update({h: f"firewall rules: {e}" for h, e in failed.items()})
+        if problems:
+            detail = "; ".join(f"{h}: {e}" for h, e in sorted(problems.items()))
+            raise BackendError(f"could not release everything: {detail}")
 
     def stage(self, plan: Plan, tasks: Sequence[Task], allocation: Allocation) -> None:
         """Copy the recipes package to every host (built-in recipes), and each task's run.yaml
@@ -353,12 +455,14 @@ class ProcessBackend(Backend):
         for path, text in delivery.files.items():
             transport.write_file(path, text.encode())
         exit_file = standby_exit_file(request.workdir, request.attempt) if request.standby else None
-        seed = self._seeds.get(request.host)
+        seed = self._seeds.get(request.host) or allocation_seeds(allocation).get(request.host)
         env = {**request.env, "TF_CONFIG": request.tf_config} if request.tf_config else request.env
+        note = ""
         if seed is not None and forkable(seed, request.command, env):
             forked = self._fork(seed, request, env, exit_file)
-            if forked is not None:
+            if isinstance(forked, Launched):
                 return forked
+            note = f"a cold start: the warm seed on {request.host} {forked}"
         started = transport.start(
             LaunchSpec(
                 name=request.name,
@@ -377,6 +481,7 @@ class ProcessBackend(Backend):
             host=request.host,
             address=transport.target.address,
             started_at=started.started_at,
+            note=note,
         )
 
     # ---- warm seeds (a sweep's; docs/sweeps.md) ---------------------------------------------
@@ -417,14 +522,16 @@ class ProcessBackend(Backend):
         """Fork the tasks this backend launches from these seeds, where they can start them."""
         self._seeds = {seed.host: seed for seed in seeds}
 
-    def starts_warm(self, host: str) -> bool:
-        return host in self._seeds
+    def starts_warm(self, host: str, allocation: Allocation | None = None) -> bool:
+        return host in self._seeds or (
+            allocation is not None and host in allocation_seeds(allocation)
+        )
 
     def _fork(
         self, seed: WarmSeed, request: LaunchRequest, env: dict[str, str], exit_file: str | None
-    ) -> Launched | None:
-        """``request`` forked from ``seed``; None when the seed cannot (gone, not ready within
-        the wait, or it failed to fork): the caller starts it the usual way."""
+    ) -> Launched | str:
+        """``request`` forked from ``seed``, or why it could not be (the seed is gone, did not
+        answer within the wait, or failed to fork): the caller starts it the usual way."""
         transport = self.pool[request.host]
         began = time.time()
         exit_path = exit_file or exit_file_of(request.workdir)
@@ -437,11 +544,11 @@ class ProcessBackend(Backend):
                 stdin=payload,
                 timeout=FORK_WAIT_SECS + 30.0,
             )
-        except BackendError:
-            return None
+        except BackendError as error:  # the script says why last: "is gone", "did not answer"
+            return str(error).rsplit(" failed: ", 1)[-1]
         text = answer.stdout.decode().strip()
         if not text.isdigit():
-            return None
+            return f"could not fork it ({text or 'no answer'})"
         pid = int(text)
         handle: dict[str, object] = {"pid": pid, "pgid": pid, "forked": True}
         if exit_file is not None:

@@ -86,6 +86,9 @@ class ClusterConfig:
     ssh_accept_new_host_keys: bool = False  # default: verify host keys against known_hosts
     ssh_known_hosts: str | None = None  # default: ~/.ssh/known_hosts
     firewall: bool = False  # admit only the cluster's own addresses to its ports (root on hosts)
+    # Fork every Python task from one process per host that imported TensorFlow once (a warm
+    # seed, kept while the experiment's tasks run); false: each task starts its own interpreter
+    warm: bool = True
 
 
 @dataclass

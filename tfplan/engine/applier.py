@@ -170,15 +170,22 @@ def _start_all(
         for line in readiness_lines(backend.stage(plan, tasks, allocation) or ()):
             say(line)
         launches = PlanLaunches(plan, allocation)
-        for batch in _launch_all(tasks, launches, backend, allocation, progress):
+        notes: dict[str, str] = {}
+        for batch in _launch_all(tasks, launches, backend, allocation, progress, notes):
             started.extend(batch)
             state = store.write(state.with_tasks(batch))
             if len(tasks) <= TASK_LINES_UP_TO:
                 for record in batch:
-                    say(f"{record.name}: started on {record.host} ({backend.handle_text(record)})")
+                    note = f"; {notes[record.name]}" if record.name in notes else ""
+                    say(
+                        f"{record.name}: started on {record.host} "
+                        f"({backend.handle_text(record)}{note})"
+                    )
         if len(tasks) > TASK_LINES_UP_TO:
             hosts = len({r.host for r in started})
             say(f"started {len(started)} tasks on {hosts} host(s)")
+            for why in sorted(set(notes.values())):
+                say(f"{sum(n == why for n in notes.values())} task(s): {why}")
     except BaseException as error:
         if isinstance(error, TfplanError) and not isinstance(error, ApplyError):
             say(f"apply failed: {error}")
@@ -200,12 +207,14 @@ def _launch_all(
     backend: Backend,
     allocation: Allocation,
     progress: Progress | None,
+    notes: dict[str, str],
 ) -> Iterator[list[TaskRecord]]:
     """Start ``tasks``, up to the backend's ``launch_fanout`` at once, in plan order; yield
     the records of those started since the last batch (the caller records them at once).
 
     The first failure stops further starts; what was already under way is still yielded, then
-    ApplyError is raised naming the task that failed.
+    ApplyError is raised naming the task that failed. ``notes`` gets what the backend said of
+    a start (a cold start where a warm one was asked), by task name.
     """
     plan = launches.plan
     fanout = max(1, min(backend.capabilities.launch_fanout, len(tasks)))
@@ -220,6 +229,8 @@ def _launch_all(
             raise ApplyError(
                 f"{task.name} could not start on host {task.host} ({error})"
             ) from error
+        if launched.note:
+            notes[task.name] = launched.note
         return TaskRecord.from_task(
             task,
             plan,

@@ -474,7 +474,7 @@ class Supervisor:
         state = self.store.write(state.with_task(new))
         self._say(
             f"{task.name}: restarted on {launched.host} (restart {new.restarts}; previous log "
-            f"kept as {request.keep_log_as})"
+            f"kept as {request.keep_log_as}{'; ' + launched.note if launched.note else ''})"
         )
         self._follow(new)
         return state
@@ -569,7 +569,7 @@ class Supervisor:
         for task in state.running:
             if task.role != "ps" or task.name in self._pending:
                 continue
-            if self.backend.starts_warm(task.host):  # its restart is as quick as a takeover
+            if self.backend.starts_warm(task.host, state.allocation):  # a restart is as quick
                 continue
             if state.standby_for(task.name) is not None or not self._standby_due(task, now):
                 continue

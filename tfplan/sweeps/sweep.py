@@ -301,12 +301,15 @@ def _scores(output_dir: Path) -> list[tuple[int, float]]:
 
 
 def _job_config(cfg: Any) -> Any:
-    """The point's config without Hydra's node, resolved (what compose_config returns)."""
+    """The point's config without Hydra's node, resolved (what compose_config returns). With
+    ``sweep.warm=false`` every task of the point starts cold (no seed of its own either)."""
     from omegaconf import OmegaConf, open_dict, read_write
 
     task_cfg = copy.deepcopy(cfg)
     with read_write(task_cfg), open_dict(task_cfg):
         del task_cfg["hydra"]
+        if not task_cfg.sweep.warm:
+            task_cfg.cluster.warm = False
     OmegaConf.resolve(task_cfg)
     return task_cfg
 

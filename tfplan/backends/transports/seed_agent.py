@@ -54,7 +54,9 @@ def _record_exit(path: str, code: int) -> None:
         pass  # the seed records it when it reaps the task
 
 
-def _run_task(request: dict[str, Any], base_env: dict[str, str], base_path: list[str]) -> None:
+def _run_task(
+    request: dict[str, Any], base_env: dict[str, str], base_path: list[str], log: int
+) -> None:
     """In the forked child: become the task, then run its program. Never returns.
 
     The task records its own exit status before it exits, as the shell wrapper does before the
@@ -88,9 +90,7 @@ def _run_task(request: dict[str, Any], base_env: dict[str, str], base_path: list
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         workdir = request["workdir"]
-        os.makedirs(workdir, exist_ok=True)
         os.chdir(workdir)
-        log = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
@@ -164,11 +164,18 @@ class Seed:
         exit_file = request["exit_file"]
         if os.path.lexists(exit_file):
             os.remove(exit_file)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _run_task(request, self.base_env, self.base_path)
+        # what a cold start's wrapper fails on fails here, answered to the requester (who then
+        # starts the task the usual way, to report it as such): not in a task already started
+        os.makedirs(request["workdir"], exist_ok=True)
+        log = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _run_task(request, self.base_env, self.base_path, log)
+        finally:
+            os.close(log)
         self.children[pid] = exit_file
         return pid
 

@@ -29,6 +29,7 @@ __all__ = [
     "WarmSeed",
     "fork_request",
     "forkable",
+    "runs_python_code",
     "seed_env",
 ]
 
@@ -99,7 +100,7 @@ class WarmSeed:
         return posixpath.join(self.folder, "requests")
 
 
-def _runs_python_code(command: Sequence[str]) -> bool:
+def runs_python_code(command: Sequence[str]) -> bool:
     if len(command) >= 3 and command[1] == "-m":
         return True
     return len(command) >= 2 and command[1].endswith(".py") and not command[1].startswith("-")
@@ -109,7 +110,7 @@ def forkable(seed: WarmSeed, command: Sequence[str], env: Mapping[str, str]) -> 
     """Whether ``seed`` can start a task with this command and environment (pure): the seed's
     own interpreter running a module (``-m``) or a ``.py`` script, with the same values of the
     variables read at import time (:data:`IMPORT_TIME_ENV`)."""
-    if not command or command[0] != seed.python or not _runs_python_code(command):
+    if not command or command[0] != seed.python or not runs_python_code(command):
         return False
     wanted = seed_env(command, env)
     return all(wanted.get(k) == seed.env.get(k) for k in IMPORT_TIME_ENV)
