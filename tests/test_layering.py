@@ -131,3 +131,35 @@ def test_the_tf2_strategies_do_not_import_the_tf1_training_loop() -> None:
             assert not module.startswith(("recipes.replica", "recipes.algorithms")), (
                 f"{path.relative_to(ROOT)} imports {module}"
             )
+
+
+# The concrete backends: the engine, sweeps and CLI speak only the Backend interface
+# (tfplan.backends.api) and open a backend by name (tfplan.backends.open_backend).
+CONCRETE_BACKENDS = (
+    "tfplan.backends.process",
+    "tfplan.backends.slurm",
+    "tfplan.backends.kubernetes",
+)
+# `tfplan export kubernetes` writes the Kubernetes backend's own file format (manifests): a
+# command of that backend's, not something the engine does with a backend.
+CONCRETE_ALLOWED = {("tfplan/cli/cmd_export.py", "tfplan.backends.kubernetes.export")}
+
+
+@pytest.mark.parametrize("path", _package_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_nothing_outside_the_backends_imports_a_concrete_backend(path: Path) -> None:
+    where = str(path.relative_to(ROOT))
+    if where.startswith("tfplan/backends/"):
+        return
+    for module in _imports(path):
+        concrete = any(module == c or module.startswith(c + ".") for c in CONCRETE_BACKENDS)
+        assert not concrete or (where, module) in CONCRETE_ALLOWED, (
+            f"{where} imports {module}: use the Backend interface (capabilities, methods) instead"
+        )
+
+
+def test_the_concrete_backend_check_finds_an_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from tfplan.backends.process import ProcessBackend\n")
+    found = _imports(module)
+    assert found == ["tfplan.backends.process"]
+    assert any(found[0].startswith(c) for c in CONCRETE_BACKENDS)

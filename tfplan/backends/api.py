@@ -22,6 +22,10 @@ Life of a task, as the engine drives it::
     backend.cancel(records, grace)      stop tasks: polite signal, then kill after ``grace``
     backend.release(alloc)              give the resources back (nothing stays queued)
 
+Warm starts (``capabilities.warm_starts``): ``allocate`` starts one warm seed per host (a
+process that has imported TensorFlow), ``launch`` forks Python tasks from it, ``release`` stops
+it; a sweep starts its own (``start_seed``) and shares them between points (``use_seeds``).
+
 Warm standbys (``capabilities.standby``): ``launch`` with ``LaunchRequest.standby`` starts a
 second copy of a task that prepares and waits; ``signal(record, "USR1")`` tells it to go,
 ``move_logs`` makes its log the task's.
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tfplan.backends.logstream import LogStream
+from tfplan.backends.transports.seeds import WarmSeed
 from tfplan.errors import BackendError
 from tfplan.planning.plan import BackendRef, Plan, Task
 from tfplan.planning.state import Allocation, TaskRecord
@@ -165,6 +170,12 @@ class Capabilities:
     # how many ``launch`` calls apply may make at once (each start is a round trip: an SSH
     # exec, an srun, an API call); 1: one after the other
     launch_fanout: int = 1
+    # warm starts (cluster.warm): ``allocate`` starts a warm seed per host (one process that
+    # imported TensorFlow) and ``launch`` forks the Python tasks from it; ``release`` stops
+    # it. A sweep shares seeds between its points: ``start_seed``/``use_seeds``/``stop_seed``
+    warm_starts: bool = False
+    # the config key that mounts output_dir on every node, named when per_host is refused
+    output_mount_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -379,6 +390,42 @@ class Backend(ABC):
             BackendError: the host could not be read.
         """
         raise NotImplementedError(f"the {self.name} backend cannot copy outputs back")
+
+    # ---- warm seeds (capabilities.warm_starts) ---------------------------------------------
+    def start_seed(self, host: str, folder: str, python: str, env: dict[str, str]) -> WarmSeed:
+        """Start a warm seed on ``host`` in ``folder``: ``python`` imports TensorFlow with
+        ``env``, then forks the tasks it is asked for.
+
+        Raises:
+            BackendError: it could not start (always, without ``capabilities.warm_starts``).
+        """
+        raise BackendError(f"the {self.name} backend has no warm starts")
+
+    def seed_ready(self, seed: WarmSeed) -> bool:
+        """Whether ``seed`` has imported what it preloads (it answers at once from then on)."""
+        return False
+
+    def stop_seed(self, seed: WarmSeed, grace_secs: float = 5.0) -> None:  # noqa: B027
+        """Stop ``seed`` (the tasks it forked run on: they are their own process groups).
+
+        Raises:
+            BackendError: it could not be confirmed stopped.
+        """
+
+    def use_seeds(self, seeds: Sequence[WarmSeed]) -> None:  # noqa: B027 - optional
+        """Fork the tasks this backend launches from these seeds (a sweep's, shared by its
+        points) where they can start them, instead of seeds of the allocation's own."""
+
+    def free_bytes(self, host: str, folder: str) -> int | None:
+        """Free bytes on the disk that holds ``folder``, as ``host`` sees it; None where the
+        backend cannot look (a node or pod's disk) or it cannot be read."""
+        return None
+
+    @classmethod
+    def runs_here(cls, plan: Plan) -> bool:
+        """Whether every task of ``plan`` runs on this machine (what fails here fails there:
+        the plan may try the user's code here)."""
+        return False
 
     def starts_warm(self, host: str, allocation: Allocation | None = None) -> bool:
         """Whether a task (re)started on ``host`` now skips its program's imports, as a warm

@@ -19,7 +19,9 @@ on is reported as ``failed`` with ``detail`` saying how many processes are left.
 from __future__ import annotations
 
 import io
+import os
 import posixpath
+import shutil
 import tarfile
 import time
 import uuid
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
 __all__ = ["ProcessBackend", "host_name"]
 
 TRANSPORT_KINDS = ("auto", "local", "ssh")
+LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 # starts at once: over SSH each is a round trip of a few ms; locally a fork+exec
 LAUNCH_FANOUT = 16
 # how long a fork request waits for the seed's answer (it answers within milliseconds once its
@@ -133,6 +136,7 @@ class ProcessBackend(Backend):
         signals=True,
         per_host_output=True,
         launch_fanout=LAUNCH_FANOUT,
+        warm_starts=True,
     )
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
@@ -521,6 +525,28 @@ class ProcessBackend(Backend):
     def use_seeds(self, seeds: Sequence[WarmSeed]) -> None:
         """Fork the tasks this backend launches from these seeds, where they can start them."""
         self._seeds = {seed.host: seed for seed in seeds}
+
+    def free_bytes(self, host: str, folder: str) -> int | None:
+        """This machine's free space for a local host, ``df`` over SSH for another."""
+        if host not in self.pool.targets:
+            return None
+        if self.pool.targets[host].kind == "local":
+            path = folder
+            while path and not os.path.exists(path) and os.path.dirname(path) != path:
+                path = os.path.dirname(path)  # a folder removed since: its disk is its parent's
+            try:
+                return shutil.disk_usage(path).free
+            except OSError:
+                return None
+        try:
+            out = self.run_on_host(host, f"df -Pk {q(folder)} | tail -n 1", "df")
+            return int(out.split()[3]) * 1024
+        except (BackendError, ValueError, IndexError):
+            return None
+
+    @classmethod
+    def runs_here(cls, plan: Plan) -> bool:
+        return all(h.address in LOCAL_ADDRESSES for h in plan.hosts)
 
     def starts_warm(self, host: str, allocation: Allocation | None = None) -> bool:
         return host in self._seeds or (

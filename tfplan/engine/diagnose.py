@@ -9,13 +9,9 @@ failure, never per poll.
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
 from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend
-from tfplan.backends.process import ProcessBackend
 from tfplan.diagnosis.explain import (
     TAIL_BYTES,
     Evidence,
@@ -81,25 +77,9 @@ def oom_of(backend: Backend, task: TaskRecord) -> OomKill | None:
 
 
 def free_space(backend: Backend, host: str, folder: str) -> int | None:
-    """Free bytes on the disk that holds ``folder``, as ``host`` sees it: this machine's for a
-    local host of the process backend, ``df`` over the host's transport for an SSH one; None
-    for other backends (their tasks' disks are not this machine's to look at) or when it
-    cannot be read."""
-    if not isinstance(backend, ProcessBackend) or host not in backend.pool.targets:
-        return None
-    if backend.pool.targets[host].kind == "local":
-        path = folder
-        while path and not os.path.exists(path) and os.path.dirname(path) != path:
-            path = os.path.dirname(path)  # a folder removed since: its disk is its parent's
-        try:
-            return shutil.disk_usage(path).free
-        except OSError:
-            return None
-    try:
-        out = backend.run_on_host(host, f"df -Pk {shlex.quote(folder)} | tail -n 1", "df")
-        return int(out.split()[3]) * 1024
-    except (TfplanError, ValueError, IndexError):
-        return None
+    """Free bytes on the disk that holds ``folder``, as ``host`` sees it (the backend's
+    :meth:`~tfplan.backends.api.Backend.free_bytes`: None where it cannot look)."""
+    return backend.free_bytes(host, folder)
 
 
 def diagnose_output(

@@ -108,7 +108,11 @@ def make_plan(
             f"per_host, but the {backend.name} backend needs output_dir on one folder every "
             "task shares",
             "set cluster.output_mode=auto (or shared) and mount output_dir on every node"
-            + (" (cluster.options.output_volume)" if backend.name == "kubernetes" else ""),
+            + (
+                f" ({backend.capabilities.output_mount_key})"
+                if backend.capabilities.output_mount_key
+                else ""
+            ),
         )
     ctx = ctx or plan_context(cfg)
     step = checkpoint_step(state) if state is not None and state.running else None
@@ -144,7 +148,9 @@ def checkpoint_step(state: State) -> int | None:
 
 def _every_task_here(made: Plan) -> bool:
     """Every task runs on this machine: what fails here fails there."""
-    return made.backend.name == "process" and all(h.address in LOCAL_ADDRESSES for h in made.hosts)
+    from tfplan.backends import backend_class
+
+    return backend_class(made.backend.name).runs_here(made)
 
 
 def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:

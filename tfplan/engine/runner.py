@@ -28,7 +28,6 @@ from typing import Any
 
 from tfplan.backends import open_backend
 from tfplan.backends.api import Backend, OutputPlace
-from tfplan.backends.process import ProcessBackend
 from tfplan.backends.transports.seeds import WarmSeed
 from tfplan.engine.applier import ApplyResult, Progress, apply_plan
 from tfplan.engine.background import me, take_over_from_background
@@ -241,7 +240,7 @@ class ExperimentRun:
             self._backend = self._stack.enter_context(
                 open_backend(self.plan.backend, self.store.scratch)
             )
-            if self.seeds and isinstance(self._backend, ProcessBackend):
+            if self.seeds:
                 self._backend.use_seeds(self.seeds)
             self._locate_output()
             # a chief that keeps running (workers joining or leaving, a new max_steps) resumes

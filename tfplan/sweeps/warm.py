@@ -8,8 +8,8 @@ its tasks from it. The seeds are the sweep's: recorded in ``<sweep dir>/seeds.js
 atomically) as soon as they start, stopped by process group when the sweep ends, and stopped
 from that record by the next run of the same sweep if a sweep died without stopping them.
 
-Only the process backend (local and SSH hosts) has seeds; on Slurm and Kubernetes each task
-starts the usual way (a seed there would be a job step or a pod of its own: not done).
+Backends with ``capabilities.warm_starts`` (the process backend: local and SSH hosts) have
+seeds; on the others each task starts the usual way.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tfplan.backends import open_backend
-from tfplan.backends.process import ProcessBackend
+from tfplan.backends import backend_class, open_backend
+from tfplan.backends.api import Backend
 from tfplan.backends.transports.seeds import WarmSeed, seed_env
 from tfplan.errors import TfplanError
 from tfplan.files import write_atomic
@@ -47,18 +47,17 @@ class SweepSeeds:
         self.say = say
         self._seeds: dict[str, WarmSeed] = {}
         self._failed: set[str] = set()
-        self._backend: ProcessBackend | None = None
+        self._backend: Backend | None = None
         self._lock = threading.Lock()
 
     def for_plan(self, plan: Plan) -> tuple[WarmSeed, ...]:
         """The seeds a point's tasks can be forked from: started (and waited for) on the hosts
         of ``plan`` that have none yet. Empty where the backend has no seeds."""
-        if plan.backend.name != "process":
+        if not backend_class(plan.backend.name).capabilities.warm_starts:
             return ()
         with self._lock:
             if self._backend is None:
                 backend = open_backend(plan.backend, self.scratch)
-                assert isinstance(backend, ProcessBackend)
                 self._backend = backend
                 self._stop_leftovers(backend)
             wanted = {}
@@ -138,7 +137,7 @@ class SweepSeeds:
                 self._backend.close()
                 self._backend = None
 
-    def _stop_leftovers(self, backend: ProcessBackend) -> int:
+    def _stop_leftovers(self, backend: Backend) -> int:
         """Stop the seeds an earlier run of this sweep recorded and did not stop (it was
         killed); returns how many were found."""
         try:

@@ -82,7 +82,9 @@ class KubernetesBackend(Backend):
     """Tasks as one-pod Jobs under a headless Service, through the official client."""
 
     name = "kubernetes"
-    capabilities = Capabilities(shared_output=False, launch_fanout=8)
+    capabilities = Capabilities(
+        shared_output=False, launch_fanout=8, output_mount_key="cluster.options.output_volume"
+    )
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
