@@ -2,11 +2,14 @@
 
     .venv/bin/python bench/bench_apply.py [--repeats 3] [--out docs/bench_apply.md]
 
-Measured side by side, alternating, on cluster=local (1 ps + 2 workers, MLP on digits):
-- launch -> first training step of every worker: tfplan apply vs a shell script that starts
-  the same tasks (each one's command, workdir, environment and TF_CONFIG as the saved plan and
-  `tfplan show --task NAME --json` give them, run.yaml and recipes staged beforehand; ratio of
-  medians; target <= 1.2x);
+Measured side by side, in rotating order, on cluster=local (1 ps + 2 workers, MLP on digits):
+- launch -> first training step of every worker: tfplan apply (warm starts, the default), tfplan
+  apply with cluster.warm=false (cold), and a shell script that starts the same tasks (each
+  one's command, workdir, environment and TF_CONFIG as the saved plan and
+  `tfplan show --task NAME --json` give them, run.yaml and recipes staged beforehand); ratios of
+  medians; target warm <= 0.8x the shell script;
+- memory of the running cluster at that moment, warm and cold: the PSS (shared pages counted
+  once) of every process of its tasks and warm seed, summed;
 - training done (result.json written) -> every task exited and apply returned (target <= 1 s);
 - `tfplan destroy` of a running cluster (target <= 2 s, zero processes left).
 Writes docs/bench_apply.md (or --out); `--repeats 1` is the quickest run to the end.
@@ -65,10 +68,10 @@ def destroy(tmp: Path) -> None:
     )
 
 
-def apply_detached(tmp: Path) -> None:
+def apply_detached(tmp: Path, *extra: str) -> None:
     """`tfplan apply --detach` of a run long enough to be stopped by hand."""
     subprocess.run(
-        [*TFPLAN, "apply", "--auto-approve", "--detach", *overrides(tmp, 100000)],
+        [*TFPLAN, "apply", "--auto-approve", "--detach", *overrides(tmp, 100000), *extra],
         cwd=tmp,
         env=ENV,
         check=True,
@@ -76,11 +79,31 @@ def apply_detached(tmp: Path) -> None:
     )
 
 
-def run_tfplan_launch(tmp: Path) -> float:
+def pss_bytes(groups: list[int]) -> int:
+    """The summed PSS of every live process in these process groups (/proc smaps_rollup)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or int(fields[2]) not in groups:
+                continue
+            for line in (entry / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def run_tfplan_launch(tmp: Path, warm: bool) -> tuple[float, int]:
+    """(launch -> first step of every worker, PSS of the cluster then) of one apply."""
     started = time.monotonic()
     try:
-        apply_detached(tmp)
-        return wait_first_steps(tmp, started)
+        apply_detached(tmp, f"cluster.warm={str(warm).lower()}")
+        took = wait_first_steps(tmp, started)
+        return took, pss_bytes(recorded_groups(tmp))
     finally:
         destroy(tmp)
 
@@ -177,14 +200,19 @@ def main() -> None:
     options = parser.parse_args()
     repeats = options.repeats
     load_start = os.getloadavg()
-    tfplan_launch, shell_launch, teardown, destroyed, left = [], [], [], [], []
+    tfplan_launch, cold_launch, shell_launch, teardown, destroyed, left = [], [], [], [], [], []
+    warm_pss: list[int] = []
+    cold_pss: list[int] = []
+    kinds = ["tfplan", "cold", "shell"]
     for i in range(repeats):
-        for kind in ("tfplan", "shell") if i % 2 == 0 else ("shell", "tfplan"):
+        for kind in kinds[i % 3 :] + kinds[: i % 3]:
             with tempfile.TemporaryDirectory() as tmp:
-                if kind == "tfplan":
-                    tfplan_launch.append(run_tfplan_launch(Path(tmp)))
-                else:
+                if kind == "shell":
                     shell_launch.append(run_shell_launch(Path(tmp)))
+                    continue
+                took, pss = run_tfplan_launch(Path(tmp), warm=kind == "tfplan")
+                (tfplan_launch if kind == "tfplan" else cold_launch).append(took)
+                (warm_pss if kind == "tfplan" else cold_pss).append(pss)
         with tempfile.TemporaryDirectory() as tmp:
             teardown.append(run_teardown(Path(tmp)))
         with tempfile.TemporaryDirectory() as tmp:
@@ -192,20 +220,34 @@ def main() -> None:
             destroyed.append(secs)
             left.append(remaining)
         print(
-            f"round {i + 1}: tfplan {tfplan_launch[-1]:.2f}s shell {shell_launch[-1]:.2f}s "
+            f"round {i + 1}: tfplan {tfplan_launch[-1]:.2f}s cold {cold_launch[-1]:.2f}s "
+            f"shell {shell_launch[-1]:.2f}s "
             f"teardown {teardown[-1]:.2f}s destroy {destroyed[-1]:.2f}s left {left[-1]}",
             flush=True,
         )
     load_end = os.getloadavg()
     med = statistics.median
     ratio = med(tfplan_launch) / med(shell_launch)
+    cold_ratio = med(cold_launch) / med(shell_launch)
+    mib = 1024 * 1024
     rows = [
         ("launch -> first step of every worker, tfplan apply", f"{med(tfplan_launch):.2f} s", ""),
+        (
+            "launch -> first step of every worker, tfplan apply cluster.warm=false",
+            f"{med(cold_launch):.2f} s",
+            "",
+        ),
         ("launch -> first step of every worker, shell script", f"{med(shell_launch):.2f} s", ""),
         (
-            "ratio tfplan / shell (target <= 1.2)",
+            "ratio tfplan (warm) / shell (target <= 0.8)",
             f"{ratio:.2f}x",
-            "pass" if ratio <= 1.2 else "MISS",
+            "pass" if ratio <= 0.8 else "MISS",
+        ),
+        ("ratio tfplan cold / shell", f"{cold_ratio:.2f}x", ""),
+        (
+            "PSS of the running cluster (tasks + seed), warm / cold",
+            f"{med(warm_pss) / mib:.0f} MiB / {med(cold_pss) / mib:.0f} MiB",
+            "",
         ),
         (
             "training done -> all tasks exited, apply returned (target <= 1 s)",
@@ -241,6 +283,8 @@ def main() -> None:
         "",
         "Raw (s): tfplan "
         + ", ".join(f"{x:.2f}" for x in tfplan_launch)
+        + "; cold "
+        + ", ".join(f"{x:.2f}" for x in cold_launch)
         + "; shell "
         + ", ".join(f"{x:.2f}" for x in shell_launch)
         + "; teardown "
@@ -252,7 +296,9 @@ def main() -> None:
         "environment (`{**plan.env, **task.env}` from the saved plan, and each task's TF_CONFIG "
         "from `tfplan show --task NAME --json`), run.yaml and code, all written before its clock "
         "starts, so the ratio is tfplan's own overhead: composing the config, preflight, "
-        "shipping files, and recording PIDs.",
+        "shipping files, and recording PIDs. With warm starts tfplan imports TensorFlow once "
+        "per host (the seed, started while tfplan stages) instead of once per task, all at "
+        "once on the same cores: that is how it beats the script.",
         "",
     ]
     options.out.write_text("\n".join(text))

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_reliability.py [--repeats 2] [--speed-runs 2] [--out FILE]
 
-(``--repeats 1 --only "ps/0 (program), warm" --speed-runs 1 --speed-steps 100 --out FILE`` is
+(``--repeats 1 --only "ps/0 (program), cold, warm" --speed-runs 1 --speed-steps 100 --out FILE`` is
 a quick run to the end.)
 
 Each round runs `tfplan apply` on cluster=local (1 ps + 2 workers, MLP on digits, checkpoints
@@ -61,23 +61,40 @@ TICK = os.sysconf("SC_CLK_TCK")
 class Fault:
     label: str
     victim: str
-    target: str  # "program" (the task's own process), "wrapper" (the tracked process), "group"
+    # "program" (the task's own process), "wrapper" (the tracked process), "group", or
+    # "forked" (a task forked from the warm seed: the tracked process is the program)
+    target: str
     sig: int
     extra: tuple[str, ...] = ()
-    standby: bool = True  # lifecycle.ps_standby (the default for the built-in recipes)
+    standby: bool = False  # a warm standby (cold starts: cluster.warm=false)
 
 
+COLD = "cluster.warm=false"
 FAULTS = (
+    Fault("SIGKILL ps/0, forked again from the warm seed (the default)", "ps/0", "forked", 9),
     Fault(
-        "SIGKILL ps/0 (program), plain restart",
+        "SIGKILL ps/0 (program), cold plain restart",
         "ps/0",
         "program",
         signal.SIGKILL,
-        ("lifecycle.ps_standby=false",),
-        standby=False,
+        (COLD, "lifecycle.ps_standby=false"),
     ),
-    Fault("SIGKILL ps/0 (program), warm standby", "ps/0", "program", signal.SIGKILL),
-    Fault("SIGKILL ps/0 (its wrapper), warm standby", "ps/0", "wrapper", signal.SIGKILL),
+    Fault(
+        "SIGKILL ps/0 (program), cold, warm standby",
+        "ps/0",
+        "program",
+        signal.SIGKILL,
+        (COLD, "lifecycle.ps_standby=true"),
+        standby=True,
+    ),
+    Fault(
+        "SIGKILL ps/0 (its wrapper), cold, warm standby",
+        "ps/0",
+        "wrapper",
+        signal.SIGKILL,
+        (COLD, "lifecycle.ps_standby=true"),
+        standby=True,
+    ),
     Fault("SIGKILL chief (worker/0)", "worker/0", "program", signal.SIGKILL),
     Fault("SIGKILL worker/1", "worker/1", "program", signal.SIGKILL),
     Fault(
@@ -190,7 +207,9 @@ def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
             fault_line = len(run.lines) - 1
             wrapper = int(_record(ws, fault.victim)["handle"]["pid"])  # type: ignore[index]
             fault_at = time.monotonic()
-            if fault.target == "program":
+            if fault.target == "forked":  # no wrapper: the handle's pid is the program's
+                os.kill(wrapper, fault.sig)
+            elif fault.target == "program":
                 os.kill(_program(wrapper), fault.sig)
             elif fault.target == "wrapper":
                 os.kill(wrapper, fault.sig)
@@ -276,7 +295,7 @@ def speed_round(standby: bool, max_steps: int) -> tuple[float, float, bool]:
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
         flag = "true" if standby else "false"
-        fault = Fault("", "", "", 0, (f"lifecycle.ps_standby={flag}",))
+        fault = Fault("", "", "", 0, (COLD, f"lifecycle.ps_standby={flag}"))
         run = ApplyRun(ws, _args(ws, fault, max_steps))
         try:
             began = time.monotonic()

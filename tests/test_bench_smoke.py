@@ -118,7 +118,10 @@ def test_bench_apply(tmp_path: Path) -> None:
     text = out.read_text()
     assert figure(text, "first step of every worker, tfplan apply") > 0
     assert figure(text, "first step of every worker, shell script") > 0
-    assert figure(text, "ratio tfplan / shell") > 0
+    assert figure(text, "tfplan apply cluster.warm=false") > 0
+    assert figure(text, "ratio tfplan (warm) / shell") > 0
+    assert figure(text, "ratio tfplan cold / shell") > 0
+    assert figure(text, "PSS of the running cluster (tasks + seed), warm / cold") > 0
     assert figure(text, "training done -> all tasks exited") > 0
     assert figure(text, "tfplan destroy of a running cluster") > 0
     assert "| processes left after destroy (all rounds) | 0 | pass |" in text
@@ -249,7 +252,7 @@ def test_bench_algorithms(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_reliability(tmp_path: Path) -> None:
     out = tmp_path / "reliability.md"
-    fault = "SIGKILL ps/0 (program), warm standby"
+    fault = "SIGKILL ps/0 (program), cold, warm standby"
     args = ["--repeats", "1", "--only", fault, "--speed-runs", "1", "--speed-steps", "100"]
     run_bench("bench_reliability.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
     text = out.read_text()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from apply_helpers import alive, wait_until
 
-import tfplan.backends.process as process_backend
+import tfplan.backends.process.seeds as process_seeds
 from tfplan.backends.api import LaunchRequest, TaskPhase
 from tfplan.backends.process import ProcessBackend
 from tfplan.backends.transports.seeds import WarmSeed, fork_request, forkable, seed_env
@@ -87,7 +87,7 @@ sys.exit(int(sys.argv[1]))
 @pytest.fixture
 def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcessBackend]:
     # the seed imports json only: what matters here is the fork, not TensorFlow's import time
-    monkeypatch.setattr(process_backend, "PRELOAD", ("json",))
+    monkeypatch.setattr(process_seeds, "PRELOAD", ("json",))
     ref = BackendRef("process", {"hosts": [{"name": "localhost", "address": "127.0.0.1"}]})
     with ProcessBackend(ref, tmp_path / "scratch") as b:
         yield b

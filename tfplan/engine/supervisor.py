@@ -9,7 +9,7 @@ Lifecycle (PEERS.md: what TFJob, TonY and RiseML users expect):
 - a parameter server has a warm standby (``lifecycle.ps_standby``, where the backend can): a
   second copy that has imported TensorFlow and waits for SIGUSR1; a restart of the ps hands
   over to it instead of starting a new process, and a new standby starts once training goes
-  on again;
+  on again (:mod:`tfplan.engine.standbys`);
 - in a collective job (all-reduce) a training task that must restart takes the whole group with
   it: every worker restarts together from the last checkpoint;
 - a chief or worker that prints no log line for ``progress_timeout_secs`` is hung: it is killed
@@ -24,10 +24,9 @@ Lifecycle (PEERS.md: what TFJob, TonY and RiseML users expect):
 - ``deadline_secs`` passes: every task is stopped and the job fails;
 - Ctrl-C: every task is stopped and the state records it.
 
-A task that fails is explained as soon as it is seen: its log's end (and, for a killed task, its
-host's out-of-memory record) is read on a helper thread and matched against the known failures
-(:mod:`tfplan.engine.diagnose`); a known one is said in one line, cause and fix, right after the
-task's own last lines. A restart due meanwhile does not wait for it.
+A task that fails is explained as soon as it is seen, on a helper thread
+(:mod:`tfplan.engine.explaining`): a known failure is said in one line, cause and fix, right
+after the task's own last lines. A restart due meanwhile does not wait for it.
 
 When the job ends (whichever way), every process of every task is stopped, whatever its
 recorded status (a failed task whose program outlived its wrapper included), and every standby.
@@ -38,28 +37,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend, TaskInfo, TaskPhase
 from tfplan.engine.applier import apply_plan, release_if_idle, stop_standbys, stop_tasks
-from tfplan.engine.diagnose import Diagnosis, diagnose
+from tfplan.engine.explaining import Explainer
 from tfplan.engine.joining import JoinWatch
-from tfplan.engine.launching import restart_request, standby_request
+from tfplan.engine.launching import restart_request
 from tfplan.engine.logs import Emit, LogFanIn
+from tfplan.engine.standbys import PREVIOUS_LOG_SECS, Standbys
 from tfplan.engine.store import StateStore
 from tfplan.errors import TfplanError
 from tfplan.planning.plan import Plan
 from tfplan.planning.policy import ChiefFailure, HostFailure, backoff_delay, decide_restart
-from tfplan.planning.state import (
-    Allocation,
-    State,
-    TaskRecord,
-    TaskStatus,
-    standby_name,
-    standby_task,
-)
+from tfplan.planning.state import Allocation, State, TaskRecord, TaskStatus
 
 __all__ = ["HandedOver", "Outcome", "Replan", "Supervisor", "ended_status"]
 
@@ -69,19 +60,6 @@ Replan = Callable[[State], Plan | None]
 # progress timeout starts with a task's first log line; before it, this much is allowed.
 STARTUP_TIMEOUT_SECS = 120.0
 TRAINING_ROLES = ("chief", "worker")
-# Warm standbys: observed this often; started only once training goes on (a step seen since
-# the start or the last takeover) or, for programs that print no steps, after this long, so
-# that a standby importing TensorFlow does not slow the cluster's own start or recovery.
-STANDBY_CHECK_SECS = 2.0
-STANDBY_SETTLE_SECS = 30.0
-STANDBY_MAX_FAILURES = 3  # standbys of one task that ended by themselves: then none any more
-STANDBY_RETRY_SECS = 5.0  # after a standby ended by itself, times its failures so far
-# A standby that has printed nothing yet may not have blocked SIGUSR1 yet (the go signal would
-# end it): a restart due then waits for its first line, polling this often, at most this long.
-STANDBY_READY_POLL_SECS = 0.1
-STANDBY_READY_WAIT_SECS = 60.0
-PREVIOUS_LOG_SECS = 1.0
-EXPLAIN_WAIT_SECS = 5.0  # at the end, how long the explanations still being read may take  # how long the stream of a life that ended may take to deliver its end
 
 
 class HandedOver(Exception):
@@ -149,46 +127,13 @@ class Supervisor:
         self._unreachable_since: dict[str, float] = {}  # host -> first failed observation
         self._fatal: str | None = None  # the allocation ended under the job
         self._started = time.monotonic()
-        # warm standbys: task -> (not before, the step that must be passed first)
-        self._standby_after: dict[str, tuple[float, int | None]] = {}
-        self._standby_failures: dict[str, int] = {}
-        self._standby_checked = 0.0
-        self._awaiting_standby: dict[str, float] = {}  # task -> when its restart began to wait
-        self._explainer: ThreadPoolExecutor | None = None
-        self._explaining: list[Future[Diagnosis]] = []
+        self.standbys = Standbys(store, backend, self.logs, self._say, self._follow, self._started)
+        self.explainer = Explainer(backend, self._say, self.logs.ended)
         self._joins = JoinWatch(backend, enabled=False)  # a user's program: see run()
 
     @property
     def last_step(self) -> int | None:
         return self.logs.last_step
-
-    # -- why a task failed ----------------------------------------------------------------
-
-    def _explain_later(self, task: TaskRecord, output_dir: str) -> None:
-        """Read the failed task's evidence on a helper thread (a restart due meanwhile is not
-        delayed); the loop says the explanation as soon as it is there."""
-        if self._explainer is None:
-            self._explainer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="explain")
-
-        def work() -> Diagnosis:
-            try:
-                return diagnose(self.backend, task, output_dir)
-            finally:
-                self.logs.ended.set()  # wake the loop to say it
-
-        self._explaining.append(self._explainer.submit(work))
-
-    def _say_explanations(self, wait: float = 0.0) -> None:
-        if wait and self._explaining:
-            futures_wait(self._explaining, timeout=wait)
-        for future in [f for f in self._explaining if f.done()]:
-            self._explaining.remove(future)
-            try:
-                diagnosis = future.result()
-            except Exception:  # noqa: BLE001 - an explanation must never break supervision
-                continue
-            if diagnosis.explanation is not None:
-                self._say(diagnosis.line)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -198,8 +143,7 @@ class Supervisor:
         self._joins.enabled = recipe.get("kind") == "command"
         for task in state.running:
             self._follow(task)
-        for standby in state.standbys:
-            self.logs.follow(standby)
+        self.standbys.follow(state)
         try:
             return self._loop(state)
         except KeyboardInterrupt:
@@ -215,9 +159,7 @@ class Supervisor:
         finally:
             self.logs.stop_all()
             self.logs.drain()
-            self._say_explanations(wait=EXPLAIN_WAIT_SECS)
-            if self._explainer is not None:
-                self._explainer.shutdown(wait=False, cancel_futures=True)
+            self.explainer.close()
 
     # -- logs -----------------------------------------------------------------------------
 
@@ -238,7 +180,7 @@ class Supervisor:
             if self.interrupt is not None and self.interrupt.is_set():
                 raise KeyboardInterrupt()
             self.logs.drain()
-            self._say_explanations()
+            self.explainer.say_ready()
             state = self._observe(state)
             if self._done_at is None:
                 self._joins.look(state.running)
@@ -247,7 +189,8 @@ class Supervisor:
             state, outcome = self._decide(state)
             if outcome is not None:
                 return outcome
-            state = self._standbys(state)
+            going_on = self._done_at is None and self._fatal is None
+            state = self.standbys.tick(state, self._pending, going_on)
             self._wait()
 
     def _wait(self) -> None:
@@ -335,7 +278,7 @@ class Supervisor:
         self._say("re-planning the cluster on the hosts that answer")
         self.logs.stop_all()
         self._pending.clear()
-        self._standby_after.clear()
+        self.standbys.forget_schedule()
         result = apply_plan(new_plan, self.store, self.backend, self._say)
         for task in result.state.running:
             self._follow(task)
@@ -344,12 +287,12 @@ class Supervisor:
     def _on_ended(self, state: State, task: TaskRecord) -> State:
         shown = _exit(task)
         if task.never_listened:
-            self._explain_later(task, state.output_dir or "")
+            self.explainer.later(task, state.output_dir or "")
         if self._done_at is not None or (task.is_chief and task.status is TaskStatus.SUCCEEDED):
             self._say(f"{task.name} {task.status.value} ({shown})")
             return state
         if task.status is TaskStatus.FAILED:
-            self._explain_later(task, state.output_dir or "")
+            self.explainer.later(task, state.output_dir or "")
         policy = state.policy.for_role(task.role)
         decision = decide_restart(
             policy.restart,
@@ -431,8 +374,9 @@ class Supervisor:
             del self._pending[name]
             if self._done_at is not None:
                 continue
-            if self._await_standby(state, task, now):
-                self._pending[name] = now + STANDBY_READY_POLL_SECS
+            again = self.standbys.wait_until(state, task, now)
+            if again is not None:
+                self._pending[name] = again
                 continue
             try:
                 state = self._restart(state, task)
@@ -447,17 +391,9 @@ class Supervisor:
         error = leftovers.get(task.name)
         if isinstance(error, Exception):
             raise TfplanError(f"its previous process could not be stopped: {error}")
-        standby = state.standby_for(task.name)
-        if standby is not None and not self._standby_ready(standby):
-            self._say(
-                f"{task.name}: its standby printed nothing in {STANDBY_READY_WAIT_SECS:.0f}s "
-                "(not ready); starting a new process"
-            )
-            state = stop_standbys(state, self.store, self.backend, self._say, {standby.name})
-        elif standby is not None:
-            state, taken = self._takeover(state, task, standby)
-            if taken:
-                return state
+        state, taken = self.standbys.take_over(state, task)
+        if taken:
+            return state
         request = restart_request(task, state)
         self.logs.finish(task.name, PREVIOUS_LOG_SECS)
         launched = self.backend.launch(request, state.allocation or Allocation())
@@ -478,177 +414,6 @@ class Supervisor:
         )
         self._follow(new)
         return state
-
-    def _standby_ready(self, standby: TaskRecord) -> bool:
-        """Whether the standby has printed a line: the contract has it block SIGUSR1 before
-        anything else, so after its first line the go signal can no longer end it."""
-        return standby.name in self.logs.last_line
-
-    def _await_standby(self, state: State, task: TaskRecord, now: float) -> bool:
-        """Whether ``task``'s restart should wait a little longer for its standby to be ready.
-        Waiting is never slower than a cold start: the standby is already importing what a new
-        process would import. Seen on Slurm: a ps killed 1 s after its standby's step started,
-        the go signal ended the standby (exit 138) and a cold start followed anyway."""
-        standby = state.standby_for(task.name)
-        if standby is None or self._standby_ready(standby):
-            self._awaiting_standby.pop(task.name, None)
-            return False
-        began = self._awaiting_standby.setdefault(task.name, now)
-        if began == now:
-            self._say(f"{task.name}: waiting for its warm standby to be ready (still starting)")
-        if now - began < STANDBY_READY_WAIT_SECS:
-            return True
-        self._awaiting_standby.pop(task.name, None)
-        return False
-
-    def _takeover(self, state: State, task: TaskRecord, standby: TaskRecord) -> tuple[State, bool]:
-        """Make ``task``'s warm standby its next life (its previous life is already gone):
-        the go signal first (it starts serving at once), then its log becomes the task's, the
-        previous one kept as ``<log>.<n>``. (state, False), the standby dropped, when it
-        cannot take over."""
-        why = None
-        try:
-            self.backend.signal(standby, "USR1")  # raises when it has no live process
-        except TfplanError as error:
-            why = f"it could not be signalled: {error}"
-        if why is not None:
-            self._say(f"{task.name}: its standby cannot take over ({why}); starting a new process")
-            return stop_standbys(state, self.store, self.backend, self._say, {standby.name}), False
-        keep = f"{task.log_path}.{task.restarts}"
-        log_path = task.log_path
-        self.logs.stop(standby.name)  # its lines so far come again from the task's log
-        self.logs.finish(task.name, PREVIOUS_LOG_SECS)
-        try:
-            self.backend.move_logs(standby, [(task.log_path, keep), (standby.log_path, log_path)])
-        except TfplanError as error:
-            self._say(f"{task.name}: its log stays {standby.log_path} ({error})")
-            log_path = standby.log_path
-        new = replace(
-            task,
-            handle=standby.handle,
-            host=standby.host,
-            address=standby.address or task.address,
-            log_path=log_path,
-            started_at=time.time(),
-            status=TaskStatus.RUNNING,
-            exit_code=None,
-            restarts=task.restarts + 1,
-        )
-        state = self.store.write(state.with_task(new).without_standbys({standby.name}))
-        self._say(
-            f"{task.name}: restarted on {new.host} by its warm standby "
-            f"({self.backend.handle_text(new)}; restart {new.restarts}; previous log kept as "
-            f"{keep})"
-        )
-        self._follow(new)
-        self._standby_after[task.name] = (
-            time.monotonic() + STANDBY_SETTLE_SECS,
-            self.logs.step_lines,
-        )
-        return state, True
-
-    # -- warm standbys --------------------------------------------------------------------
-
-    def _standby_wanted(self, state: State) -> bool:
-        return (
-            state.policy.ps_standby
-            and self.backend.capabilities.standby
-            and self._done_at is None
-            and self._fatal is None
-        )
-
-    def _standbys(self, state: State) -> State:
-        """Observe the standbys now and then, drop those that ended or lost their task, and
-        start one for each running ps that has none (once training goes on)."""
-        now = time.monotonic()
-        if state.standbys and now - self._standby_checked >= STANDBY_CHECK_SECS:
-            self._standby_checked = now
-            state = self._check_standbys(state)
-        if not self._standby_wanted(state):
-            return state
-        for task in state.running:
-            if task.role != "ps" or task.name in self._pending:
-                continue
-            if self.backend.starts_warm(task.host, state.allocation):  # a restart is as quick
-                continue
-            if state.standby_for(task.name) is not None or not self._standby_due(task, now):
-                continue
-            state = self._start_standby(state, task)
-        return state
-
-    def _standby_due(self, task: TaskRecord, now: float) -> bool:
-        """Whether to start ``task``'s standby now: not while the cluster starts or recovers
-        (its TensorFlow import would take CPU from them), so only once a training step was
-        seen since the start or the last takeover (or after a while, for programs that print
-        no steps), and not too soon after one ended by itself."""
-        if self._standby_failures.get(task.name, 0) >= STANDBY_MAX_FAILURES:
-            return False
-        after = self._standby_after.get(task.name)
-        if after is None:
-            return self.logs.step_lines > 0 or now - self._started >= STANDBY_SETTLE_SECS
-        not_before, past_lines = after
-        if past_lines is not None and self.logs.step_lines > past_lines:
-            return True
-        return now >= not_before
-
-    def _start_standby(self, state: State, task: TaskRecord) -> State:
-        try:
-            request = standby_request(task, state)
-            launched = self.backend.launch(request, state.allocation or Allocation())
-        except TfplanError as error:
-            self._standby_failed(task.name, f"could not start ({error})")
-            return state
-        standby = replace(
-            task,
-            name=standby_name(task.name),
-            handle=launched.handle,
-            host=launched.host,
-            address=launched.address or task.address,
-            log_path=request.log_path,
-            started_at=launched.started_at,
-            status=TaskStatus.RUNNING,
-            exit_code=None,
-        )
-        # recorded at once: whatever happens next (Ctrl-C, a teardown), it is in the state, so
-        # the end of the run or destroy stops it
-        state = self.store.write(state.with_standby(standby))
-        self._say(
-            f"{task.name}: warm standby started on {launched.host} "
-            f"({self.backend.handle_text(standby)})"
-        )
-        self.logs.follow(standby)
-        return state
-
-    def _check_standbys(self, state: State) -> State:
-        """Drop standbys that ended by themselves (counted: after a few, none any more) or
-        whose task no longer runs (and is not about to restart)."""
-        infos = self.backend.describe(list(state.standbys))
-        drop: set[str] = set()
-        for standby in state.standbys:
-            task = state.task(standby_task(standby.name))
-            info = infos.get(standby.name)
-            if task is None or not (task.running or task.name in self._pending):
-                drop.add(standby.name)
-            elif info is not None and info.phase.ended:
-                code = "killed or vanished" if info.exit_code is None else info.exit_code
-                self._standby_failed(task.name, f"ended ({code})")
-                drop.add(standby.name)
-        if drop:
-            state = stop_standbys(state, self.store, self.backend, self._say, drop)
-        return state
-
-    def _standby_failed(self, task: str, why: str) -> None:
-        failures = self._standby_failures.get(task, 0) + 1
-        self._standby_failures[task] = failures
-        if failures >= STANDBY_MAX_FAILURES:
-            self._say(
-                f"{task}: its warm standby {why}, {failures} times: no standby any more "
-                "(a restart starts a new process)"
-            )
-            return
-        retry = STANDBY_RETRY_SECS * failures
-        self._standby_after[task] = (time.monotonic() + retry, None)
-        self._say(f"{task}: its warm standby {why}; another one in {retry:.0f}s")
 
     def _decide(self, state: State) -> tuple[State, Outcome | None]:
         """The job-level lifecycle: (the state, None) while the job goes on, else how it ended.
