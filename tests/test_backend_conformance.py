@@ -1,5 +1,6 @@
 """One conformance suite for every backend: the contract of tfplan/backends/api.py, with real
-processes (the process backend over its local and SSH transports, and Slurm on the real bed).
+processes (the process backend over its local and SSH transports, cold and forked from a warm
+seed, and Slurm on the real bed).
 
 Each case launches small Python programs through ``Backend.launch`` and checks what the engine
 relies on: describe (running, then the exit code), log streaming in order, reading a file the
@@ -38,6 +39,7 @@ class Case:
     allocation: Allocation
     host: str  # the planned host name to launch on
     tmp: Path
+    warm: bool = False  # every task must be forked from the allocation's warm seed
 
 
 def _process_case(tmp: Path, kind: str, sshd: LoopbackSshd | None) -> Case:
@@ -72,7 +74,22 @@ def _docs_example() -> type[Backend]:
     return backend
 
 
-@pytest.fixture(params=["process-local", "process-ssh", "slurm", "docs-example"])
+def _warm_case(tmp: Path) -> Case:
+    """The process backend with a warm seed recorded in the allocation, as apply's allocate
+    leaves it: every task is forked from the seed, and release stops it."""
+    made = _process_case(tmp, "local", None)
+    backend = made.backend
+    seed = backend.start_seed("h", str(tmp / "seed"), PY, {})
+    deadline = time.monotonic() + 120
+    while not backend.seed_ready(seed):
+        assert time.monotonic() < deadline, "the warm seed did not get ready"
+        time.sleep(0.1)
+    allocation = Allocation(data={"seeds": [seed.to_dict()]})
+    assert backend.starts_warm("h", allocation)
+    return replace(made, allocation=allocation, warm=True)
+
+
+@pytest.fixture(params=["process-local", "process-warm", "process-ssh", "slurm", "docs-example"])
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     if request.param == "docs-example":
         nice = _docs_example()
@@ -81,6 +98,8 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
         )
     elif request.param == "process-local":
         made = _process_case(tmp_path, "local", None)
+    elif request.param == "process-warm":
+        made = _warm_case(tmp_path)
     elif request.param == "process-ssh":
         made = _process_case(tmp_path, "ssh", request.getfixturevalue("sshd_server"))
     else:
@@ -102,6 +121,8 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     finally:
         made.backend.release(made.allocation)
         made.backend.close()
+        for seed in made.allocation.data.get("seeds", []):
+            assert not _alive(int(seed["pid"])), "release left the warm seed running"
 
 
 @pytest.fixture
@@ -116,6 +137,15 @@ def _holder(tmp: Path) -> str:
     return str(script)
 
 
+def _program(case: Case, code: str) -> tuple[str, ...]:
+    """A Python program as a script of its own (a seed forks scripts and modules, not -c)."""
+    folder = case.tmp / "programs"
+    folder.mkdir(exist_ok=True)
+    script = folder / f"program-{len(list(folder.iterdir()))}.py"
+    script.write_text(textwrap.dedent(code))
+    return (PY, str(script))
+
+
 def _launch(
     case: Case, name: str, code: str, attempt: int = 0, keep: str | None = None
 ) -> TaskRecord:
@@ -125,7 +155,7 @@ def _launch(
         role=name.split("/")[0],
         index=int(name.split("/")[1]),
         host=case.host,
-        command=(PY, "-u", "-c", textwrap.dedent(code)),
+        command=_program(case, code),
         env={"TF_CONFIG": '{"task": {"type": "worker", "index": 0}}', "CONFORMANCE": "yes"},
         workdir=str(workdir),
         log_path=str(workdir / "task.log"),
@@ -134,6 +164,7 @@ def _launch(
     )
     launched = case.backend.launch(request, case.allocation)
     assert launched.handle and launched.started_at > 0
+    assert launched.handle.get("forked", False) is case.warm, launched
     return TaskRecord(
         name=name,
         role=request.role,
@@ -336,7 +367,7 @@ def test_a_standby_keeps_apart_from_its_task_and_goes_on_its_signal(case: Case) 
         role="ps",
         index=0,
         host=case.host,
-        command=(PY, "-u", "-c", textwrap.dedent(STANDBY_PROGRAM)),
+        command=_program(case, STANDBY_PROGRAM),
         env={"ROLE_OF_THIS": "standby"},
         workdir=str(workdir),
         log_path=str(workdir / "task.log.standby"),
