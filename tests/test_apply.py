@@ -137,6 +137,8 @@ def test_detach_status_logs_destroy(ws: Path) -> None:
     tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
     pids = _pids(state_of(ws))
     assert len(pids) == 3 and all(alive(p) for p in pids)
+    seeds = [int(s["pid"]) for s in state_of(ws)["allocation"]["data"]["seeds"]]
+    assert len(seeds) == 1 and alive(seeds[0]), "one warm seed for the one host, running"
     wait_until(lambda: "step=" in (ws / "work" / "worker-0" / "task.log").read_text(), 30, "a step")
     status = tfplan(ws, "status", check=True)
     for name in ("ps/0", "worker/0", "worker/1"):
@@ -154,6 +156,7 @@ def test_detach_status_logs_destroy(ws: Path) -> None:
     assert "Destroy complete! 3 task(s) stopped" in destroyed.stdout
     assert not [p for p in pids if alive(p)]
     assert state_of(ws)["tasks"] == []
+    assert not alive(seeds[0]) and state_of(ws)["allocation"] is None, "destroy left the seed"
 
 
 def test_dead_task_is_planned_for_replacement_and_replaced(ws: Path) -> None:

@@ -195,16 +195,21 @@ def test_killing_tfplan_leaves_tasks_running_and_watch_takes_over(ws: Path) -> N
         run.finish(timeout=10)
         tasks = state_of(ws)["tasks"]
         assert all(alive(t["handle"]["pid"]) for t in tasks), "tasks must outlive tfplan"
+        seeds = [int(s["pid"]) for s in state_of(ws)["allocation"]["data"]["seeds"]]
+        assert seeds and all(alive(p) for p in seeds), "the warm seed outlives tfplan too"
         status = tfplan(ws, "status", check=True)
         assert status.stdout.count("running") >= 3
         kill_task(ws, "worker/1")
         watch = ApplyRun(ws, [], verb=("watch",))
         recovered = watch.wait_for(r"worker/1: restarted on localhost", timeout=120)
+        restarted = next(t for t in state_of(ws)["tasks"] if t["name"] == "worker/1")
+        assert restarted["handle"].get("forked") is True, "watch forks from the recorded seed"
         # The chief stays held until the new worker/1 trains: released at the restart, it could
         # finish alone while the new process still imports TensorFlow (seen under load).
         rejoined = watch.wait_for(_first_step("worker/1"), timeout=120, after=recovered)
     _finish_and_check(watch, ws)
     _no_step_below(watch, "worker/1", rejoined, last_ckpt)  # it joined the live values
+    assert not [p for p in seeds if alive(p)], "the job's end stops the seed tfplan left"
 
 
 @pytest.mark.netns

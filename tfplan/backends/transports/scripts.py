@@ -452,10 +452,11 @@ def listening_ports(table: str) -> set[int]:
 
 def fork_script(requests: str, token: str, pgid: int, wait_secs: float) -> str:
     """Ask a warm seed (:mod:`.seed_agent`) for a task: write stdin as ``<requests>/<token>.json``
-    atomically, wake the seed's group with SIGUSR1, and print its answer (a PID, or
+    atomically, wake the seed's group with SIGUSR1 once it is ready (``ready`` beside
+    ``requests``: before, a signal could end a seed that has not blocked it yet, and the seed
+    reads what is waiting as soon as it is ready), and print its answer (a PID, or
     ``error: ...``) once it is there. Exits 3 when the seed's group is gone, 4 when no answer
-    came within ``wait_secs``. While the seed still imports (no ``ready`` beside ``requests``)
-    it looks every 0.2 s, then every 10 ms: the waiting costs the import no CPU."""
+    came within ``wait_secs``. While the seed imports it looks every 0.2 s, then every 10 ms."""
     request = f"{requests}/{token}.json"
     answer = f"{requests}/{token}.pid"
     ready = f"{posixpath.dirname(requests)}/ready"
@@ -463,11 +464,12 @@ def fork_script(requests: str, token: str, pgid: int, wait_secs: float) -> str:
     tries = max(int(wait_secs / 0.01), 1)
     return (
         write_file_script(request)
-        + f" && {{ kill -USR1 -{pgid} 2>/dev/null || {{ {gone} }}; }}"
-        + f"; i=0; while [ ! -s {q(answer)} ]; do "
+        + f" && s=0; i=0; while [ ! -s {q(answer)} ]; do "
         + f'[ "$i" -gt {tries} ] && {{ rm -f {q(request)}; '
         + f"echo 'did not answer within {wait_secs:.0f}s' >&2; exit 4; }}; "
-        + f"if [ -e {q(ready)} ]; then i=$((i+1)); sleep 0.01; "
-        + f"else i=$((i+20)); sleep 0.2; kill -0 -{pgid} 2>/dev/null || {{ {gone} }}; fi; done; "
+        + f"if [ -e {q(ready)} ]; then "
+        + f'[ "$s" = 0 ] && {{ kill -USR1 -{pgid} 2>/dev/null || {{ {gone} }}; s=1; }}; '
+        + "i=$((i+1)); sleep 0.01; "
+        + f"else kill -0 -{pgid} 2>/dev/null || {{ {gone} }}; i=$((i+20)); sleep 0.2; fi; done; "
         + f"cat {q(answer)}; rm -f {q(answer)}"
     )

@@ -7,7 +7,9 @@ paying the import again. A sweep keeps one per host while its points run (docs/s
 
 Protocol, all in FOLDER on the host:
 
-- ``ready``: written once the imports are done (``<pid> <seconds>``); requests made before wait.
+- ``ready``: written once the imports are done (``<pid> <seconds>``); requests made before wait,
+  and no one signals the seed before it is there (a signal before the seed blocked it would
+  end it).
 - ``requests/<token>.json``: a task to start (``argv``, ``env``, ``workdir``, ``log_path``,
   ``exit_file``), written atomically, then SIGUSR1 to this process's group.
 - ``requests/<token>.pid``: the answer, the PID of the started task, or ``error: <why>``.
@@ -212,6 +214,7 @@ def main() -> None:
     took = time.monotonic() - began
     print(f"seed ready in {took:.1f}s ({', '.join(modules) or 'nothing'} imported)", flush=True)
     _write_atomic(os.path.join(folder, "ready"), f"{os.getpid()} {took:.3f}\n")
+    seed.fork_requested()  # what was asked while it imported (no signal comes before ready)
     seed.serve()
 
 
