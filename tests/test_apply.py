@@ -144,6 +144,7 @@ def test_detach_status_logs_destroy(ws: Path) -> None:
     for name in ("ps/0", "worker/0", "worker/1"):
         assert name in status.stdout
     assert "running" in status.stdout
+    assert f"allocation: warm seed localhost (pid {seeds[0]})" in status.stdout, status.stdout
     logs = tfplan(ws, "logs", "worker/0", check=True)
     assert "worker/0" in logs.stdout and "step=" in logs.stdout
     missing = tfplan(ws, "logs", "worker/9")

@@ -427,6 +427,11 @@ class Backend(ABC):
         the plan may try the user's code here)."""
         return False
 
+    def allocation_text(self, allocation: Allocation) -> str | None:
+        """What the allocation holds, as users know it (``17``: a Slurm job; the process
+        backend's warm seeds), for ``tfplan status``; None when there is nothing to show."""
+        return allocation.id
+
     def starts_warm(self, host: str, allocation: Allocation | None = None) -> bool:
         """Whether a task (re)started on ``host`` now skips its program's imports, as a warm
         standby taking over would (tasks forked from a warm seed: an apply's, recorded in

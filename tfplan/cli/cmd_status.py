@@ -54,6 +54,7 @@ def run_status(args: argparse.Namespace) -> int:
             _row(backend, standby, infos.get(standby.name), tails.get(standby.name), True)
             for standby in sorted(state.standbys, key=task_order)
         ]
+        held = backend.allocation_text(state.allocation) if state.allocation else None
     supervisor = _supervisor(state)
     if args.json:
         data = {
@@ -111,8 +112,8 @@ def run_status(args: argparse.Namespace) -> int:
         out.print(line, highlight=False, soft_wrap=True)
     running = any(row["state"] in _RUNNING for row in rows)
     out.print(_supervisor_line(supervisor, running))
-    if state.allocation is not None and state.allocation.id is not None:
-        out.print(f"allocation: {state.allocation.id}")
+    if held:
+        out.print(f"allocation: {held}")
     return 0
 
 

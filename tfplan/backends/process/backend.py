@@ -270,6 +270,12 @@ class ProcessBackend(Backend):
         """Fork the tasks this backend launches from these seeds, where they can start them."""
         self._seeds = {seed.host: seed for seed in seeds}
 
+    def allocation_text(self, allocation: Allocation) -> str | None:
+        held = seeds.allocation_seeds(allocation)
+        if not held:
+            return allocation.id
+        return "warm seed " + ", ".join(f"{h} (pid {s.pid})" for h, s in sorted(held.items()))
+
     def starts_warm(self, host: str, allocation: Allocation | None = None) -> bool:
         return host in self._seeds or (
             allocation is not None and host in seeds.allocation_seeds(allocation)
