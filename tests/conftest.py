@@ -48,25 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _worker_group(item: pytest.Item) -> str:
-    """Which tests run one after the other on one worker when the suite runs in parallel
-    (``-n 2 --dist loadgroup``, as .ci/run does): a file's tests together (they may share a
-    module's fixtures, an experiment id or a folder), and every test of the Slurm and netns
-    test beds together (one Slurm cluster and one set of namespaces per run, not per worker)."""
-    if item.get_closest_marker("slurm") or item.get_closest_marker("netns"):
-        return "testbeds"
-    path = item.nodeid.split("::", 1)[0]
-    return item.nodeid if path in SPLIT_FILES else path
-
-
-# Files whose tests share nothing but the machine (each its own folder and ports): spread over
-# the workers test by test, as they are long.
-SPLIT_FILES = {"tests/test_bench_smoke.py"}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
     if config.getoption("--tier") == "full":
         return
     kept, deselected = [], []
