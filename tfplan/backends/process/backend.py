@@ -220,7 +220,9 @@ class ProcessBackend(Backend):
         env = {**request.env, "TF_CONFIG": request.tf_config} if request.tf_config else request.env
         note = ""
         if seed is not None and forkable(seed, request.command, env):
-            forked = seeds.fork(self.pool, seed, request, env, exit_file)
+            # the delivery's environment: TF_CONFIG, or TF_CONFIG_FILE when it is too large to
+            # pass on to what the task starts (the seed reads the file in, as the launcher does)
+            forked = seeds.fork(self.pool, seed, request, delivery.env, exit_file)
             if isinstance(forked, Launched):
                 return forked
             note = f"a cold start: the warm seed on {request.host} {forked}"

@@ -102,6 +102,12 @@ def _run_task(
         env = {**base_env, **request["env"], "TFPLAN_EXIT_FILE": request["exit_file"]}
         os.environ.clear()
         os.environ.update(env)
+        if "TF_CONFIG_FILE" in env and "TF_CONFIG" not in env:
+            # too large for one environment string: the task reads it in its own interpreter,
+            # and what it starts gets TF_CONFIG_FILE (as tfplan's launcher does for cold starts)
+            with open(env["TF_CONFIG_FILE"]) as config:
+                os.environ["TF_CONFIG"] = config.read()
+            os.unsetenv("TF_CONFIG")
         argv = list(request["argv"])
         if argv[1] == "-m":
             first, run = workdir, ("module", argv[2])
