@@ -15,7 +15,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _plain_python(fn: _F) -> _F:
     """Mark ``fn`` as TensorFlow's ``do_not_convert`` does (without importing TensorFlow): a
     ``tf.function`` that calls it (ParameterServerStrategy's dataset_fn) runs it as plain Python
-    instead of having AutoGraph rewrite this module, and sklearn's, on every trace."""
+    instead of having AutoGraph rewrite this module on every trace."""
     fn.autograph_info__ = frozenset()  # type: ignore[attr-defined]
     return fn
 
