@@ -141,9 +141,17 @@ def base_overrides(tmp: Path, port_base: int, experiment: str = "t") -> list[str
     ]
 
 
-def fake_overrides(tmp: Path, **args: str) -> list[str]:
-    script = tmp / "fake_task.py"
-    script.write_text(FAKE_TASK)
+# The first line of a test program that stands for a TensorFlow program: tfplan starts a warm
+# seed only for programs that may import TensorFlow (a script, or a .py file beside it, naming
+# it), and forked from the seed the import is done already (it costs nothing there).
+TENSORFLOW_PROGRAM = "import tensorflow  # noqa: F401 - a training program's import\n"
+
+
+def fake_overrides(tmp: Path, tensorflow: bool = False, **args: str) -> list[str]:
+    """The fake task as ``recipe.command``; ``tensorflow``: as a TensorFlow program (forked
+    from the host's warm seed; without, it starts cold: it never imports TensorFlow)."""
+    script = tmp / ("fake_tf_task.py" if tensorflow else "fake_task.py")
+    script.write_text((TENSORFLOW_PROGRAM if tensorflow else "") + FAKE_TASK)
     extra = " ".join(f"{k}={v}" for k, v in args.items())
     return ["recipe=command", f"recipe.command='{sys.executable} {script} {extra}'".rstrip()]
 

@@ -59,9 +59,13 @@ os.replace(os.path.join(out, "result.json.tmp"), os.path.join(out, "result.json"
 """
 
 
-def result_task(tmp: Path) -> Path:
-    script = tmp / "result_task.py"
-    script.write_text(RESULT_TASK)
+def result_task(tmp: Path, tensorflow: bool = False) -> Path:
+    """The result task's script; ``tensorflow``: as a TensorFlow program (its first line imports
+    TensorFlow: a warm seed forks it, where the import is done already), else it starts cold."""
+    from apply_helpers import TENSORFLOW_PROGRAM
+
+    script = tmp / ("result_tf_task.py" if tensorflow else "result_task.py")
+    script.write_text((TENSORFLOW_PROGRAM if tensorflow else "") + RESULT_TASK)
     return script
 
 

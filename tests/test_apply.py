@@ -132,7 +132,7 @@ def test_detach_status_logs_destroy(ws: Path) -> None:
     port = free_port_base()
     overrides = [
         *base_overrides(ws, port),
-        *fake_overrides(ws, steps=FOREVER, step_secs="0.1", worker_secs=FOREVER),
+        *fake_overrides(ws, tensorflow=True, steps=FOREVER, step_secs="0.1", worker_secs=FOREVER),
     ]
     tfplan(ws, "apply", "--auto-approve", "--detach", *overrides, check=True)
     pids = _pids(state_of(ws))

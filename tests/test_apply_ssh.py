@@ -245,7 +245,7 @@ def test_a_sweep_over_ssh_forks_its_tasks_from_the_hosts_warm_seed(
             "ssh_known_hosts": str(sshd_server.known_hosts),
         },
     )
-    script = result_task(ws)
+    script = result_task(ws, tensorflow=True)
     run = command(script, steps="3")  # the host's python is this one (sshd on loopback)
     proc = tfplan(
         ws,

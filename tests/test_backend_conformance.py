@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from apply_helpers import TENSORFLOW_PROGRAM
 from slurm_testbed import SlurmTestbed
 from testbed import LoopbackSshd
 
@@ -142,7 +143,8 @@ def _program(case: Case, code: str) -> tuple[str, ...]:
     folder = case.tmp / "programs"
     folder.mkdir(exist_ok=True)
     script = folder / f"program-{len(list(folder.iterdir()))}.py"
-    script.write_text(textwrap.dedent(code))
+    # forked from a warm seed, a program is a TensorFlow program (a seed forks only those)
+    script.write_text((TENSORFLOW_PROGRAM if case.warm else "") + textwrap.dedent(code))
     return (PY, str(script))
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from apply_helpers import (
+    TENSORFLOW_PROGRAM,
     alive,
     base_overrides,
     free_port_base,
@@ -136,10 +137,11 @@ def via(request: pytest.FixtureRequest, ws: Path) -> Via:
 LOCAL = Via("localhost", [], {})
 
 
-def _args(ws: Path, *extra: str, via: Via = LOCAL) -> list[str]:
-    """A cluster of every role: ps/0, chief/0, worker/0, worker/1 and evaluator/0."""
+def _args(ws: Path, *extra: str, via: Via = LOCAL, warm: bool = False) -> list[str]:
+    """A cluster of every role: ps/0, chief/0, worker/0, worker/1 and evaluator/0; ``warm``: the
+    program as a TensorFlow program, forked from the host's warm seed (else cold starts)."""
     program = ws / "program.py"
-    program.write_text(PROGRAM)
+    program.write_text((TENSORFLOW_PROGRAM if warm else "") + PROGRAM)
     return [
         *via.args,
         *base_overrides(ws, free_port_base()),
@@ -150,7 +152,7 @@ def _args(ws: Path, *extra: str, via: Via = LOCAL) -> list[str]:
         "lifecycle.restart.backoff_secs=0.2",
         # the cold start: a wrapper and its program (a task forked from the host's warm seed
         # has no wrapper: test_a_forked_task_is_forked_again_and_nothing_is_left)
-        "cluster.warm=false",
+        *(() if warm else ("cluster.warm=false",)),
         *extra,
     ]
 
@@ -249,7 +251,7 @@ def test_a_forked_task_is_forked_again_and_nothing_is_left(ws: Path, victim: str
     """Warm starts (the default): every task is forked from its host's warm seed (its pid is
     the program's own, no wrapper); killed, it is forked again, and when the run ends no
     program of any life and no seed is left, and the state holds no allocation."""
-    run = ApplyRun(ws, [a for a in _args(ws) if a != "cluster.warm=false"])
+    run = ApplyRun(ws, _args(ws, warm=True))
     lives = Lives(ws)
     up, program = _up(run, victim)
     run.wait_for(r"^chief/0\s+\| step=", 60)

@@ -13,12 +13,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from apply_helpers import alive, wait_until
+from apply_helpers import TENSORFLOW_PROGRAM, alive, wait_until
 
 import tfplan.backends.process.seeds as process_seeds
 from tfplan.backends.api import LaunchRequest, TaskPhase
 from tfplan.backends.process import ProcessBackend
-from tfplan.backends.transports.seeds import WarmSeed, fork_request, forkable, seed_env
+from tfplan.backends.transports.seeds import (
+    WarmSeed,
+    fork_request,
+    forkable,
+    seed_env,
+    worth_a_seed,
+)
 from tfplan.planning.plan import BackendRef
 from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
 
@@ -38,6 +44,33 @@ def test_a_seed_forks_its_own_python_running_a_module_or_a_script() -> None:
     assert not forkable(seed, (PY, "-u", "train.py"), {})  # interpreter options: cold start
     assert not forkable(seed, ("/bin/sh", "run.sh"), {})
     assert not forkable(seed, (), {})
+
+
+def test_a_seed_is_worth_it_only_for_a_program_that_may_import_tensorflow(tmp_path: Path) -> None:
+    """A seed saves a task TensorFlow's import, nothing else: a program whose script and the
+    .py files beside it never name TensorFlow or Keras starts cold (it would only wait)."""
+    alone, beside, unreadable = tmp_path / "alone", tmp_path / "beside", tmp_path / "gone"
+    for folder in (alone, beside):
+        folder.mkdir()
+        (folder / "probe.py").write_text("import json, os\nprint(os.environ['TF_CONFIG'])\n")
+    assert not worth_a_seed((PY, str(alone / "probe.py")))
+    (beside / "model.py").write_text("from tensorflow import keras\n")  # what probe may import
+    assert worth_a_seed((PY, str(beside / "probe.py"), "lr=0.1"))
+    assert worth_a_seed((PY, "probe.py"), workdir=str(beside))  # relative: the task's folder
+    (alone / "probe.py").write_text("import keras\n")  # the answer follows the file's changes
+    os.utime(alone / "probe.py", ns=(1, 1))
+    assert worth_a_seed((PY, str(alone / "probe.py")))
+    (alone / "probe.py").write_text("import tensorflow_probability_free_text = 1\n")
+    os.utime(alone / "probe.py", ns=(2, 2))
+    assert not worth_a_seed((PY, str(alone / "probe.py")))  # a longer word is not the name
+    # not readable here (on another host only), a module: a training program is assumed
+    assert worth_a_seed((PY, str(unreadable / "train.py")))
+    assert worth_a_seed((PY, "-m", "mypkg.train"))
+    assert worth_a_seed((PY, "-m", "recipes.train", "--config", "run.yaml"))
+    # what a seed never forks
+    assert not worth_a_seed((PY, "-c", "import tensorflow"))
+    assert not worth_a_seed(("/bin/sh", str(beside / "probe.py")))
+    assert not worth_a_seed(())
 
 
 def test_values_read_at_import_must_match_the_seeds() -> None:
@@ -101,7 +134,7 @@ def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Process
 
 def _request(tmp: Path, name: str, *args: str) -> LaunchRequest:
     script = tmp / "task.py"
-    script.write_text(TASK)
+    script.write_text(TENSORFLOW_PROGRAM + TASK)  # a seed forks TensorFlow programs only
     workdir = str(tmp / name.replace("/", "-"))
     return LaunchRequest(
         name=name,
@@ -153,9 +186,16 @@ def _started_seed(backend: ProcessBackend, tmp: Path) -> WarmSeed:
 
 
 def _first_line(path: str) -> dict[str, object]:
+    """The task's own first line (TensorFlow's C++ runtime may print its notices before it:
+    the seed imported TensorFlow without the recipes' quiet log level)."""
     log = Path(path)
-    wait_until(lambda: log.exists() and log.read_text().strip(), 30, f"a line in {path}")
-    data: dict[str, object] = json.loads(Path(path).read_text().splitlines()[0])
+
+    def report() -> list[str]:
+        text = log.read_text() if log.exists() else ""
+        return [line for line in text.splitlines() if line.startswith("{")]
+
+    wait_until(report, 30, f"the task's line in {path}")
+    data: dict[str, object] = json.loads(report()[0])
     return data
 
 

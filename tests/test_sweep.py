@@ -405,7 +405,7 @@ def _seed_pids(folder: Path) -> list[int]:
 
 def test_points_fork_their_tasks_from_a_warm_seed_that_ends_with_the_sweep(ws: Path) -> None:
     port = free_port_base(30)
-    script = result_task(ws)
+    script = result_task(ws, tensorflow=True)
     overrides = [*sweep_overrides(ws, port), "recipe=command", f"recipe.command={command(script)}"]
     proc = tfplan(ws, "apply", "-m", "--auto-approve", *overrides, "algo.lr=0.03,0.06", check=True)
     assert "sweep tfplan | warm seed on localhost ready in" in proc.stdout
@@ -438,7 +438,7 @@ def test_points_fork_their_tasks_from_a_warm_seed_that_ends_with_the_sweep(ws: P
 
 def test_a_ps_killed_in_a_warm_sweep_is_forked_again_and_the_point_goes_on(ws: Path) -> None:
     port = free_port_base(30)
-    script = result_task(ws)
+    script = result_task(ws, tensorflow=True)
     barrier = ws / "barrier"  # the chief makes no step before the test signs in too
     held = command(script, steps="3", barrier=str(barrier), parties="2")
     run = BackgroundTfplan(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tfplan.backends import backend_class, open_backend
 from tfplan.backends.api import Backend
-from tfplan.backends.transports.seeds import WarmSeed, seed_env
+from tfplan.backends.transports.seeds import WarmSeed, seed_env, worth_a_seed
 from tfplan.errors import TfplanError
 from tfplan.files import write_atomic
 from tfplan.planning.plan import Plan
@@ -64,7 +64,7 @@ class SweepSeeds:
             for task in plan.tasks:
                 if task.host in self._seeds or task.host in self._failed:
                     continue
-                if len(task.command) >= 2 and task.host not in wanted:
+                if worth_a_seed(task.command, task.workdir) and task.host not in wanted:
                     wanted[task.host] = task
             started = [self._start(host, task, plan) for host, task in wanted.items()]
             for seed in started:

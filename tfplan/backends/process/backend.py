@@ -35,7 +35,7 @@ from tfplan.backends.transports.preflight import (
     raise_for_preflight,
 )
 from tfplan.backends.transports.scripts import handle_exit_file, standby_exit_file
-from tfplan.backends.transports.seeds import WarmSeed, forkable
+from tfplan.backends.transports.seeds import WarmSeed, forkable, worth_a_seed
 from tfplan.backends.transports.specs import HostTarget, LaunchSpec
 from tfplan.errors import BackendError
 from tfplan.planning.plan import BackendRef, Plan, Task
@@ -219,7 +219,11 @@ class ProcessBackend(Backend):
         seed = self._seeds.get(request.host) or seeds.allocation_seeds(allocation).get(request.host)
         env = {**request.env, "TF_CONFIG": request.tf_config} if request.tf_config else request.env
         note = ""
-        if seed is not None and forkable(seed, request.command, env):
+        if (
+            seed is not None
+            and forkable(seed, request.command, env)
+            and worth_a_seed(request.command, request.workdir)
+        ):
             # the delivery's environment: TF_CONFIG, or TF_CONFIG_FILE when it is too large to
             # pass on to what the task starts (the seed reads the file in, as the launcher does)
             forked = seeds.fork(self.pool, seed, request, delivery.env, exit_file)

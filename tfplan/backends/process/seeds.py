@@ -22,8 +22,8 @@ from tfplan.backends.transports.seeds import (
     WarmSeed,
     fork_request,
     forkable,
-    runs_python_code,
     seed_env,
+    worth_a_seed,
 )
 from tfplan.backends.transports.specs import LaunchSpec
 from tfplan.errors import BackendError
@@ -120,14 +120,14 @@ def start_seeds(
     say: Say,
     submitted: Callable[[Allocation], None],
 ) -> Allocation:
-    """A warm seed on each host of ``tasks`` that has Python tasks and no live seed that can
-    fork them; one that cannot start is said, and that host's tasks start cold. The seeds are
+    """A warm seed on each host of ``tasks`` that has Python tasks a seed saves TensorFlow's
+    import (:func:`worth_a_seed`) and no live seed that can fork them; one that cannot start is said, and that host's tasks start cold. The seeds are
     recorded in the allocation (and it is submitted) as soon as they start."""
     seeds = allocation_seeds(allocation)
     alive = _seeds_alive(pool, list(seeds.values()))
     wanted: dict[str, Task] = {}
     for task in tasks:
-        if task.host in wanted or not runs_python_code(task.command):
+        if task.host in wanted or not worth_a_seed(task.command, task.workdir):
             continue
         seed = seeds.get(task.host)
         if seed is not None and alive.get(seed.host) and forkable(seed, task.command, task.env):

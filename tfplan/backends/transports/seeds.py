@@ -15,12 +15,17 @@ which tasks a seed can start, and the records kept of seeds.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tfplan.planning.tf_config import is_python
 
 __all__ = [
     "AGENT_SOURCE",
@@ -29,6 +34,8 @@ __all__ = [
     "WarmSeed",
     "fork_request",
     "forkable",
+    "names_tensorflow",
+    "worth_a_seed",
     "runs_python_code",
     "seed_env",
 ]
@@ -104,6 +111,57 @@ def runs_python_code(command: Sequence[str]) -> bool:
     if len(command) >= 3 and command[1] == "-m":
         return True
     return len(command) >= 2 and command[1].endswith(".py") and not command[1].startswith("-")
+
+
+# A program whose files never name these cannot import TensorFlow itself: a seed would only make
+# it wait for an import it never does (the seed's seconds of CPU, for nothing).
+_TENSORFLOW_NAMES = re.compile(rb"\b(tensorflow|keras|tf_keras)\b")
+_SCAN_FILES = 200  # .py files of the script's folder read at most
+_SCAN_BYTES = 1 << 20  # of each
+
+
+def worth_a_seed(command: Sequence[str], workdir: str = "") -> bool:
+    """Whether a seed would save this task TensorFlow's import: a Python module or script
+    (``runs_python_code``) that may import TensorFlow (:func:`names_tensorflow`)."""
+    if not runs_python_code(command) or not is_python(command[0]):
+        return False
+    if command[1] == "-m":
+        return True  # a module (the built-in recipes): found on the task's path, on its host
+    script = command[1]
+    if not os.path.isabs(script) and workdir:
+        script = os.path.join(workdir, script)
+    return names_tensorflow(script)
+
+
+def names_tensorflow(script: str) -> bool:
+    """Whether the script, or a ``.py`` file beside it (the modules it may import), names
+    ``tensorflow``, ``keras`` or ``tf_keras``. True when the script cannot be read here (it
+    lives on another host only): a training program is assumed, and a seed is worth it."""
+    try:
+        stat = os.stat(script)
+    except OSError:
+        return True
+    return _names_tensorflow(os.path.abspath(script), stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _names_tensorflow(script: str, mtime_ns: int) -> bool:
+    folder = os.path.dirname(script)
+    try:
+        siblings = sorted(
+            os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".py")
+        )
+    except OSError:
+        siblings = []
+    for path in [script, *[s for s in siblings if s != script][:_SCAN_FILES]]:
+        try:
+            with open(path, "rb") as source:
+                if _TENSORFLOW_NAMES.search(source.read(_SCAN_BYTES)):
+                    return True
+        except OSError:
+            if path == script:
+                return True
+    return False
 
 
 def forkable(seed: WarmSeed, command: Sequence[str], env: Mapping[str, str]) -> bool:
