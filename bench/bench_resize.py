@@ -74,7 +74,7 @@ def job_step(ws: Path, experiment: str) -> int:
 
 
 def rate(ws: Path, experiment: str) -> float:
-    """The job's examples/s over WINDOW_SECS (global steps x batch)."""
+    """The job's examples/s over WINDOW_SECS (global steps x batch; ``--window``)."""
     a, t0 = job_step(ws, experiment), time.monotonic()
     time.sleep(WINDOW_SECS)
     b, t1 = job_step(ws, experiment), time.monotonic()
@@ -182,8 +182,11 @@ def one_round(ws: Path, index: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--window", type=float, default=6.0, help="seconds per examples/s")
     parser.add_argument("--out", default=str(REPO / "docs" / "bench_resize.md"))
     args = parser.parse_args()
+    global WINDOW_SECS  # noqa: PLW0603 - one setting of the whole run
+    WINDOW_SECS = args.window
     rounds = []
     with tempfile.TemporaryDirectory(prefix="tfplan-resize-") as tmp:
         for i in range(args.repeats):

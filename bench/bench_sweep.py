@@ -1,6 +1,7 @@
 """Sweeps: wall time against the points' training, cold tasks against tasks forked from a seed.
 
-    .venv/bin/python bench/bench_sweep.py [--points 8] [--repeats 1] [--out docs/bench_sweep.md]
+    .venv/bin/python bench/bench_sweep.py [--points 8] [--repeats 1] [--steps 1000]
+        [--prune-steps 6000] [--concurrency 1,2] [--out docs/bench_sweep.md]
 
 One run holds both ways side by side, alternating, on the default experiment (`cluster=local
 algo=downpour`, digits, 1,000 steps), sweeping `algo.lr` over N values:
@@ -48,9 +49,9 @@ FIRST_STEP = re.compile(r"first step ([0-9.]+)s after launch")
 # Learning rates some of which crawl (1e-4 .. 1e-3) or are too large, in an order a search
 # might try them; 6,000 steps with an evaluator scoring checkpoints every half second.
 PRUNE_LRS = ["0.1", "0.0005", "0.3", "0.0002", "0.05", "0.001", "0.2", "0.0001"]
+PRUNE_STEPS = 6000
 PRUNE_SWEEP = (
     "cluster.evaluator=true",
-    "trainer.max_steps=6000",
     "trainer.eval_secs=0.5",
     "sweep.prune_startup_points=2",
 )
@@ -147,34 +148,47 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=8)
     parser.add_argument("--prune-points", type=int, default=len(PRUNE_LRS))
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=1000, help="trainer.max_steps of a point")
+    parser.add_argument("--prune-steps", type=int, default=PRUNE_STEPS, help="of a pruning point")
+    parser.add_argument(
+        "--concurrency", default="1,2", help="the --concurrency values swept, comma-separated"
+    )
     parser.add_argument("--out", default=str(REPO / "docs" / "bench_sweep.md"))
     args = parser.parse_args()
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    steps = (f"trainer.max_steps={args.steps}",)
+    prune_sweep = (*PRUNE_SWEEP, f"trainer.max_steps={args.prune_steps}")
     lrs = [f"{0.01 * (i + 1):.2f}" for i in range(args.points)]
     prune_lrs = PRUNE_LRS[: args.prune_points]
     runs: list[dict[str, Any]] = []
     prunes: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tfplan-sweep-bench-") as tmp:
         for i in range(args.repeats):
-            for warm, concurrency in ((False, 1), (True, 1), (False, 2), (True, 2)):
-                name = f"{'warm' if warm else 'cold'}{concurrency}-{i}"
-                runs.append(one_sweep(Path(tmp), name, warm, lrs, concurrency))
-                print(json.dumps(runs[-1]), flush=True)
+            for concurrency in concurrencies:
+                for warm in (False, True):
+                    name = f"{'warm' if warm else 'cold'}{concurrency}-{i}"
+                    runs.append(one_sweep(Path(tmp), name, warm, lrs, concurrency, steps))
+                    print(json.dumps(runs[-1]), flush=True)
             for prune in ("none", "median"):
-                extra = (*PRUNE_SWEEP, f"sweep.prune={prune}")
+                extra = (*prune_sweep, f"sweep.prune={prune}")
                 name = f"prune-{prune}-{i}"
                 run = one_sweep(Path(tmp), name, True, prune_lrs, 1, extra)
                 prunes.append({**run, "prune": prune})
                 print(json.dumps(prunes[-1]), flush=True)
 
-    def med(warm: bool, key: str, concurrency: int = 1) -> float:
+    def med(warm: bool, key: str, concurrency: int = 1) -> float | None:
         chosen = [r[key] for r in runs if r["warm"] == warm and r["concurrency"] == concurrency]
-        return statistics.median(chosen)
+        return statistics.median(chosen) if chosen else None
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:g}"
 
     lines = [
         "# Sweeps: cold tasks against tasks forked from a warm seed (bench/bench_sweep.py)",
         "",
         f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"{args.points}-point sweeps of `cluster=local algo=downpour` (3 tasks, 1,000 steps) "
+        f"{args.points}-point sweeps of `cluster=local algo=downpour` (3 tasks, {args.steps:,} "
+        "steps) "
         f"over `algo.lr`, cold and warm alternating, {args.repeats} of each, medians.",
         "",
         "| measure | cold (`sweep.warm=false`) | warm (default) | warm / cold | cold, "
@@ -190,8 +204,10 @@ def main() -> None:
     ):
         cold, warm = med(False, key), med(True, key)
         cold2, warm2 = med(False, key, 2), med(True, key, 2)
-        share = f"{warm / cold:.2f}x" if cold else "-"
-        lines.append(f"| {label} | {cold:g} | {warm:g} | {share} | {cold2:g} | {warm2:g} |")
+        share = f"{warm / cold:.2f}x" if cold and warm is not None else "-"
+        lines.append(
+            f"| {label} | {cell(cold)} | {cell(warm)} | {share} | {cell(cold2)} | {cell(warm2)} |"
+        )
 
     def pmed(prune: str, key: str) -> float:
         return statistics.median(r[key] for r in prunes if r["prune"] == prune)
@@ -207,7 +223,7 @@ def main() -> None:
     lines += [
         "",
         f"Pruning: {len(prune_lrs)} points, `algo.lr` in that order "
-        f"({', '.join(prune_lrs)}), `{' '.join(PRUNE_SWEEP)}`, warm; medians.",
+        f"({', '.join(prune_lrs)}), `{' '.join(prune_sweep)}`, warm; medians.",
         "",
         "| measure | `sweep.prune=none` | `sweep.prune=median` | median / none |",
         "|---|---|---|---|",

@@ -128,6 +128,32 @@ def test_failed_worker_is_reported_and_training_goes_on(ws: Path) -> None:
     assert "step=15" in proc.stdout
 
 
+def test_an_evaluator_restart_due_when_the_chief_succeeds_still_scores(ws: Path) -> None:
+    """The evaluator fails while the job trains, and its restart is due only after the chief
+    has succeeded (the chief makes no step before the evaluator's gate, then three; the
+    restart waits 5 s): it still starts, for the work an evaluator has left after training,
+    the final checkpoint's score; the run waits for it and ends as the chief did."""
+    proc = tfplan(
+        ws,
+        "apply",
+        "--auto-approve",
+        *base_overrides(ws, free_port_base()),
+        *fake_overrides(ws, steps="3", worker_exit="1", worker_secs="0.2", gate=str(ws / "g")),
+        "cluster.workers=1",
+        "cluster.evaluator=true",
+        "lifecycle.restart.evaluator=OnFailure",
+        "lifecycle.restart.backoff_secs=5",
+        check=True,
+    )
+    out = proc.stdout
+    assert "evaluator/0 failed (exit code 1): restarting in 5.0s" in out, out
+    succeeded = out.index("worker/0 succeeded")
+    restarted = out.index("evaluator/0: restarted on localhost")
+    assert succeeded < restarted, out
+    assert out.count("evaluator/0 up, cluster of") == 2, out  # both lives ran
+    assert "Training complete" in out
+
+
 def test_detach_status_logs_destroy(ws: Path) -> None:
     port = free_port_base()
     overrides = [

@@ -137,7 +137,8 @@ def test_bench_explain(tmp_path: Path) -> None:
 @pytest.mark.timeout(1000)
 def test_bench_resize(tmp_path: Path) -> None:
     out = tmp_path / "bench_resize.md"
-    run_bench("bench_resize.py", "--repeats", "1", "--out", str(out), cwd=tmp_path, timeout=900)
+    args = ["--repeats", "1", "--window", "1", "--out", str(out)]
+    run_bench("bench_resize.py", *args, cwd=tmp_path, timeout=900)
     text = out.read_text()
     assert figure(text, "| apply -> both new workers' first step (s)") > 0
     assert figure(text, "| global steps rolled back") == 0
@@ -148,8 +149,10 @@ def test_bench_resize(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_sweep(tmp_path: Path) -> None:
     out = tmp_path / "bench_sweep.md"
-    args = ["--points", "2", "--prune-points", "3", "--out", str(out)]
-    run_bench("bench_sweep.py", *args, cwd=tmp_path, timeout=540)
+    args = ["--points", "2", "--prune-points", "3", "--steps", "200", "--prune-steps", "600"]
+    run_bench(
+        "bench_sweep.py", *args, "--concurrency", "1", "--out", str(out), cwd=tmp_path, timeout=540
+    )
     text = out.read_text()
     assert figure(text, "| wall / training") > 1
     assert figure(text, "| apply -> first step, points after the first (s, median)") > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,16 @@ from tfplan.cli.output import (
 )
 from tfplan.cli.render import print_lines, print_plan, targeting_warning
 from tfplan.cli.sweep import add_sweep_arguments, run_sweep_command
-from tfplan.engine.background import start_background_supervisor
+from tfplan.engine.background import start_background_supervisor, take_over_from_background
 from tfplan.engine.lognoise import shows_tf_noise
 from tfplan.engine.plans import check_user_code, make_plan
 from tfplan.engine.refresh import refreshed_state
 from tfplan.engine.runner import ExperimentRun
 from tfplan.engine.supervisor import Outcome
 from tfplan.engine.workspace import Workspace
-from tfplan.errors import ApplyError, TfplanError
+from tfplan.errors import ApplyError, StaleStateError, TfplanError
 from tfplan.planning.plan import Action, Plan
+from tfplan.planning.state import check_plan_is_current
 
 __all__ = ["add_parsers", "run_apply"]
 
@@ -82,15 +84,16 @@ def run_apply(args: argparse.Namespace) -> int:
         return run_sweep_command(args, args.args, dry_run=False)
     out = console()
     workspace = workspace_from(args.workspace)
-    plan, planned_now, config_yaml = _plan_to_apply(args, workspace, out)
-    if planned_now:
+    plan, replan, config_yaml = _plan_to_apply(args, workspace, out)
+    say = lambda line: out.print(f"tfplan | {line}", highlight=False)  # noqa: E731
+    if replan is not None:
         print_plan(plan, out, args.render)
         if plan.has_changes and not approved(
             out, "Do you want to perform these actions?", args.auto_approve
         ):
             out.print("Apply cancelled.")
             return 1
-    say = lambda line: out.print(f"tfplan | {line}", highlight=False)  # noqa: E731
+        plan = _still_current(plan, workspace, replan, say)
     with ExperimentRun(plan, workspace, say, config_yaml) as run:
         started = time.monotonic()
         with start_progress(out) as progress:
@@ -124,8 +127,9 @@ def run_apply(args: argparse.Namespace) -> int:
 
 def _plan_to_apply(
     args: argparse.Namespace, workspace: Workspace, out: Console
-) -> tuple[Plan, bool, str | None]:
-    """(the plan, whether it was made just now, the resolved config when composed here)."""
+) -> tuple[Plan, Callable[[], Plan] | None, str | None]:
+    """(the plan; when it was made just now, how to make it again against the state as it is
+    then; the resolved config when composed here)."""
     overrides = [a for a in args.args if "=" in a or a.startswith(("+", "~"))]
     files = [a for a in args.args if a not in overrides]
     if files and overrides:
@@ -142,20 +146,65 @@ def _plan_to_apply(
             "(tfplan plan OVERRIDES -target NAME, then tfplan apply)"
         )
     if files:
-        return _saved_plan(workspace, Path(files[0])), False, None
+        return _saved_plan(workspace, Path(files[0])), None, None
     if not overrides and workspace.default_plan_path.exists():
         plan = _saved_plan(workspace, None)
         out.print(f"Applying the saved plan {workspace.default_plan_path}")
-        return plan, False, None
+        return plan, None, None
     from omegaconf import OmegaConf
 
     from tfplan.config.compose import compose_config, to_config
 
     composed = compose_config(overrides, args.config_dir)
     cfg = to_config(composed)
-    state = refreshed_state(workspace.store(cfg.experiment.id))
-    plan = make_plan(cfg, state, targets=args.targets)
-    return plan, True, OmegaConf.to_yaml(composed)
+
+    def replan() -> Plan:
+        return make_plan(
+            cfg, refreshed_state(workspace.store(cfg.experiment.id)), targets=args.targets
+        )
+
+    return replan(), replan, OmegaConf.to_yaml(composed)
+
+
+def _still_current(
+    plan: Plan, workspace: Workspace, replan: Callable[[], Plan], say: Callable[[str], None]
+) -> Plan:
+    """The plan made just now, checked against the state once a background supervisor of the
+    experiment has let go (the run takes over from it anyway; here first): while the plan
+    waited for approval, the supervisor may have recorded tasks that ended or restarted. Then
+    it is made again: the same changes go ahead as that plan; other changes are refused, and
+    the supervisor is started again.
+
+    Raises:
+        StaleStateError: the changes are not the ones approved any more.
+    """
+    store = workspace.store(plan.experiment_id)
+    before = store.load()
+    supervised = before is not None and before.supervisor is not None and before.supervisor.detached
+    take_over_from_background(store, say)
+    try:
+        check_plan_is_current(plan.state_lineage, plan.state_serial, store.load())
+        return plan
+    except StaleStateError:
+        again = replan()
+    if _changes(again) == _changes(plan):
+        say(
+            "the state moved on while the plan waited for approval (a task ended or "
+            "restarted): planned again, the same changes"
+        )
+        return again
+    now = store.load()
+    if supervised and now is not None and now.running:
+        log = store.folder / "supervisor.log"
+        start_background_supervisor(store, workspace.root, plan.experiment_id, log)
+    raise StaleStateError(
+        "the state moved on while the plan waited for approval (a task ended or restarted) and "
+        "the changes are not the ones approved any more: run `tfplan apply` again to see them"
+    )
+
+
+def _changes(plan: Plan) -> list[tuple[str, str]]:
+    return sorted((c.task, c.action.value) for c in plan.changes)
 
 
 def _saved_plan(workspace: Workspace, path: Path | None) -> Plan:

@@ -82,6 +82,11 @@ def ended_status(info: TaskInfo | None) -> tuple[TaskStatus, int | None] | None:
     return status, info.exit_code
 
 
+def _scores(name: str) -> bool:
+    """Whether the task is an evaluator (its work goes on after the chief's: the last score)."""
+    return name.split("/", 1)[0] == "evaluator"
+
+
 def _exit(task: TaskRecord) -> str:
     return "killed or vanished" if task.exit_code is None else f"exit code {task.exit_code}"
 
@@ -372,7 +377,7 @@ class Supervisor:
             if when > now or task is None:
                 continue
             del self._pending[name]
-            if self._done_at is not None:
+            if self._done_at is not None and not _scores(name):
                 continue
             again = self.standbys.wait_until(state, task, now)
             if again is not None:
@@ -424,7 +429,9 @@ class Supervisor:
         policy = state.policy
         if chief is not None and chief.status is TaskStatus.SUCCEEDED and self._done_at is None:
             self._done_at = now
-            self._pending.clear()
+            # an evaluator's due restart still goes ahead: scoring the final checkpoint is the
+            # work it has left; any other task's would only train on
+            self._pending = {n: w for n, w in self._pending.items() if _scores(n)}
             state = stop_standbys(state, self.store, self.backend, self._say)
         if self._done_at is not None:
             overdue = [
@@ -437,7 +444,7 @@ class Supervisor:
                     state, overdue, self.store, self.backend, self._say, forget=False
                 )
                 running = [t for t in running if t not in overdue]
-            if not running:
+            if not running and not self._pending:
                 return state, self._finish(
                     state, True, f"{chief.name if chief else 'chief'} succeeded"
                 )
