@@ -90,7 +90,15 @@ def _warm_case(tmp: Path) -> Case:
     return replace(made, allocation=allocation, warm=True)
 
 
-@pytest.fixture(params=["process-local", "process-warm", "process-ssh", "slurm", "docs-example"])
+@pytest.fixture(
+    params=[
+        "process-local",
+        "process-warm",
+        "process-ssh",
+        pytest.param("slurm", marks=[pytest.mark.slurm, pytest.mark.netns]),
+        "docs-example",
+    ]
+)
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     if request.param == "docs-example":
         nice = _docs_example()

@@ -481,7 +481,7 @@ def test_a_ps_killed_in_a_warm_sweep_is_forked_again_and_the_point_goes_on(ws: P
 @pytest.mark.full
 def test_the_seed_of_a_killed_sweep_is_stopped_by_its_next_run(ws: Path) -> None:
     port = free_port_base(30)
-    script = result_task(ws)
+    script = result_task(ws, tensorflow=True)
     overrides = [*sweep_overrides(ws, port), "recipe=command", "algo.lr=0.03"]
     forever = command(script, steps=FOREVER, step_secs="0.2")
     run = BackgroundTfplan(
