@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from apply_helpers import (
+    CONF,
     BackgroundTfplan,
     alive,
     base_overrides,
@@ -144,3 +149,62 @@ def test_when_the_supervisor_dies_status_says_so_and_watch_takes_over(ws: Path) 
     out = "\n".join(watch.finish(timeout=120))
     assert watch.proc.returncode == 0, out
     assert "Watching 3 running task(s)" in out and "Training complete" in out
+
+
+def _on_terminal(ws: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``tfplan ARGS`` on a pseudo-terminal, as a user types at it: (the process, the master)."""
+    master, slave = pty.openpty()
+    env = {**os.environ, "TFPLAN_CONF": str(CONF), "TERM": "dumb", "COLUMNS": "200"}
+    env.pop("TFPLAN_DEBUG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfplan", *args],
+        cwd=ws,
+        env=env,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
+    os.close(slave)
+    return proc, master
+
+
+def _read_until(master: int, seen: bytearray, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text.encode() not in seen:
+        assert time.monotonic() < deadline, f"no {text!r} in:\n{seen.decode(errors='replace')}"
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal closed: the program ended
+                chunk = b""
+            assert chunk, f"ended before {text!r}:\n{seen.decode(errors='replace')}"
+            seen.extend(chunk)
+
+
+def test_a_plan_whose_state_moved_on_while_it_waited_for_approval_is_made_again(ws: Path) -> None:
+    """The background supervisor restarts a killed worker while the user reads the plan (every
+    task to be replaced): the state's serial moved on, and the same changes, planned again, go
+    ahead instead of a stale-plan error that would also leave the job unsupervised."""
+    args = _args(ws)
+    tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True)
+    victim = _task(ws, "worker/1")
+    wait_until(lambda: "up" in Path(str(victim["log_path"])).read_text(), 60, "worker/1 up")
+    proc, master = _on_terminal(ws, "apply", *args, "+recipe.env.CHANGED=1")
+    seen = bytearray()
+    try:
+        _read_until(master, seen, "Enter a value:", 120)
+        assert b"3 to add, 0 to change, 3 to destroy" in seen or b"must be replaced" in seen
+        os.killpg(int(victim["handle"]["pgid"]), signal.SIGKILL)  # type: ignore[index]
+        wait_until(lambda: _task(ws, "worker/1")["restarts"] == 1, 60, "the supervisor's restart")
+        os.write(master, b"yes\n")
+        _read_until(master, seen, "Apply complete!", 120)
+    finally:
+        (ws / "stop").write_text("")
+    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")
+    os.close(master)
+    out = seen.decode(errors="replace")
+    assert "the state moved on while the plan waited for approval" in out, out
+    assert "planned again, the same changes" in out and "stale" not in out, out
+    assert "Apply complete! Tasks: 3 started" in out, out
