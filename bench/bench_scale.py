@@ -334,7 +334,7 @@ def report(
         for algo, (new, old) in trained.items():
             a, b = statistics.median(new), statistics.median(old)
             lines.append(
-                f"| {algo} | {a:.0f} | {b:.0f} | {a / b:.2f}x | "
+                f"| {algo} | {a:.0f} | {b:.0f} | {f'{a / b:.2f}x' if b else '-'} | "
                 f"{', '.join(f'{x:.0f}' for x in new)} | {', '.join(f'{x:.0f}' for x in old)} |"
             )
     return "\n".join(lines) + "\n"

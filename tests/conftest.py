@@ -48,22 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# A test that uses a test bed carries its marks whether it says so or not: CI runs the tests
-# marked netns or slurm in a pytest of their own (one test bed of each kind at a time).
-TESTBED_MARKS = {
-    "netns_testbed": ("netns",),
-    "netns_hosts": ("netns",),
-    "slurm_cluster": ("slurm", "netns"),
-}
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        for fixture in getattr(item, "fixturenames", ()):
-            for mark in TESTBED_MARKS.get(fixture, ()):
-                if item.get_closest_marker(mark) is None:
-                    item.add_marker(mark)
     if config.getoption("--tier") == "full":
         return
     kept, deselected = [], []
