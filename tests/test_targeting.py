@@ -110,7 +110,7 @@ def test_apply_target_starts_one_task_of_a_huge_cluster_on_localhost(ws: Path) -
     report = json.loads(log.read_text().splitlines()[0])
     assert report["size"] > 200_000 and report["workers"] == WORKERS
     assert report["task"] == {"type": "worker", "index": int(target.split("/")[1])}
-    assert report["file"] == f"{ws}/work/{target.replace('/', '-')}/tf_config.json"
+    assert report["file"] == str(ws / "work" / target.replace("/", "-") / "tf_config.json")
 
     # a saved plan is applied exactly as made: -target with it is refused
     refused = tfplan(ws, "apply", "-target", "ps/0", env=env)
