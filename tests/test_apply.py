@@ -131,8 +131,9 @@ def test_failed_worker_is_reported_and_training_goes_on(ws: Path) -> None:
 def test_an_evaluator_restart_due_when_the_chief_succeeds_still_scores(ws: Path) -> None:
     """The evaluator fails while the job trains, and its restart is due only after the chief
     has succeeded (the chief makes no step before the evaluator's gate, then three; the
-    restart waits 5 s): it still starts, for the work an evaluator has left after training,
-    the final checkpoint's score; the run waits for it and ends as the chief did."""
+    restart waits 8 s): it still starts, for the work an evaluator has left after training,
+    the final checkpoint's score; the run waits for it and ends as the chief did. Its grace
+    after the chief (5 s, less than the wait) counts from its restart: it is not stopped."""
     proc = tfplan(
         ws,
         "apply",
@@ -142,11 +143,13 @@ def test_an_evaluator_restart_due_when_the_chief_succeeds_still_scores(ws: Path)
         "cluster.workers=1",
         "cluster.evaluator=true",
         "lifecycle.restart.evaluator=OnFailure",
-        "lifecycle.restart.backoff_secs=5",
+        "lifecycle.restart.backoff_secs=8",
+        "lifecycle.evaluator_grace_secs=5",
         check=True,
     )
     out = proc.stdout
-    assert "evaluator/0 failed (exit code 1): restarting in 5.0s" in out, out
+    assert "evaluator/0 failed (exit code 1): restarting in 8.0s" in out, out
+    assert "stopping evaluator/0" not in out, out
     succeeded = out.index("worker/0 succeeded")
     restarted = out.index("evaluator/0: restarted on localhost")
     assert succeeded < restarted, out

@@ -208,3 +208,35 @@ def test_a_plan_whose_state_moved_on_while_it_waited_for_approval_is_made_again(
     assert "the state moved on while the plan waited for approval" in out, out
     assert "planned again, the same changes" in out and "stale" not in out, out
     assert "Apply complete! Tasks: 3 started" in out, out
+
+
+def test_a_plan_whose_changes_moved_on_while_it_waited_for_approval_is_asked_for_again(
+    ws: Path,
+) -> None:
+    """The job is destroyed (by a colleague, say) while the user reads a plan that replaces
+    its running tasks: planned again, the changes are other ones (nothing runs to replace: every
+    task is created), so the new plan is shown and asked for again; a second "yes" applies it."""
+    args = _args(ws)
+    tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True)
+    chief = _task(ws, "worker/0")
+    wait_until(lambda: "step=" in Path(str(chief["log_path"])).read_text(), 60, "training")
+    proc, master = _on_terminal(ws, "apply", *args, "+recipe.env.CHANGED=1")
+    seen = bytearray()
+    try:
+        _read_until(master, seen, "Enter a value:", 120)
+        first = bytes(seen)
+        assert b"3 to add, 0 to change, 3 to destroy" in first, first.decode(errors="replace")
+        tfplan(ws, "destroy", "--auto-approve", check=True)
+        os.write(master, b"yes\n")
+        _read_until(master, seen, "here they are", 120)
+        del seen[: len(first)]
+        _read_until(master, seen, "Enter a value:", 120)
+        assert b"3 to add, 0 to change, 0 to destroy" in seen, seen.decode(errors="replace")
+        os.write(master, b"yes\n")
+        _read_until(master, seen, "Apply complete!", 120)
+    finally:
+        (ws / "stop").write_text("")
+    _read_until(master, seen, "Training complete", 120)
+    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")
+    os.close(master)
+    assert "Apply complete! Tasks: 3 started, 0 changed, 0 stopped" in seen.decode(), seen

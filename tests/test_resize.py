@@ -32,7 +32,14 @@ from test_slurm import _env as slurm_env
 from testbed import NetnsTestbed
 
 # ps_grace_secs: the ps must have time to end by itself after the chief (it is checked)
-ELASTIC = ["algo=downpour", "data.shard=none", "trainer.log_steps=50", "lifecycle.ps_grace_secs=30"]
+ELASTIC = [
+    "algo=downpour",
+    "data.shard=none",
+    "trainer.log_steps=50",
+    "lifecycle.ps_grace_secs=30",
+    # the chief waits for every done token however slow the machine (the told end asserts 4 of 4)
+    "+cluster.env.TFPLAN_DONE_WAIT_SECS=600",
+]
 FOREVER_STEPS = "trainer.max_steps=100000000"
 
 

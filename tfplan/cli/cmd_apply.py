@@ -87,13 +87,14 @@ def run_apply(args: argparse.Namespace) -> int:
     plan, replan, config_yaml = _plan_to_apply(args, workspace, out)
     say = lambda line: out.print(f"tfplan | {line}", highlight=False)  # noqa: E731
     if replan is not None:
-        print_plan(plan, out, args.render)
-        if plan.has_changes and not approved(
-            out, "Do you want to perform these actions?", args.auto_approve
-        ):
+        if not _approve(plan, args, out):
             out.print("Apply cancelled.")
             return 1
-        plan = _still_current(plan, workspace, replan, say)
+        current = _still_current(plan, workspace, replan, say, lambda p: _approve(p, args, out))
+        if current is None:
+            out.print("Apply cancelled.")
+            return 1
+        plan = current
     with ExperimentRun(plan, workspace, say, config_yaml) as run:
         started = time.monotonic()
         with start_progress(out) as progress:
@@ -123,6 +124,14 @@ def run_apply(args: argparse.Namespace) -> int:
         outcome = _supervise(run, out, max_steps, show_all)
     _report(outcome, plan, run.result, run.result_at, out)
     return 0 if outcome.succeeded else 1
+
+
+def _approve(plan: Plan, args: argparse.Namespace, out: Console) -> bool:
+    """Show the plan and ask for approval (a plan without changes needs none)."""
+    print_plan(plan, out, args.render)
+    return not plan.has_changes or approved(
+        out, "Do you want to perform these actions?", args.auto_approve
+    )
 
 
 def _plan_to_apply(
@@ -167,16 +176,18 @@ def _plan_to_apply(
 
 
 def _still_current(
-    plan: Plan, workspace: Workspace, replan: Callable[[], Plan], say: Callable[[str], None]
-) -> Plan:
+    plan: Plan,
+    workspace: Workspace,
+    replan: Callable[[], Plan],
+    say: Callable[[str], None],
+    approve: Callable[[Plan], bool],
+) -> Plan | None:
     """The plan made just now, checked against the state once a background supervisor of the
     experiment has let go (the run takes over from it anyway; here first): while the plan
     waited for approval, the supervisor may have recorded tasks that ended or restarted. Then
-    it is made again: the same changes go ahead as that plan; other changes are refused, and
-    the supervisor is started again.
-
-    Raises:
-        StaleStateError: the changes are not the ones approved any more.
+    it is made again: the same changes go ahead as that plan; other changes are shown and asked
+    for again (nothing moves the state any more: its supervisor has let go). None when they are
+    not approved; the supervisor is then started again.
     """
     store = workspace.store(plan.experiment_id)
     before = store.load()
@@ -193,14 +204,17 @@ def _still_current(
             "restarted): planned again, the same changes"
         )
         return again
+    say(
+        "the state moved on while the plan waited for approval (a task ended or restarted) "
+        "and the changes are not the ones approved any more: planned again, here they are"
+    )
+    if approve(again):
+        return again
     now = store.load()
     if supervised and now is not None and now.running:
         log = store.folder / "supervisor.log"
         start_background_supervisor(store, workspace.root, plan.experiment_id, log)
-    raise StaleStateError(
-        "the state moved on while the plan waited for approval (a task ended or restarted) and "
-        "the changes are not the ones approved any more: run `tfplan apply` again to see them"
-    )
+    return None
 
 
 def _changes(plan: Plan) -> list[tuple[str, str]]:

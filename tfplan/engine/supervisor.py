@@ -293,7 +293,10 @@ class Supervisor:
         shown = _exit(task)
         if task.never_listened:
             self.explainer.later(task, state.output_dir or "")
-        if self._done_at is not None or (task.is_chief and task.status is TaskStatus.SUCCEEDED):
+        # after training only an evaluator's failure is still worth a restart: the final
+        # checkpoint's score is the work it has left (it may have read one that was deleted)
+        after_training = self._done_at is not None and not _scores(task.name)
+        if after_training or (task.is_chief and task.status is TaskStatus.SUCCEEDED):
             self._say(f"{task.name} {task.status.value} ({shown})")
             return state
         if task.status is TaskStatus.FAILED:
@@ -435,7 +438,7 @@ class Supervisor:
             state = stop_standbys(state, self.store, self.backend, self._say)
         if self._done_at is not None:
             overdue = [
-                t for t in running if now - self._done_at >= policy.grace_after_chief(t.role)
+                t for t in running if self._past_grace(t, now) >= policy.grace_after_chief(t.role)
             ]
             if overdue:
                 names = ", ".join(t.name for t in overdue)
@@ -477,6 +480,16 @@ class Supervisor:
                 state, False, "every task ended but the chief never succeeded"
             )
         return state, None
+
+    def _past_grace(self, task: TaskRecord, now: float) -> float:
+        """Seconds of its grace after the chief a running task has used: counted from the
+        chief's success, or for an evaluator restarted since, from its restart (the grace is
+        the time to score the last checkpoint, which a new process has not begun)."""
+        assert self._done_at is not None
+        since = now - self._done_at
+        if _scores(task.name):
+            since = min(since, max(0.0, time.time() - task.started_at))
+        return since
 
     def _finish(self, state: State, ok: bool, reason: str, keep_running: bool = False) -> Outcome:
         """The end, whichever way: every standby and every process of every task is stopped
