@@ -21,7 +21,10 @@ CONF = REPO / "conf"
 # ps serves until killed; the chief prints steps then exits with CHIEF_EXIT; workers exit 0
 # after WORKER_SECS, or WORKER_EXIT. With gate=PATH a worker creates PATH just before it exits
 # and the chief makes no step before PATH exists: the workers have ended before the chief can,
-# as an order of events rather than a race between WORKER_SECS and the chief's steps.
+# as an order of events rather than a race between WORKER_SECS and the chief's steps. With
+# again_exit=CODE, a worker that starts when PATH is there already (a later life) exits CODE.
+# With chief_done=PATH the chief creates PATH as it exits, and with after=PATH a worker waits for
+# PATH before its WORKER_SECS: it ends after the chief (again_exit: when PATH was there at start).
 FAKE_TASK = r"""
 import json, os, sys, time
 task = json.loads(os.environ["TF_CONFIG"])["task"]
@@ -35,6 +38,7 @@ if role == "ps":
 chief = role == "chief" or (role == "worker" and index == 0 and "chief" not in
                             json.loads(os.environ["TF_CONFIG"])["cluster"])
 gate = args.get("gate")
+later_life = any(args.get(k) and os.path.exists(args[k]) for k in ("gate", "after"))
 if chief:
     deadline = time.monotonic() + 120
     while gate and not os.path.exists(gate):
@@ -44,11 +48,18 @@ if chief:
     for step in range(1, int(args.get("steps", "3")) + 1):
         print(f"step={step} loss={1.0 / step:.3f}", flush=True)
         time.sleep(float(args.get("step_secs", "0.1")))
+    if args.get("chief_done"):
+        open(args["chief_done"], "w").close()
     sys.exit(int(args.get("chief_exit", "0")))
+deadline = time.monotonic() + 120
+while args.get("after") and not later_life and not os.path.exists(args["after"]):
+    if time.monotonic() > deadline:
+        sys.exit(9)
+    time.sleep(0.02)
 time.sleep(float(args.get("worker_secs", "0.5")))
 if gate:
     open(gate, "w").close()
-sys.exit(int(args.get("worker_exit", "0")))
+sys.exit(int(args.get("again_exit" if later_life and "again_exit" in args else "worker_exit", "0")))
 """
 
 # Long enough to outlast any test: tasks that the test itself stops (destroy, Ctrl-C) must not

@@ -129,7 +129,8 @@ def test_failed_worker_is_reported_and_training_goes_on(ws: Path) -> None:
 
 
 def test_an_evaluator_restart_due_when_the_chief_succeeds_still_scores(ws: Path) -> None:
-    """The evaluator fails while the job trains, and its restart is due only after the chief
+    """The evaluator fails as the job trains (under load, the supervisor may see it just after
+    the chief's success), and its restart is due only after the chief
     has succeeded (the chief makes no step before the evaluator's gate, then three; the
     restart waits 8 s): it still starts, for the work an evaluator has left after training,
     the final checkpoint's score; the run waits for it and ends as the chief did. Its grace
@@ -139,7 +140,9 @@ def test_an_evaluator_restart_due_when_the_chief_succeeds_still_scores(ws: Path)
         "apply",
         "--auto-approve",
         *base_overrides(ws, free_port_base()),
-        *fake_overrides(ws, steps="3", worker_exit="1", worker_secs="0.2", gate=str(ws / "g")),
+        *fake_overrides(
+            ws, steps="3", worker_exit="1", worker_secs="0.2", gate=str(ws / "g"), again_exit="0"
+        ),
         "cluster.workers=1",
         "cluster.evaluator=true",
         "lifecycle.restart.evaluator=OnFailure",
@@ -154,6 +157,38 @@ def test_an_evaluator_restart_due_when_the_chief_succeeds_still_scores(ws: Path)
     restarted = out.index("evaluator/0: restarted on localhost")
     assert succeeded < restarted, out
     assert out.count("evaluator/0 up, cluster of") == 2, out  # both lives ran
+    assert "evaluator/0 succeeded (exit code 0)" in out, out  # the second life's score
+    assert "Training complete" in out
+
+
+def test_an_evaluator_that_fails_after_the_chief_is_restarted_and_scores(ws: Path) -> None:
+    """The evaluator fails only once the chief has succeeded (its first life waits for the
+    chief's exit; an Estimator evaluator does so when the checkpoint it reads was deleted at the
+    end): it is restarted by its policy all the same, for the final checkpoint's score."""
+    proc = tfplan(
+        ws,
+        "apply",
+        "--auto-approve",
+        *base_overrides(ws, free_port_base()),
+        *fake_overrides(
+            ws,
+            steps="3",
+            worker_exit="1",
+            worker_secs="1",
+            chief_done=str(ws / "chief.done"),
+            after=str(ws / "chief.done"),
+            again_exit="0",
+        ),
+        "cluster.workers=1",
+        "cluster.evaluator=true",
+        "lifecycle.restart.evaluator=OnFailure",
+        "lifecycle.restart.backoff_secs=0.2",
+        check=True,
+    )
+    out = proc.stdout
+    assert "evaluator/0 failed (exit code 1): restarting in" in out, out
+    assert out.count("evaluator/0 up, cluster of") == 2, out
+    assert "evaluator/0 succeeded (exit code 0)" in out, out
     assert "Training complete" in out
 
 

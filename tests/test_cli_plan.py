@@ -135,7 +135,10 @@ BAD_INPUT = [
         "cluster: no option 'nope'",
         "available options: 3node, gpu2x4, k8s, local, local_allreduce, local_chief",
     ),
-    (["cluster.foo=1"], "cluster.foo: no such key", "+cluster.foo=VALUE"),
+    (["cluster.foo=1"], "cluster.foo: no such key", "check the spelling"),
+    # a + adds keys to mappings only: on a node with a schema the key would be dropped silently
+    (["+cluster.foo=1"], "cluster.foo: no such key (a + adds keys only to mappings", "spelling"),
+    (["recipe.env.X=1"], "recipe.env.X: no such key", "add a new key with +recipe.env.X=VALUE"),
     (
         ["cluster=k8s", "cluster.firewall=true"],
         "cluster.firewall: the kubernetes backend cannot install firewall rules",

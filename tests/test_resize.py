@@ -38,7 +38,7 @@ ELASTIC = [
     "trainer.log_steps=50",
     "lifecycle.ps_grace_secs=30",
     # the chief waits for every done token however slow the machine (the told end asserts 4 of 4)
-    "+cluster.env.TFPLAN_DONE_WAIT_SECS=600",
+    "+recipe.env.TFPLAN_DONE_WAIT_SECS=600",
 ]
 FOREVER_STEPS = "trainer.max_steps=100000000"
 

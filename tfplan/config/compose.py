@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_type_hints
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -115,11 +117,31 @@ def compose_config(overrides: list[str], config_dir: str | Path | None = None) -
         with initialize_config_dir(config_dir=str(directory), version_base=None):
             cfg = compose(config_name="config", overrides=list(overrides))
             OmegaConf.resolve(cfg)
-            return cfg
     except (HydraException, OmegaConfBaseException) as error:
         raise one_line_error(error) from error
     finally:
         GlobalHydra.instance().clear()
+    for key in _keys_outside_the_schema(cfg):
+        raise ConfigError(
+            key,
+            "no such key (a + adds keys only to mappings such as recipe.env or model.kwargs)",
+            "check the spelling (tfplan plan --cfg job shows every key)",
+        )
+    return cfg
+
+
+def _keys_outside_the_schema(cfg: DictConfig, path: str = "") -> Iterator[str]:
+    """Keys a ``+`` override added to a node with a schema (``+cluster.typo=1``): Hydra lets
+    them in and the typed config would drop them without a word."""
+    schema = OmegaConf.get_type(cfg)
+    names = {f.name for f in fields(schema)} if is_dataclass(schema) else None
+    for key in cfg:
+        name = str(key)
+        if names is not None and name not in names:
+            yield f"{path}{name}"
+        node = cfg._get_node(name)
+        if isinstance(node, DictConfig):
+            yield from _keys_outside_the_schema(node, f"{path}{name}.")
 
 
 def instantiate_overrides(overrides: list[str]) -> list[str]:
@@ -130,7 +152,6 @@ def instantiate_overrides(overrides: list[str]) -> list[str]:
     does not have, becomes the keyword argument ``model.kwargs.units`` (added or replaced).
     Everything else passes unchanged.
     """
-    from dataclasses import fields
 
     known = {
         "model": {f.name for f in fields(ModelConfig)},
@@ -188,6 +209,10 @@ def one_line_error(error: BaseException) -> ConfigError:
     if "Could not override" in str(error):
         match = re.search(r"Could not override '([^']+)'", str(error))
         key = match.group(1) if match else key
+        if _in_a_schema(key):
+            return ConfigError(
+                key, "no such key", "check the spelling (tfplan plan --cfg job shows every key)"
+            )
         return ConfigError(
             key, "no such key", f"check the spelling, or add a new key with +{key}=VALUE"
         )
@@ -200,6 +225,19 @@ def one_line_error(error: BaseException) -> ConfigError:
     return ConfigError(
         key, first.rstrip("."), "fix the value (tfplan plan --cfg job shows every key)"
     )
+
+
+def _in_a_schema(key: str) -> bool:
+    """Whether ``key``'s parent is a node with a schema (``cluster``), where ``+`` cannot add
+    keys, rather than a mapping (``recipe.env``)."""
+    schema: Any = Config
+    for part in key.split(".")[:-1]:
+        if not is_dataclass(schema):
+            return False
+        schema = (
+            AlgoConfig if schema is Config and part == "algo" else get_type_hints(schema).get(part)
+        )
+    return is_dataclass(schema)
 
 
 def _key_from(message: str) -> str | None:
