@@ -402,5 +402,13 @@ def test_a_standby_keeps_apart_from_its_task_and_goes_on_its_signal(case: Case) 
     _wait_phase(case, adopted, TaskPhase.SUCCEEDED)
     assert case.backend.read_log(adopted).decode().split() == ["waiting", "standby", "go"]
     assert "first life" in Path(keep).read_text()
-    with pytest.raises(TfplanError):
-        case.backend.signal(adopted, "USR1")  # nothing left to signal
+    # nothing left to signal, once the process is gone: its exit record (SUCCEEDED) is written
+    # a moment before it exits (a forked task's agent writes it, then leaves)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            case.backend.signal(adopted, "USR1")
+        except TfplanError:
+            break
+        assert time.monotonic() < deadline, "a group whose task ended could still be signalled"
+        time.sleep(0.1)
