@@ -285,3 +285,23 @@ def test_a_forked_task_records_its_exit_itself_before_its_seed_reaps_it(
     finally:
         os.killpg(seed.pgid, signal.SIGCONT)
     backend.stop_seed(seed)
+
+
+def test_a_forked_task_leads_its_own_group_when_its_launch_returns(
+    backend: ProcessBackend, tmp_path: Path
+) -> None:
+    """The seed answers once the child has called setsid: a watcher told of the PID at once
+    must find it leading its own group (found in the seed's, it took the task for another
+    process and ended its log stream at once: under load, a restarted evaluator's lines were
+    never shown)."""
+    seed = _started_seed(backend, tmp_path)
+    launched = []
+    for i in range(8):
+        request = _request(tmp_path, f"worker/{i}", "sleep")
+        handle = backend.launch(request, Allocation()).handle
+        pid = int(handle["pid"])  # type: ignore[call-overload]
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert (handle["forked"], int(stat[2]), int(stat[3])) == (True, pid, pid), stat
+        launched.append(_record(request, handle))
+    backend.cancel(launched, 5.0)
+    backend.stop_seed(seed)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -36,6 +37,7 @@ import traceback
 from typing import Any
 
 WAKE_SECS = 1.0
+LEAD_WAIT_SECS = 10.0  # for a forked task to lead its own session before it is answered
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -57,7 +59,7 @@ def _record_exit(path: str, code: int) -> None:
 
 
 def _run_task(
-    request: dict[str, Any], base_env: dict[str, str], base_path: list[str], log: int
+    request: dict[str, Any], base_env: dict[str, str], base_path: list[str], log: int, led: int
 ) -> None:
     """In the forked child: become the task, then run its program. Never returns.
 
@@ -82,6 +84,12 @@ def _run_task(
 
     try:
         os.setsid()
+        # the seed answers the request once the task leads its own group (``led``: the pipe the
+        # seed waits on): a watcher told of the PID sooner would find it in the seed's group,
+        # take it for another process, and end its log stream at once (seen under load: a
+        # restarted evaluator's lines never shown)
+        os.write(led, b"1")
+        os.close(led)
         # Until setsid the child was in the seed's group: a SIGUSR1 that woke the seed for the
         # next request may be pending here too. Consumed while still blocked, else it would
         # end the task the moment it is unblocked (seen: exit 138).
@@ -176,15 +184,26 @@ class Seed:
         # starts the task the usual way, to report it as such): not in a task already started
         os.makedirs(request["workdir"], exist_ok=True)
         log = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        waiting, led = os.pipe()
         try:
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _run_task(request, self.base_env, self.base_path, log)
+                os.close(waiting)
+                _run_task(request, self.base_env, self.base_path, log, led)
+        except BaseException:
+            os.close(waiting)
+            raise
         finally:
             os.close(log)
+            os.close(led)
         self.children[pid] = exit_file
+        try:
+            # a byte once the child leads its own session, or EOF if it died before
+            select.select([waiting], [], [], LEAD_WAIT_SECS)
+        finally:
+            os.close(waiting)
         return pid
 
     def reap(self) -> None:
