@@ -22,6 +22,7 @@ import signal
 from collections.abc import Iterator
 
 import pytest
+from recipe_cluster import stop_warm_seed
 from slurm_testbed import SlurmTestbed, slurm_missing
 from testbed import LoopbackSshd, NetnsTestbed  # tests/ is on sys.path (no __init__.py)
 
@@ -63,6 +64,14 @@ def pytest_report_header(config: pytest.Config) -> str:
     if config.getoption("--tier") == "full":
         return "tier: full (every test)"
     return "tier: fast (the tests marked 'full' run with --tier=full)"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def recipe_clusters_seed() -> Iterator[None]:
+    """The warm seed tests/recipe_cluster.py forks its tasks from (one per test process, started
+    on first use) is stopped at the session's end, by its process group."""
+    yield
+    stop_warm_seed()
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,11 @@
-"""Test helper: a real ps/worker/evaluator cluster of ``python -m recipes.train`` subprocesses.
+"""Test helper: a real ps/worker/evaluator cluster of ``python -m recipes.train`` processes.
 
-Ports are free loopback ports; every task gets TF_CONFIG and its own process group
-(``start_new_session=True``). Waits have deadlines and watch observable events (log lines,
-files, exits). :meth:`RecipeCluster.close` kills every process group it started, by id.
+Ports are free loopback ports; every task gets TF_CONFIG and its own process group. The tasks
+are forked from one warm seed per test process (tfplan's own, through the process backend, as
+``tfplan apply`` starts them; TensorFlow imported once instead of once per task), or started
+cold when the seed cannot take them (another import-time environment). Waits have deadlines and
+watch observable events (log lines, files, exits). :meth:`RecipeCluster.close` kills every
+process group it started, by id; :func:`stop_warm_seed` the seed, at the session's end.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +26,23 @@ from typing import Any
 
 import yaml
 
+from tfplan.backends.api import LaunchRequest
+from tfplan.backends.process import ProcessBackend
+from tfplan.backends.transports.scripts import handle_exit_file
+from tfplan.backends.transports.seeds import WarmSeed, seed_env
+from tfplan.planning.plan import BackendRef
+from tfplan.planning.state import Allocation
+
 REPO = Path(__file__).resolve().parent.parent
+# What every task gets besides os.environ (and the seed is started with: read at import)
+TASK_ENV = {
+    "PYTHONUNBUFFERED": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "TF_ENABLE_ONEDNN_OPTS": "0",
+    "CUDA_VISIBLE_DEVICES": "",
+    "PYTHONPATH": str(REPO),
+}
+COMMAND = (sys.executable, "-m", "recipes.train", "--config")
 
 
 def free_ports(n: int) -> list[int]:
@@ -74,10 +94,46 @@ def run_config(
     return cfg
 
 
+class LaunchedProcess:
+    """The part of ``subprocess.Popen`` the tests use, for a task the process backend started
+    (forked from the warm seed, or by its wrapper): not this process's child, its end is read
+    from its exit record (written by the task, or by the seed or the wrapper for a death by a
+    signal). ``pid`` is its process group's id, which the tests signal."""
+
+    def __init__(self, pid: int, exit_file: str, log_path: str) -> None:
+        self.pid = pid
+        self.exit_file = Path(exit_file)
+        self.log_path = Path(log_path)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                text = self.exit_file.read_text().strip()
+            except FileNotFoundError:
+                return None
+            if not text.lstrip("-").isdigit():
+                return None  # being written
+            code = int(text)
+            # the seed records a death by signal N as 128+N; Popen says -N (no recipe exits
+            # with a code above 128 by itself)
+            self.returncode = -(code - 128) if 128 < code < 160 else code
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+
 class Task:
     """One started task: its process, and its output lines collected by a reader thread."""
 
-    def __init__(self, name: str, proc: subprocess.Popen[str], started: float) -> None:
+    def __init__(self, name: str, proc: subprocess.Popen[str] | LaunchedProcess, started: float):
         self.name = name
         self.proc = proc
         self.started = started
@@ -86,9 +142,38 @@ class Task:
         self._reader.start()
 
     def _read(self) -> None:
+        if isinstance(self.proc, LaunchedProcess):
+            self._tail(self.proc)
+            return
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def _tail(self, proc: LaunchedProcess) -> None:
+        """The log file's lines as they come, until the task has ended and all are read."""
+        while not proc.log_path.exists():  # the launch makes it; wait rather than assume
+            if proc.poll() is not None:
+                return
+            time.sleep(0.05)
+        with open(proc.log_path, "rb") as log:
+            rest = b""
+            while True:
+                ended = proc.poll() is not None
+                data = log.read()
+                if data:
+                    *whole, rest = (rest + data).split(b"\n")
+                    now = time.monotonic()
+                    self.lines.extend((now, line.decode(errors="replace")) for line in whole)
+                elif ended:
+                    if rest:
+                        self.lines.append((time.monotonic(), rest.decode(errors="replace")))
+                    return
+                else:
+                    time.sleep(0.05)
+
+    def read_to_end(self, timeout: float = 30) -> None:
+        """Wait until every line of an ended task has been read (its reader then stops)."""
+        self._reader.join(timeout)
 
     @property
     def text(self) -> str:
@@ -107,6 +192,47 @@ class Task:
             if re.search(pattern, line):
                 return t
         return None
+
+
+class _Warm:
+    """This test process's warm seed, started on first use, and the backend that forks from it."""
+
+    backend: ProcessBackend | None = None
+    seed: WarmSeed | None = None
+    failed: str | None = None
+
+
+def _warm_backend() -> ProcessBackend | None:
+    """The process backend forking from this process's warm seed (started, and waited for, on
+    first use); None when the seed could not start (the tasks then start cold)."""
+    if _Warm.backend is None and _Warm.failed is None:
+        folder = Path(tempfile.mkdtemp(prefix="recipe-cluster-seed-"))
+        ref = BackendRef("process", {"hosts": [{"name": "localhost", "address": "127.0.0.1"}]})
+        backend = ProcessBackend(ref, folder / "scratch")
+        env = seed_env(COMMAND, {**os.environ, **TASK_ENV})
+        try:
+            seed = backend.start_seed("localhost", str(folder / "seed"), sys.executable, env)
+            deadline = time.monotonic() + 300
+            while not backend.seed_ready(seed):
+                if time.monotonic() > deadline:
+                    backend.stop_seed(seed)
+                    raise TimeoutError("the warm seed was not ready in 300 s")
+                time.sleep(0.1)
+        except Exception as error:  # noqa: BLE001 - tasks start cold then, as tfplan's do
+            _Warm.failed = str(error)
+            backend.close()
+            return None
+        backend.use_seeds([seed])
+        _Warm.backend, _Warm.seed = backend, seed
+    return _Warm.backend
+
+
+def stop_warm_seed() -> None:
+    """Stop this test process's seed (by its process group), if one was started."""
+    if _Warm.backend is not None and _Warm.seed is not None:
+        _Warm.backend.stop_seed(_Warm.seed)
+        _Warm.backend.close()
+    _Warm.backend = _Warm.seed = None
 
 
 class RecipeCluster:
@@ -154,27 +280,46 @@ class RecipeCluster:
         name = f"{role}/{index}"
         if name in self.tasks:
             self.dead.append(self.tasks[name])
-        env = dict(
-            os.environ,
-            PYTHONUNBUFFERED="1",
-            TF_CPP_MIN_LOG_LEVEL="3",
-            TF_ENABLE_ONEDNN_OPTS="0",
-            CUDA_VISIBLE_DEVICES="",
-            PYTHONPATH=str(REPO),
-            TFPLAN_TASK=name,
-            TF_CONFIG=json.dumps({"cluster": self.cluster, "task": {"type": role, "index": index}}),
-            **self.env,
-        )
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "recipes.train", "--config", str(self.config_path)],
+        tf_config = json.dumps({"cluster": self.cluster, "task": {"type": role, "index": index}})
+        env = {**os.environ, **TASK_ENV, "TFPLAN_TASK": name, **self.env}
+        command = (*COMMAND, str(self.config_path))
+        backend = _warm_backend()
+        if backend is not None:
+            # each life its own workdir (the seed writes the log and the exit record there);
+            # the run config and the output stay the cluster's
+            life = self.workdir / "tasks" / f"{name.replace('/', '-')}.{len(self.dead)}"
+            request = LaunchRequest(
+                name=name,
+                role=role,
+                index=index,
+                host="localhost",
+                command=command,
+                env=env,
+                workdir=str(life),
+                log_path=str(life / "task.log"),
+                devices=(),
+                tf_config=tf_config,
+            )
+            # forked, or started the usual way where the seed cannot take it (another value
+            # of a variable read at import): either way its end is in its exit record
+            handle = backend.launch(request, Allocation()).handle
+            proc = LaunchedProcess(
+                int(str(handle["pgid"])),
+                handle_exit_file(handle, request.workdir),
+                request.log_path,
+            )
+            self.tasks[name] = Task(name, proc, time.monotonic())
+            return self.tasks[name]
+        popen = subprocess.Popen(
+            command,
             cwd=str(self.workdir),
-            env=env,
+            env={**env, "TF_CONFIG": tf_config},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
         )
-        self.tasks[name] = Task(name, proc, time.monotonic())
+        self.tasks[name] = Task(name, popen, time.monotonic())
         return self.tasks[name]
 
     def roles_names(self) -> list[str]:
@@ -208,9 +353,11 @@ class RecipeCluster:
     def wait_exit(self, name: str, timeout: float) -> int:
         task = self.tasks[name]
         try:
-            return task.proc.wait(timeout=timeout)
+            code = task.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{name} did not exit within {timeout}s\n{self.dump()}") from None
+        task.read_to_end()  # its last lines, which the test reads next
+        return code
 
     def wait_all(self, timeout: float) -> dict[str, int]:
         deadline = time.monotonic() + timeout
