@@ -183,18 +183,28 @@ def _read_until(master: int, seen: bytearray, text: str, timeout: float) -> None
             seen.extend(chunk)
 
 
+def _a_change_waiting_for_approval(
+    ws: Path, task: str, logged: str
+) -> tuple[dict[str, object], subprocess.Popen[bytes], int, bytearray]:
+    """A detached job whose ``task`` has logged ``logged``, and `tfplan apply` of a change that
+    replaces every task, on a terminal, at its approval prompt: (the task's record, the apply,
+    the terminal, what it printed so far)."""
+    args = _args(ws)
+    tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True)
+    record = _task(ws, task)
+    wait_until(lambda: logged in Path(str(record["log_path"])).read_text(), 60, f"{task}: {logged}")
+    proc, master = _on_terminal(ws, "apply", *args, "+recipe.env.CHANGED=1")
+    seen = bytearray()
+    _read_until(master, seen, "Enter a value:", 120)
+    return record, proc, master, seen
+
+
 def test_a_plan_whose_state_moved_on_while_it_waited_for_approval_is_made_again(ws: Path) -> None:
     """The background supervisor restarts a killed worker while the user reads the plan (every
     task to be replaced): the state's serial moved on, and the same changes, planned again, go
     ahead instead of a stale-plan error that would also leave the job unsupervised."""
-    args = _args(ws)
-    tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True)
-    victim = _task(ws, "worker/1")
-    wait_until(lambda: "up" in Path(str(victim["log_path"])).read_text(), 60, "worker/1 up")
-    proc, master = _on_terminal(ws, "apply", *args, "+recipe.env.CHANGED=1")
-    seen = bytearray()
+    victim, proc, master, seen = _a_change_waiting_for_approval(ws, "worker/1", "up")
     try:
-        _read_until(master, seen, "Enter a value:", 120)
         assert b"3 to add, 0 to change, 3 to destroy" in seen or b"must be replaced" in seen
         os.killpg(int(victim["handle"]["pgid"]), signal.SIGKILL)  # type: ignore[index]
         wait_until(lambda: _task(ws, "worker/1")["restarts"] == 1, 60, "the supervisor's restart")
@@ -216,14 +226,8 @@ def test_a_plan_whose_changes_moved_on_while_it_waited_for_approval_is_asked_for
     """The job is destroyed (by a colleague, say) while the user reads a plan that replaces
     its running tasks: planned again, the changes are other ones (nothing runs to replace: every
     task is created), so the new plan is shown and asked for again; a second "yes" applies it."""
-    args = _args(ws)
-    tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True)
-    chief = _task(ws, "worker/0")
-    wait_until(lambda: "step=" in Path(str(chief["log_path"])).read_text(), 60, "training")
-    proc, master = _on_terminal(ws, "apply", *args, "+recipe.env.CHANGED=1")
-    seen = bytearray()
+    _, proc, master, seen = _a_change_waiting_for_approval(ws, "worker/0", "step=")
     try:
-        _read_until(master, seen, "Enter a value:", 120)
         first = bytes(seen)
         assert b"3 to add, 0 to change, 3 to destroy" in first, first.decode(errors="replace")
         tfplan(ws, "destroy", "--auto-approve", check=True)
