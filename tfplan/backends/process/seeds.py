@@ -33,6 +33,7 @@ from tfplan.planning.state import Allocation
 __all__ = [
     "FORK_WAIT_SECS",
     "SEEDS_KEY",
+    "SEED_IMPORT_WAIT_SECS",
     "SEED_STOP_GRACE_SECS",
     "allocation_seeds",
     "fork",
@@ -43,9 +44,12 @@ __all__ = [
     "stop_seeds",
 ]
 
-# how long a fork request waits for the seed's answer (it answers within milliseconds once its
-# imports are done; a seed still importing makes the task wait, never longer than a cold start)
+# how long a fork request waits for a ready seed's answer (it answers within milliseconds once
+# its imports are done), and for a seed still importing to be ready: a cold start would import
+# the same modules beside it, so it is waited for (30 s was too short on a loaded CI machine,
+# where three cold starts beside a seed then made the load worse)
 FORK_WAIT_SECS = 30.0
+SEED_IMPORT_WAIT_SECS = 180.0
 SEED_STOP_GRACE_SECS = 1.0  # a seed holds nothing: SIGTERM ends it at once
 SEEDS_KEY = "seeds"  # the allocation's record of an apply's warm seeds
 
@@ -184,10 +188,10 @@ def fork(
     payload = fork_request(request.command, env, request.workdir, request.log_path, exit_path)
     try:
         answer = transport.run_script(
-            fork_script(seed.requests, token, seed.pgid, FORK_WAIT_SECS),
+            fork_script(seed.requests, token, seed.pgid, FORK_WAIT_SECS, SEED_IMPORT_WAIT_SECS),
             f"fork {request.name} from the warm seed",
             stdin=payload,
-            timeout=FORK_WAIT_SECS + 30.0,
+            timeout=FORK_WAIT_SECS + SEED_IMPORT_WAIT_SECS + 30.0,
         )
     except BackendError as error:  # the script says why last: "is gone", "did not answer"
         return str(error).rsplit(" failed: ", 1)[-1]

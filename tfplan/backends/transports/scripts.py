@@ -450,26 +450,31 @@ def listening_ports(table: str) -> set[int]:
     return ports
 
 
-def fork_script(requests: str, token: str, pgid: int, wait_secs: float) -> str:
+def fork_script(requests: str, token: str, pgid: int, wait_secs: float, import_secs: float) -> str:
     """Ask a warm seed (:mod:`.seed_agent`) for a task: write stdin as ``<requests>/<token>.json``
     atomically, wake the seed's group with SIGUSR1 once it is ready (``ready`` beside
     ``requests``: before, a signal could end a seed that has not blocked it yet, and the seed
     reads what is waiting as soon as it is ready), and print its answer (a PID, or
-    ``error: ...``) once it is there. Exits 3 when the seed's group is gone, 4 when no answer
-    came within ``wait_secs``. While the seed imports it looks every 0.2 s, then every 10 ms."""
+    ``error: ...``) once it is there. Exits 3 when the seed's group is gone, 4 when it did not
+    become ready within ``import_secs`` or did not answer within ``wait_secs`` of being ready.
+    While the seed imports it looks every 0.2 s, then every 10 ms. A seed still importing is
+    waited for rather than raced: a cold start would import the same modules beside it, and on
+    a loaded host both would take longer."""
     request = f"{requests}/{token}.json"
     answer = f"{requests}/{token}.pid"
     ready = f"{posixpath.dirname(requests)}/ready"
     gone = f"rm -f {q(request)}; echo 'is gone' >&2; exit 3;"
     tries = max(int(wait_secs / 0.01), 1)
+    looks = max(int(import_secs / 0.2), 1)
+    late = f"rm -f {q(request)}; echo 'did not answer within {{}}s' >&2; exit 4;"
     return (
         write_file_script(request)
-        + f" && s=0; i=0; while [ ! -s {q(answer)} ]; do "
-        + f'[ "$i" -gt {tries} ] && {{ rm -f {q(request)}; '
-        + f"echo 'did not answer within {wait_secs:.0f}s' >&2; exit 4; }}; "
+        + f" && s=0; i=0; j=0; while [ ! -s {q(answer)} ]; do "
         + f"if [ -e {q(ready)} ]; then "
+        + f'[ "$i" -gt {tries} ] && {{ {late.format(f"{wait_secs:.0f}")} }}; '
         + f'[ "$s" = 0 ] && {{ kill -USR1 -{pgid} 2>/dev/null || {{ {gone} }}; s=1; }}; '
         + "i=$((i+1)); sleep 0.01; "
-        + f"else kill -0 -{pgid} 2>/dev/null || {{ {gone} }}; i=$((i+20)); sleep 0.2; fi; done; "
+        + f'else [ "$j" -gt {looks} ] && {{ {late.format(f"{import_secs:.0f}")} }}; '
+        + f"kill -0 -{pgid} 2>/dev/null || {{ {gone} }}; j=$((j+1)); sleep 0.2; fi; done; "
         + f"cat {q(answer)}; rm -f {q(answer)}"
     )
