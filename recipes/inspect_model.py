@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -123,6 +124,13 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    import shutil
+    import tempfile
+
+    from recipes.scratch import use_scratch
+
+    scratch = use_scratch(Path(tempfile.mkdtemp(prefix="tfplan-inspect-")))
     code = main(sys.argv[1:])
     sys.stdout.flush()
+    shutil.rmtree(scratch, ignore_errors=True)  # os._exit skips autograph's own clean-up
     os._exit(code)

@@ -32,9 +32,11 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 import argparse  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from recipes.config import load_run_config, task_from_env  # noqa: E402
 from recipes.errors import ConfigError, report_failure  # noqa: E402
+from recipes.scratch import SCRATCH_PREFIX, use_scratch  # noqa: E402
 
 __all__ = ["STANDBY_ENV", "main"]
 
@@ -48,6 +50,7 @@ def _log(message: str) -> None:
 def _run(config_path: str) -> int:
     cfg = load_run_config(config_path)
     task = dataclasses.replace(task_from_env(), run_yaml=config_path)
+    use_scratch(Path.cwd() / f"{SCRATCH_PREFIX}{task.type}-{task.index}")
     if task.type not in ("ps", "worker", "chief", "evaluator"):
         raise ConfigError(f"unknown task type '{task.type}'; valid: ps, worker, chief, evaluator")
     from recipes.strategies import is_strategy

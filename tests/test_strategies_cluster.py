@@ -107,6 +107,13 @@ def test_allreduce_trains_to_max_steps(topology: str, tmp_path: Path) -> None:
         for name in ("worker/0", "worker/1", "chief/0"):
             if name in c.tasks:  # every replica ran every step, in lockstep
                 assert f"{name} finished after 200 steps" in c.tasks[name].text, c.dump()
+        # autograph's module files (a tf.function's each) are in the task's own scratch folder,
+        # which recipes/scratch.py bounds to one life, not in the system's temporary folder:
+        # os._exit skips autograph's own clean-up
+        scratch = glob.glob(
+            str(tmp_path / "**" / ".tmp-worker-0" / "__autograph_*"), recursive=True
+        )
+        assert scratch, sorted(str(p) for p in tmp_path.rglob(".tmp-*"))
 
 
 @FULL
