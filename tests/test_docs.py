@@ -445,6 +445,31 @@ def stop_leftovers(run_id: str, folders: list[Path]) -> list[str]:
 # ---- the tests ------------------------------------------------------------------------------
 
 
+def without_task_bodies(output: str) -> str:
+    """``output`` without the lines inside a plan's ``task "NAME" { ... }`` bodies: what a CI
+    log has room for is the plans' headers and what happened, not every field of every task."""
+    kept, inside = [], False
+    for line in output.splitlines():
+        if re.match(r"\s*(?:[-+~]|-/\+)?\s*task \"[^\"]+\" \{\s*$", line):
+            inside = True
+            kept.append(line)
+        elif inside:
+            inside = not re.match(r"\s*\}\s*$", line)
+        else:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def supervisor_logs(folder: Path, chars: int = 1500) -> str:
+    """The end of every background supervisor's log under ``folder`` (a failed document's
+    detached jobs say there what happened to their tasks)."""
+    parts = [
+        f"--- {path.relative_to(folder)} (last {chars} chars) ---\n{path.read_text()[-chars:]}\n"
+        for path in sorted(folder.rglob(".tfplan/*/supervisor.log"))
+    ]
+    return "".join(parts)
+
+
 def failure_report(
     doc: str, blocks: list[Block], script: Script, session: Session, log: Path
 ) -> str:
@@ -458,11 +483,12 @@ def failure_report(
         index, line, status, command = failed.groups()
         block = blocks[int(index)]
         doc_line = script.origin.get(int(line), (int(index), block.line))[1]
-        shown = by_block.get(int(index), "").split("@@doc-failed")[0]
+        shown = without_task_bodies(by_block.get(int(index), "").split("@@doc-failed")[0])
         return (
             f"{doc}, block {index} (line {block.line}): `{command}` (line {doc_line}) exited "
-            f"{status}\n--- the block ---\n{block.text}\n--- its output (last 6000 chars) ---\n"
-            f"{shown[-6000:]}\n(the whole session: {log})"
+            f"{status}\n--- the block ---\n{block.text}\n--- its output (last 6000 chars, "
+            f"the plans' task bodies left out) ---\n{shown[-6000:]}\n"
+            f"{supervisor_logs(log.parent)}(the whole session: {log})"
         )
     if session.returncode is None:
         last = max(by_block, default=0)
