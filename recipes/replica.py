@@ -52,6 +52,7 @@ from recipes.workload import Workload, saver_names
 __all__ = [
     "ReplicaGraph",
     "build_replica_graph",
+    "hooked_step",
     "run_replica",
 ]
 
@@ -213,6 +214,24 @@ def _hooks(
     return hooks
 
 
+def hooked_step(
+    sess: Any, fetches: list[Any], options: Any, global_step: Any, max_steps: int
+) -> list[Any] | None:
+    """``sess.run(fetches)``; None when it ran past its timeout because the job had already
+    reached ``max_steps``. Why: a synchronous replica waits for a token that only another
+    aggregation gives; when the others made the last steps without it (under load, one replica
+    can do a step's every gradient), none comes, and the run timeout would end the replica as
+    if a peer were dead (exit 4) although the job is done."""
+    try:
+        return list(sess.run(fetches, options=options))
+    except tf.errors.DeadlineExceededError:
+        probe = v1.RunOptions(timeout_in_ms=5000)
+        reached = int(sess._tf_sess().run(global_step, options=probe))  # noqa: SLF001 - no hooks
+        if reached >= max_steps:
+            return None
+        raise
+
+
 def _send_done_tokens(
     server: Any, task: TaskInfo, g: ReplicaGraph, log: Log, config: Any = None
 ) -> None:
@@ -331,9 +350,20 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                     if want_gs:
                         gs = int(out[2])
                 else:
-                    _, loss, gs = sess.run(
-                        [ops[k], g.train.loss, g.global_step], options=g.train.run_options
+                    out = hooked_step(
+                        sess,
+                        [ops[k], g.train.loss, g.global_step],
+                        g.train.run_options,
+                        g.global_step,
+                        max_steps,
                     )
+                    if out is None:
+                        log(
+                            f"{task.type}/{task.index}: the job reached max_steps={max_steps} "
+                            "while this replica waited for its synchronous step; it stops there"
+                        )
+                        break
+                    _, loss, gs = out
                     gs = int(gs)
                 i += 1
                 progress.step(gs, [float(loss)])

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from recipe_cluster import InProcessCluster
 from test_rules_common import B0, W0, Replica, build_replicas, data_batches, sgd_step
@@ -135,3 +136,22 @@ def test_stale_gradient_is_dropped() -> None:
         np.testing.assert_array_equal(reps[0].params()["w"], before["w"])
     finally:
         stop(reps, coord)
+
+
+def test_a_step_past_its_timeout_once_the_job_reached_max_steps_ends_the_replica() -> None:
+    """A synchronous replica blocked for a token no aggregation will give (the others made the
+    last steps without it) stops as done when the job is at max_steps, instead of failing as
+    if a peer were dead (seen under load: worker/1 made the last steps, the chief's run timed
+    out, exit 4); before max_steps the timeout still fails it."""
+    from recipes.replica import hooked_step
+
+    with tf.Graph().as_default():
+        step = v1.train.get_or_create_global_step()
+        token = tf.queue.FIFOQueue(1, tf.int64).dequeue()  # an empty token queue: blocks
+        at_40 = step.assign(40)
+        options = v1.RunOptions(timeout_in_ms=200)
+        with v1.train.MonitoredSession() as sess:
+            sess._tf_sess().run(at_40)
+            assert hooked_step(sess, [token, step], options, step, max_steps=40) is None
+            with pytest.raises(tf.errors.DeadlineExceededError):
+                hooked_step(sess, [token, step], options, step, max_steps=41)
