@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 import tensorflow as tf
 
 from recipes.errors import ModelError, UserCodeError
+from recipes.sparse_lookup import Piece, sparse_call, sparse_capable, tables_in_use
 
 __all__ = ["KerasModel", "ModelError"]
 
@@ -99,6 +100,9 @@ class KerasModel:
         self._eager: Any = None
         self.keys: list[str] = []  # trainable parameters' names, in the model's order
         self.state_keys: list[str] = []  # non-trainable variables' names
+        # the trainable tables of plain Embedding layers, read row by row in graph mode
+        # (recipes/sparse_lookup.py), with their number of rows
+        self.sparse_tables: dict[str, int] = {}
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> Any:
@@ -144,8 +148,35 @@ class KerasModel:
             raise ModelError(f"{self._key}: two builds gave other variables; is it deterministic?")
         self.keys, self.state_keys = names, state
         self.parts = self._split(model)
+        self.sparse_tables = self._read_sparse(model)
         self.unused_features = self._check_inputs(model)
         return model
+
+    def _read_sparse(self, model: Any) -> dict[str, int]:
+        """Give each plain Embedding layer of ``model`` with a trainable table the lookup that
+        reads only the batch's rows (active during :meth:`forward` in graph mode); their tables'
+        paths and row counts. Other layers that read a table keep Keras' whole-table read."""
+        tables = {}
+        for layer in model._flatten_layers(include_self=False):  # noqa: SLF001 - no public walk
+            if not sparse_capable(layer) or layer.embeddings.path not in self.keys:
+                continue
+            path = layer.embeddings.path
+            layer.call = sparse_call(layer, path)
+            tables[path] = int(layer.embeddings.shape[0])
+        return tables
+
+    def _pieces_of_tables(self, params: Params) -> dict[str, list[Piece]]:
+        """Each sparse table's parts in ``params`` with the rows each holds."""
+        pieces: dict[str, list[Piece]] = {}
+        for path, rows in self.sparse_tables.items():
+            if path in self.parts:
+                pieces[path] = [
+                    (params[f"{path}/part_{i}"], lo, hi)
+                    for i, (lo, hi) in enumerate(self.parts[path])
+                ]
+            else:
+                pieces[path] = [(params[path], 0, rows)]
+        return pieces
 
     def _check_inputs(self, model: Any) -> tuple[str, ...]:
         """The model's named inputs against the data's features (a dict of them): each input
@@ -355,9 +386,14 @@ class KerasModel:
             for k in self.keys
         ]
         non_trainable = [state_vars[k] for k in self.state_keys]
-        outputs, new_state = model.stateless_call(
-            trainable, non_trainable, self._select(features), training=training
-        )
+        # Graph mode (the TF1 algorithms): the Embedding layers read only their batch's rows, on
+        # the parameter servers; the whole tables given to stateless_call above are then never
+        # run (graph pruning). TF2 (pss, allreduce) reads whole tables as before.
+        graph_mode = not v1.executing_eagerly_outside_functions()
+        with tables_in_use(self._pieces_of_tables(params) if graph_mode else {}):
+            outputs, new_state = model.stateless_call(
+                trainable, non_trainable, self._select(features), training=training
+            )
         if not training or not non_trainable:
             return outputs
         updates = [
