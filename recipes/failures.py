@@ -9,18 +9,23 @@ import tensorflow as tf
 from recipes.config import RunConfig
 from recipes.errors import InputError
 from recipes.inputs import explain_known_error
+from recipes.sparse_lookup import out_of_range_error
 
 __all__ = ["first_line", "input_failure"]
 
 
 def input_failure(e: Exception, cfg: RunConfig, gs: int) -> Exception:
     """A TensorFlow error while training: the input's fault (a record that does not parse, a
-    factory's dataset that ended) as a one-line InputError, else the error itself."""
+    factory's dataset that ended, an id outside its embedding table) as a one-line InputError,
+    else the error itself."""
     if isinstance(e, (tf.errors.OutOfRangeError, StopIteration)):
         return InputError(
             f"the training data ended at step={gs}: a data._target_ dataset must repeat, or "
             "yield at least trainer.max_steps batches"
         )
+    out_of_range = out_of_range_error(getattr(e, "message", None) or str(e))
+    if out_of_range:
+        return InputError(out_of_range)
     return explain_known_error(e, cfg.data) or e
 
 

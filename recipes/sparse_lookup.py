@@ -22,7 +22,16 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
-__all__ = ["Piece", "lookup_rows", "sparse_call", "sparse_capable", "tables_in_use"]
+__all__ = [
+    "OUT_OF_RANGE",
+    "Piece",
+    "fed_by",
+    "lookup_rows",
+    "out_of_range_error",
+    "sparse_call",
+    "sparse_capable",
+    "tables_in_use",
+]
 
 # A part of a table: its value (a variable or a tensor) and the rows [lo, hi) it holds.
 Piece = tuple[Any, int, int]
@@ -48,11 +57,27 @@ def _gather_where_it_lives(table: Any, ids: Any) -> Any:
         return tf.gather(table, ids)
 
 
-def lookup_rows(pieces: Sequence[Piece], ids: Any) -> Any:
+# What an id outside its table fails with: recipes/failures.py makes it one line.
+OUT_OF_RANGE = "tfplan-embedding-ids-out-of-range"
+
+
+def lookup_rows(pieces: Sequence[Piece], ids: Any, what: str = "the table") -> Any:
     """The rows ``ids`` (any shape, int32/int64) of the table ``pieces`` make up, shaped
-    ``ids.shape + [width]``. Each distinct id is read once, from the piece that holds it."""
+    ``ids.shape + [width]``. Each distinct id is read once, from the piece that holds it.
+    An id outside the table fails the step with :data:`OUT_OF_RANGE`, ``what`` (the layer and
+    its feature), the table's rows and the batch's smallest and largest ids."""
     flat = tf.reshape(ids, [-1])
     unique, back = tf.unique(flat)
+    rows_total = max(hi for _, _, hi in pieces)
+    low, high = tf.reduce_min(unique), tf.reduce_max(unique)
+    inside = tf.logical_and(low >= 0, high < rows_total)
+    check = tf.debugging.Assert(
+        tf.logical_or(tf.equal(tf.size(unique), 0), inside),
+        [f"{OUT_OF_RANGE}|{what}|{rows_total}|", low, high],
+        summarize=1,
+    )
+    with tf.control_dependencies([check]):
+        unique = tf.identity(unique)
     if len(pieces) == 1:
         # received here (this scope's device) before it is spread: a gather of the ps's output
         # would colocate its gradient's ops with the ps and the worker at once
@@ -83,12 +108,25 @@ def sparse_capable(layer: Any) -> bool:
     )
 
 
+def fed_by(layer: Any) -> Optional[str]:
+    """The name of the model input that feeds ``layer`` directly (a functional model's
+    ``keras.Input``, named after a feature), else None."""
+    try:
+        tensor = layer._inbound_nodes[0].input_tensors[0]  # noqa: SLF001 - Keras' graph
+        source = tensor._keras_history.operation  # noqa: SLF001
+    except (AttributeError, IndexError):
+        return None
+    return str(tensor.name) if type(source).__name__ == "InputLayer" else None
+
+
 def sparse_call(layer: Any, path: str) -> Callable[[Any], Any]:
     """A ``call`` for ``layer`` (whose table's path is ``path``) that reads through the pieces
     :func:`tables_in_use` gives, or Keras' own call outside of it."""
     from keras import ops
 
     own = layer.call
+    feature = fed_by(layer)
+    what = f"the Embedding {layer.name!r}" + (f" (feature {feature!r})" if feature else "")
 
     def call(inputs: Any) -> Any:
         pieces: Optional[Mapping[str, Sequence[Piece]]] = getattr(_active, "pieces", None)
@@ -96,6 +134,24 @@ def sparse_call(layer: Any, path: str) -> Callable[[Any], Any]:
             return own(inputs)
         if inputs.dtype not in (tf.int32, tf.int64):
             inputs = tf.cast(inputs, tf.int32)
-        return ops.cast(lookup_rows(pieces[path], inputs), dtype=layer.compute_dtype)
+        return ops.cast(lookup_rows(pieces[path], inputs, what), dtype=layer.compute_dtype)
 
     return call
+
+
+def out_of_range_error(message: str) -> Optional[str]:
+    """The one line for a step failed by :func:`lookup_rows`' range check (``message``: the
+    TensorFlow error's), or None for any other error."""
+    import re
+
+    m = re.search(rf"{OUT_OF_RANGE}\|(.*?)\|(\d+)\|\]?\s*\[?(-?\d+)\]?\s*\[?(-?\d+)", message)
+    if not m:
+        return None
+    what = m.group(1).replace("\\'", "'")  # TensorFlow's Assert escapes quotes
+    rows, low, high = int(m.group(2)), int(m.group(3)), int(m.group(4))
+    bad = high if high >= rows else low
+    return (
+        f"an id of {bad:,} reached {what}, whose table has {rows:,} rows (ids 0 to {rows - 1:,}): "
+        "give the layer an input_dim above the largest id (its model.* argument), or map the "
+        "ids into range before the model (a vocabulary lookup or a hash)"
+    )

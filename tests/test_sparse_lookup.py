@@ -5,8 +5,8 @@ Keras model with two tables, one split over both ps; what crosses to the worker 
 pass is measured from TensorFlow's own step statistics (the bytes of every tensor the worker's
 devices receive), against the rows the batch touches, and against the whole-table read Keras
 itself does (which must be large, or the measure could not fail). The outputs and the gradients
-equal Keras' own forward pass exactly. Graph mode is process-wide: the case runs in its own
-interpreter.
+equal Keras' own forward pass exactly; an id outside its table is one line naming the layer, its
+feature and the fix. Graph mode is process-wide: the case runs in its own interpreter.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ CASE = textwrap.dedent(
     v1 = tf.compat.v1
     v1.disable_eager_execution()
     from recipes.keras_model import KerasModel
+    from recipes.sparse_lookup import out_of_range_error
 
     def free_port():
         with socket.socket() as s:
@@ -81,6 +82,8 @@ CASE = textwrap.dedent(
             keys = model.param_keys()
             grads = v1.gradients(tf.reduce_sum(sparse), [params[k] for k in keys])
             keras_grads = v1.gradients(tf.reduce_sum(keras_own), [params[k] for k in keys])
+            outside = {{**feats, "user": tf.constant(np.full(64, 250_000))}}  # > 200,000 rows
+            bad = model.forward(params, outside, training=False)
             kinds = {{k: type(g).__name__ for k, g in zip(keys, grads)}}
             grads = [tf.convert_to_tensor(g) for g in grads]
             keras_grads = [tf.convert_to_tensor(g) for g in keras_grads]
@@ -98,6 +101,11 @@ CASE = textwrap.dedent(
 
         with v1.Session(worker.target) as sess:
             sess.run(v1.global_variables_initializer())
+            try:
+                sess.run(bad)
+                bad_line = None
+            except tf.errors.InvalidArgumentError as e:
+                bad_line = out_of_range_error(e.message)
             a, b = sess.run([sparse, keras_own])
             g, kg = sess.run([grads, keras_grads])
             print(json.dumps({{
@@ -111,6 +119,7 @@ CASE = textwrap.dedent(
                 "distinct_users": len(set(batch["user"].tolist())),
                 "distinct_items": len(set(batch["items"].ravel().tolist())),
                 "other_bytes": 4 * (10 * 2 + (WIDTH_U + WIDTH_I + 2) + 1),
+                "bad_line": bad_line,
             }}))
     """
 ).format(root=str(ROOT))
@@ -134,3 +143,10 @@ def test_a_forward_pass_reads_only_the_rows_of_its_batch_from_the_parameter_serv
     rows = got["distinct_users"] * 16 * 4 + got["distinct_items"] * 8 * 4
     assert got["sparse_bytes"] <= 1.1 * (rows + got["other_bytes"]), got
     assert got["whole_bytes"] >= 200_000 * 16 * 4, got  # Keras' own read: every table, whole
+    # an id outside its table: one line naming the layer, its feature, the rows and the fix
+    assert got["bad_line"] == (
+        "an id of 250,000 reached the Embedding 'embedding' (feature 'user'), whose table has "
+        "200,000 rows (ids 0 to 199,999): give the layer an input_dim above the largest id (its "
+        "model.* argument), or map the ids into range before the model (a vocabulary lookup or "
+        "a hash)"
+    ), got["bad_line"]
