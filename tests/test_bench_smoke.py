@@ -38,6 +38,7 @@ REPORTS = [
         "algorithms.md",
         "algorithms.png",
         "bench_apply.md",
+        "bench_embeddings.md",
         "bench_explain.md",
         "bench_inputs.md",
         "bench_plan.md",
@@ -125,6 +126,16 @@ def test_bench_apply(tmp_path: Path) -> None:
     assert figure(text, "training done -> all tasks exited") > 0
     assert figure(text, "tfplan destroy of a running cluster") > 0
     assert "| processes left after destroy (all rounds) | 0 | pass |" in text
+
+
+@pytest.mark.timeout(600)
+def test_bench_embeddings(tmp_path: Path) -> None:
+    out = tmp_path / "bench_embeddings.md"
+    args = ["--rows", "50000,100000", "--algos", "hogwild", "--steps-scale", "0.1"]
+    run_bench("bench_embeddings.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
+    text = out.read_text()
+    assert figure(text, "| hogwild | now |", column=0) > 0  # examples/s, smallest table
+    assert figure(text, "| hogwild | now |", column=1) > 0  # the largest
 
 
 @pytest.mark.timeout(300)
