@@ -1,0 +1,155 @@
+"""Examples/s of a model with a large embedding table, against the table's number of rows.
+
+    .venv/bin/python bench/bench_embeddings.py [--rows 50000,2000000] [--algos hogwild,downpour]
+        [--baseline PATH] [--repeats 1] [--out docs/bench_embeddings.md]
+
+examples/wide_deep (an Embedding of item ids x 16 and a one-column Embedding of the same ids, an
+MLP over 8 dense features; Zipf-distributed click logs written by its own make_data.py, ids below
+50,000 in every run) is copied to a temporary folder. Then, for each table size (``model.vocab``,
+the only setting changed: every run reads the same ids) and each algorithm, ``tfplan apply`` on the
+embedded local cluster with 2 ps (``model.partition_bytes=1000000``: the tables split over both)
+and 2 workers; examples/s is the chief's ``result.json``. With ``--baseline PATH`` (another
+checkout of tfplan, e.g. a worktree of the commit before sparse reads) every run is repeated with
+that checkout's tfplan and recipes, interleaved, so the two are measured side by side. Medians of
+``--repeats`` runs. The report says how much slower the largest table trains than the smallest
+(goal: flat, within 20 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from apply_helpers import free_port_base, kill_groups, recorded_groups  # noqa: E402
+
+STEPS = {"hogwild": 300, "downpour": 600}  # as measured in issue 34
+BATCH = 32
+
+
+def apply(project: Path, checkout: Path, run: str, algo: str, rows: int, steps: int) -> float:
+    """One run's examples/s (``checkout``'s tfplan and recipes)."""
+    ws = project / "runs" / run
+    ws.mkdir(parents=True)
+    env = {**os.environ, "TFPLAN_CONF": str(checkout / "conf"), "PYTHONPATH": str(checkout)}
+    env.pop("TFPLAN_MAX_STEPS_CAP", None)
+    args = [
+        "apply",
+        "--auto-approve",
+        f"experiment.id={run}",
+        f"cluster.port_base={free_port_base()}",
+        f"cluster.workdir={ws}/work",
+        f"cluster.output_dir={ws}/out",
+        "cluster.ps=2",
+        f"algo={algo}",
+        "model._target_=wide_deep.models.build",
+        f"model.vocab={rows}",
+        "model.partition_bytes=1000000",
+        "model.loss=binary_crossentropy",
+        "data=tfrecord",
+        "data.train=data/train-*.tfrecord",
+        "data.eval=data/eval.tfrecord",
+        "data.label=clicked",
+        f"data.batch_size={BATCH}",
+        f"trainer.max_steps={steps}",
+        f"trainer.checkpoint_steps={steps}",
+        "trainer.log_steps=1000",
+        "trainer.export_model=false",
+    ]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tfplan", *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{run}: {proc.stdout[-2000:]}\n{proc.stderr[-1000:]}")
+        result = json.loads((ws / "out" / "result.json").read_text())
+    finally:
+        kill_groups(recorded_groups(project))
+        if os.environ.get("BENCH_KEEP"):
+            shutil.copytree(ws, Path(os.environ["BENCH_KEEP"]) / run, dirs_exist_ok=True)
+    return float(result["examples_per_sec"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default="50000,2000000")
+    parser.add_argument("--algos", default="hogwild,downpour")
+    parser.add_argument("--baseline", default="", help="another checkout of tfplan to compare")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--steps-scale", type=float, default=1.0, help="x the default steps")
+    parser.add_argument("--out", default=str(REPO / "docs" / "bench_embeddings.md"))
+    args = parser.parse_args()
+    sizes = [int(r) for r in args.rows.split(",")]
+    algos = args.algos.split(",")
+    variants = {"now": REPO, **({"before": Path(args.baseline)} if args.baseline else {})}
+    got: dict[tuple[str, str, int], list[float]] = {}
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-embeddings-") as tmp:
+        project = Path(tmp) / "wide_deep"
+        shutil.copytree(REPO / "examples" / "wide_deep", project)
+        subprocess.run(
+            [sys.executable, "make_data.py", "data"],
+            cwd=project,
+            env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
+            check=True,
+            timeout=600,
+        )
+        n = 0
+        for _ in range(args.repeats):
+            for algo in algos:
+                steps = max(1, int(STEPS.get(algo, 300) * args.steps_scale))
+                for rows in sizes:
+                    for name, checkout in variants.items():
+                        n += 1
+                        rate = apply(project, checkout, f"r{n}", algo, rows, steps)
+                        got.setdefault((name, algo, rows), []).append(rate)
+                        print(f"{name} {algo} {rows:,} rows: {rate:,.0f} examples/s", flush=True)
+    load_end = os.getloadavg()
+    lines = [
+        "# Benchmark: a large embedding table on parameter servers",
+        "",
+        f"`.venv/bin/python bench/bench_embeddings.py --rows {args.rows} --algos {args.algos}"
+        f"{' --baseline BEFORE' if args.baseline else ''} --repeats {args.repeats}` on "
+        f"{platform.node()} ({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}. "
+        "examples/wide_deep over 2 ps (tables split by `model.partition_bytes=1000000`) and 2 "
+        f"workers, batch {BATCH}, the same ids (below 50,000) in every run, only `model.vocab` "
+        "changed; examples/s from the chief's result.json, median of the repeats. `now`: this "
+        "checkout (a plain Keras Embedding reads only the batch's rows, recipes/sparse_lookup.py)"
+        + (
+            "; `before`: the baseline checkout (the whole table read every step)"
+            if args.baseline
+            else ""
+        )
+        + f". Load average {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end.",
+        "",
+        "| algorithm | code | "
+        + " | ".join(f"{r:,} rows" for r in sizes)
+        + " | largest / smallest |",
+        "|---|---|" + "---|" * len(sizes) + "---|",
+    ]
+    for algo in algos:
+        for name in variants:
+            rates = [statistics.median(got[(name, algo, r)]) for r in sizes]
+            cells = " | ".join(f"{r:,.0f}" for r in rates)
+            lines.append(f"| {algo} | {name} | {cells} | {rates[-1] / rates[0]:.2f}x |")
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
