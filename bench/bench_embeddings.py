@@ -80,8 +80,6 @@ def apply(project: Path, checkout: Path, run: str, algo: str, rows: int, steps: 
         result = json.loads((ws / "out" / "result.json").read_text())
     finally:
         kill_groups(recorded_groups(project))
-        if os.environ.get("BENCH_KEEP"):
-            shutil.copytree(ws, Path(os.environ["BENCH_KEEP"]) / run, dirs_exist_ok=True)
     return float(result["examples_per_sec"])
 
 

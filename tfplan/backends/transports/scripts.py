@@ -466,15 +466,15 @@ def fork_script(requests: str, token: str, pgid: int, wait_secs: float, import_s
     gone = f"rm -f {q(request)}; echo 'is gone' >&2; exit 3;"
     tries = max(int(wait_secs / 0.01), 1)
     looks = max(int(import_secs / 0.2), 1)
-    late = f"rm -f {q(request)}; echo 'did not answer within {{}}s' >&2; exit 4;"
+    late = f"rm -f {q(request)}; echo '{{}}' >&2; exit 4;"
     return (
         write_file_script(request)
         + f" && s=0; i=0; j=0; while [ ! -s {q(answer)} ]; do "
         + f"if [ -e {q(ready)} ]; then "
-        + f'[ "$i" -gt {tries} ] && {{ {late.format(f"{wait_secs:.0f}")} }}; '
+        + f'[ "$i" -gt {tries} ] && {{ {late.format(f"did not answer within {wait_secs:.0f}s")} }}; '
         + f'[ "$s" = 0 ] && {{ kill -USR1 -{pgid} 2>/dev/null || {{ {gone} }}; s=1; }}; '
         + "i=$((i+1)); sleep 0.01; "
-        + f'else [ "$j" -gt {looks} ] && {{ {late.format(f"{import_secs:.0f}")} }}; '
+        + f'else [ "$j" -gt {looks} ] && {{ {late.format(f"was still importing after {import_secs:.0f}s")} }}; '
         + f"kill -0 -{pgid} 2>/dev/null || {{ {gone} }}; j=$((j+1)); sleep 0.2; fi; done; "
         + f"cat {q(answer)}; rm -f {q(answer)}"
     )
