@@ -131,6 +131,17 @@ class LaunchedProcess:
         return self.returncode
 
 
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    """Until no process of group ``pgid`` is left, reaped (a zombie still counts), or timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+
+
 class Task:
     """One started task: its process, and its output lines collected by a reader thread."""
 
@@ -389,6 +400,10 @@ class RecipeCluster:
                 task.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            if isinstance(task.proc, LaunchedProcess):
+                # its exit record can come before the seed reaps it: the folder is the test's
+                # to remove once the group is gone (the seed decides about the record before)
+                _wait_group_gone(task.proc.pid, timeout=10)
 
     def __enter__(self) -> RecipeCluster:
         return self

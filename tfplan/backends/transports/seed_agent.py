@@ -208,14 +208,21 @@ class Seed:
 
     def reap(self) -> None:
         while self.children:
+            # Looked at before it is reaped: whoever waits for the task's process group to be
+            # gone (a test that then removes the task's folder) finds the record already
+            # decided. Checked after the reap, a folder being removed lost the task's own
+            # record first, and the seed wrote one back into it (seen: "Directory not empty").
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                dead = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if dead is None or dead.si_pid == 0:
                 return
+            pid = dead.si_pid
             exit_file = self.children.pop(pid, None)
-            if exit_file is None or os.path.exists(exit_file):  # the task recorded its own
+            recorded = exit_file is None or os.path.exists(exit_file)  # the task recorded its own
+            _, status = os.waitpid(pid, 0)
+            if recorded:
                 continue
             code = os.waitstatus_to_exitcode(status)
             try:
