@@ -222,7 +222,7 @@ class Seed:
             exit_file = self.children.pop(pid, None)
             recorded = exit_file is None or os.path.exists(exit_file)  # the task recorded its own
             _, status = os.waitpid(pid, 0)
-            if recorded:
+            if recorded or exit_file is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
             try:
