@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 import tensorflow as tf
 
+from recipes.algorithms.lazy_adam import LazyAdamOptimizer
 from recipes.config import AlgoConf
 from recipes.errors import ConfigError
 from recipes.vocabulary import OPTIMIZERS
@@ -119,14 +120,16 @@ def scaled(grad: Any, factor: Any) -> Any:
 
 
 def make_optimizer(name: str, lr: float) -> Any:
-    """A tf.compat.v1 optimizer by config name; lock-free (``use_locking=False``) on purpose."""
+    """A tf.compat.v1 optimizer by config name; lock-free (``use_locking=False``) on purpose.
+    Sparse gradients (embedding tables) change only their rows and those rows' slots: SGD,
+    momentum and Adagrad do so themselves, Adam is the lazy one (recipes/algorithms/lazy_adam.py)."""
     name = name.lower()
     if name == "sgd":
         return v1.train.GradientDescentOptimizer(lr, use_locking=False)
     if name == "adagrad":
         return v1.train.AdagradOptimizer(lr, use_locking=False)
     if name == "adam":
-        return v1.train.AdamOptimizer(lr, use_locking=False)
+        return LazyAdamOptimizer(lr, use_locking=False)
     if name == "momentum":
         return v1.train.MomentumOptimizer(lr, 0.9, use_locking=False)
     raise ConfigError(f"algo.optimizer={name}: unknown; valid: {', '.join(OPTIMIZERS)}")

@@ -23,6 +23,12 @@ class Optimizer:
     w <- w - lr a); ``adagrad`` (accumulator from 0.1: a <- a + g^2, w <- w - lr g / sqrt(a));
     ``adam`` (0.9, 0.999, 1e-8, bias correction with t = global step + 1).
 
+    A sparse gradient (an embedding table's ``IndexedSlices``) changes only its distinct rows
+    (duplicate ids summed) and those rows' slots, as the TF1 algorithms' optimizers do: the same
+    formulas on the rows, the other rows and slots left as they are (momentum does not carry an
+    untouched row, Adam is lazy: recipes/algorithms/lazy_adam.py). Dense, every row would be
+    rewritten at every step.
+
     Why not a Keras optimizer: Keras 3 optimizers track their own ``keras.Variable`` state and
     step counter; these few lines keep the slots in our checkpoints under plain names.
     """
@@ -58,7 +64,9 @@ class Optimizer:
             lr = lr * tf.sqrt(1.0 - tf.pow(0.999, t)) / (1.0 - tf.pow(0.9, t))
         for name, var in params.items():
             g = grads[name]
-            if self.name == "sgd":
+            if isinstance(g, tf.IndexedSlices):
+                self._apply_rows(name, var, g, slots, lr)
+            elif self.name == "sgd":
                 var.assign_sub(lr * g)
             elif self.name == "momentum":
                 a = slots[f"momentum/{name}"].assign(0.9 * slots[f"momentum/{name}"] + g)
@@ -70,3 +78,28 @@ class Optimizer:
                 m = slots[f"m/{name}"].assign(0.9 * slots[f"m/{name}"] + 0.1 * g)
                 v = slots[f"v/{name}"].assign(0.999 * slots[f"v/{name}"] + 0.001 * g * g)
                 var.assign_sub(lr * m / (tf.sqrt(v) + 1e-8))
+
+    def _apply_rows(self, name: str, var: Any, g: tf.IndexedSlices, slots: Params, lr: Any) -> None:
+        """The update of :meth:`apply` on the rows of a sparse gradient only."""
+        rows, at = tf.unique(tf.cast(g.indices, tf.int64))
+        g_rows = tf.math.unsorted_segment_sum(g.values, at, tf.shape(rows)[0])
+
+        def update(slot: str, value: Any) -> Any:
+            slots[f"{slot}/{name}"].scatter_update(tf.IndexedSlices(value, rows))
+            return value
+
+        def gather(slot: str) -> Any:
+            return tf.gather(slots[f"{slot}/{name}"], rows)
+
+        if self.name == "sgd":
+            step = lr * g_rows
+        elif self.name == "momentum":
+            step = lr * update("momentum", 0.9 * gather("momentum") + g_rows)
+        elif self.name == "adagrad":
+            a = update("accumulator", gather("accumulator") + g_rows * g_rows)
+            step = lr * g_rows / tf.sqrt(a)
+        else:
+            m = update("m", 0.9 * gather("m") + 0.1 * g_rows)
+            v = update("v", 0.999 * gather("v") + 0.001 * g_rows * g_rows)
+            step = lr * m / (tf.sqrt(v) + 1e-8)
+        var.scatter_sub(tf.IndexedSlices(step, rows))
