@@ -12,7 +12,9 @@ step would do), checks that each of the model's named inputs is a feature, and l
 features no input takes.
 
 Output: ``{"variables": [{"name", "shape", "bytes", "trainable", "ps"}, ...], "unused_features":
-[...]}`` on stdout. A config, model or data problem is one line on stderr and exit status 2; an
+[...], "tables": [{"name", "layer", "feature", "rows", "width", "bytes", "rows_only",
+"ids_per_example"}, ...]}`` on stdout (``tables``: the model's Embedding tables). A config,
+model or data problem is one line on stderr and exit status 2; an
 exception of the user's own code is that line, the frames of the user's files (indented) and exit
 status 1 (recipes/errors.py).
 """
@@ -50,6 +52,7 @@ def inspect(config_path: str, partitions: int = 1) -> dict[str, object]:
     work = Workload.of(cfg, partitions)
     with tf.Graph().as_default():
         variables = model_variables(work, partitions)
+        tables = work.model.embedding_tables()
     with tf.Graph().as_default():  # one forward pass, as a replica's first step builds it
         params = work.model.create_params()
         try:
@@ -66,7 +69,7 @@ def inspect(config_path: str, partitions: int = 1) -> dict[str, object]:
                 "failed on a batch shaped as the data's features:",
             ) from e
     unused = list(getattr(work.model, "unused_features", ()))
-    return {"variables": variables, "unused_features": unused}
+    return {"variables": variables, "unused_features": unused, "tables": tables}
 
 
 def model_variables(work: Any, partitions: int = 1) -> list[dict[str, object]]:

@@ -31,10 +31,11 @@ import collections
 import inspect
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from recipes.errors import ModelError, UserCodeError
-from recipes.sparse_lookup import Piece, sparse_call, sparse_capable, tables_in_use
+from recipes.sparse_lookup import Piece, fed_by, sparse_call, sparse_capable, tables_in_use
 
 __all__ = ["KerasModel", "ModelError"]
 
@@ -57,6 +58,26 @@ def _tf_variable(kv: Any) -> Any:
     """The ``tf.Variable`` behind a Keras variable (what savers, device setters and
     collections know)."""
     return getattr(kv, "value", kv)
+
+
+def _ids_per_example(layer: Any) -> Optional[int]:
+    """How many ids one example gives ``layer`` (every call of it summed: a table shared by
+    two features counts both), from the shapes it was called with; None when not known."""
+    shapes = []
+    for node in getattr(layer, "_inbound_nodes", ()):  # a functional or Sequential model
+        tensors = getattr(node, "input_tensors", ())
+        if tensors:
+            shapes.append(tuple(tensors[0].shape))
+    if not shapes:  # a subclassed model: the shape it was built with
+        built = (getattr(layer, "_build_shapes_dict", None) or {}).get("input_shape")
+        shapes = [tuple(built)] if built is not None else []
+    total = 0
+    for shape in shapes:
+        dims = shape[1:]
+        if not shapes or any(d is None for d in dims):
+            return None
+        total += int(np.prod(dims, dtype=np.int64)) if dims else 1
+    return total or None
 
 
 class KerasModel:
@@ -163,6 +184,35 @@ class KerasModel:
             path = layer.embeddings.path
             layer.call = sparse_call(layer, path)
             tables[path] = int(layer.embeddings.shape[0])
+        return tables
+
+    def embedding_tables(self) -> list[dict[str, Any]]:
+        """Every ``keras.layers.Embedding`` of the model built in the current graph whose table
+        is trained: ``name`` (``model/<path>``, as the variables are listed), ``layer``,
+        ``feature`` (the model input feeding it, when one does directly), ``rows``, ``width``,
+        ``bytes``, ``rows_only`` (its lookups read only the batch's rows: recipes/
+        sparse_lookup.py) and ``ids_per_example`` (None when its input shape is unknown)."""
+        from keras.layers import Embedding
+
+        model = self.template()
+        tables = []
+        for layer in model._flatten_layers(include_self=False):  # noqa: SLF001 - no public walk
+            table = getattr(layer, "embeddings", None)
+            if not isinstance(layer, Embedding) or table is None or table.path not in self.keys:
+                continue
+            rows, width = (int(d) for d in table.shape)
+            tables.append(
+                {
+                    "name": f"model/{table.path}",
+                    "layer": layer.name,
+                    "feature": fed_by(layer),
+                    "rows": rows,
+                    "width": width,
+                    "bytes": rows * width * np.dtype(table.dtype).itemsize,
+                    "rows_only": table.path in self.sparse_tables,
+                    "ids_per_example": _ids_per_example(layer),
+                }
+            )
         return tables
 
     def _pieces_of_tables(self, params: Params) -> dict[str, list[Piece]]:

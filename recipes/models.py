@@ -119,6 +119,11 @@ class Model:
     def prepare(self) -> None:
         """TF2: nothing to build ahead (a Keras model builds itself here)."""
 
+    def embedding_tables(self) -> list[dict[str, object]]:
+        """The model's embedding tables (:meth:`recipes.keras_model.KerasModel.embedding_tables`):
+        the built-in models have none."""
+        return []
+
     def create_state_variables(self) -> Params:
         """TF2: the non-trainable state as variables: none."""
         return {}

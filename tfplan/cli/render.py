@@ -302,6 +302,7 @@ def _footer(plan: Plan) -> list[Line]:
                 )
             if len(sharding.variables) > len(shown):
                 lines.append(("", f"    ... {len(sharding.variables) - len(shown)} more"))
+    lines += _table_lines(plan)
     for code in plan.user_code:
         lines.append(
             (
@@ -318,6 +319,54 @@ def _footer(plan: Plan) -> list[Line]:
         lines.append(("bold yellow", f"Warning: {warning}"))
     if plan.targets:
         lines += targeting_warning(plan)
+    return lines
+
+
+_READS = {
+    "rows": "only the batch's rows",
+    "whole": "the whole table",
+    "window": "from the worker's copy; the whole table at every window's pull and push",
+    "replica": "its own copy (no ps; the gradients are all-reduced)",
+}
+
+
+def _table_lines(plan: Plan) -> list[Line]:
+    """The user's embedding tables: size, bytes per ps with slots, what a step moves."""
+    tables = plan.sharding.tables
+    if not tables:
+        return []
+    algo = plan.run_config.get("algo") or {}
+    batch = (plan.run_config.get("data") or {}).get("batch_size")
+    slots = tables[0].slots
+    lines: list[Line] = [
+        (
+            "bold",
+            f"Embedding tables: {len(tables)} (algo.optimizer={algo.get('optimizer', 'sgd')}: "
+            f"{slots} slot(s) per row; per step at data.batch_size={batch}):",
+        )
+    ]
+    for t in tables:
+        fed = f", feature {t.feature!r}" if t.feature else ""
+        lines.append(
+            (
+                "",
+                f"  {t.name}  {t.rows:,} x {t.width}  {format_bytes(t.bytes)}  "
+                f"(layer {t.layer!r}{fed})",
+            )
+        )
+        where = (
+            f"with slots on ps: {_spread(t.bytes_per_ps)}"
+            if t.bytes_per_ps
+            else f"whole on every worker, {format_bytes(t.bytes * (1 + t.slots))} with slots"
+        )
+        lines.append(("", f"    {where}"))
+        rows = f"<= {t.rows_per_step:,} rows" if t.rows_per_step is not None else "rows unknown"
+        moved = f"reads {_READS[t.reads]}"
+        if t.read_bytes_per_step is not None:
+            moved += f" (<= {format_bytes(t.read_bytes_per_step)})"
+        if t.write_bytes_per_step is not None:
+            moved += f", writes the batch's rows (<= {format_bytes(t.write_bytes_per_step)})"
+        lines.append(("", f"    a step: {rows}; {moved}"))
     return lines
 
 

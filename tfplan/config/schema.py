@@ -190,6 +190,8 @@ class AllreduceConfig(AlgoConfig):
     lr: float = 0.1
     sync: bool = True
     collective_timeout_secs: float = 30.0  # an all-reduce waiting this long fails the group
+    # every worker holds every embedding table whole: a larger one is refused at plan time
+    replicated_table_limit_mb: float = 256.0
     startup_timeout_secs: float = 120.0  # every chief/worker task must start within this
 
 

@@ -49,6 +49,7 @@ class Inspection:
         unused_features: tuple[str, ...] = (),
         exit_code: int | None = None,
         frames: tuple[str, ...] = (),
+        tables: tuple[dict[str, Any], ...] = (),
     ) -> None:
         self.variables = variables
         self.source = source
@@ -57,6 +58,7 @@ class Inspection:
         self.unused_features = unused_features  # the data's features no model input takes
         self.exit_code = exit_code  # of the failed build: 2 config or data, 1 the user's code
         self.frames = frames  # the user's own frames, innermost last, when their code raised
+        self.tables = tables  # the model's Embedding tables, as recipes/inspect_model.py lists
 
     @property
     def refused(self) -> bool:
@@ -69,6 +71,7 @@ def _key(
     run_config: dict[str, Any], user_code: tuple[UserCode, ...], tf_version: str, num_ps: int
 ) -> str:
     what = {
+        "listing": 2,  # what an inspection lists (2: its tables too)
         "ps": num_ps,
         "model": run_config.get("model"),
         "data": run_config.get("data"),
@@ -145,4 +148,11 @@ def inspect_model(
 def _inspection(raw: dict[str, Any], source: str) -> Inspection:
     devices = {str(v["name"]): int(v.get("ps", 0)) for v in raw["variables"]}
     unused = tuple(str(f) for f in raw.get("unused_features") or ())
-    return Inspection(_variables(raw["variables"]), source, devices=devices, unused_features=unused)
+    tables = tuple(dict(t) for t in raw.get("tables") or ())
+    return Inspection(
+        _variables(raw["variables"]),
+        source,
+        devices=devices,
+        unused_features=unused,
+        tables=tables,
+    )

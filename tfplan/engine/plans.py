@@ -166,6 +166,7 @@ def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
         return made
     from tfplan.engine.model_shapes import inspect_model
     from tfplan.planning.sharding import preview_of
+    from tfplan.planning.tables import TF2_STRATEGIES, describe_tables, replicated_table_problem
 
     # as tfplan/engine/user_code.py resolves it (a "~" in recipe.code_dir included)
     code_dir = str(
@@ -201,7 +202,32 @@ def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
     if not cfg.model._target_:
         return made  # a built-in model: the planner knows its variables already
     preview = preview_of(found.variables, num_ps, found.source, found.devices)
-    return replace(made, sharding=preview)
+    algo = made.run_config.get("algo") or {}
+    tables = describe_tables(
+        list(found.tables),
+        preview.variables,
+        preview.placements[0] if preview.placements else None,
+        num_ps,
+        str(algo.get("name", "")),
+        str(algo.get("optimizer", "sgd")),
+        int((made.run_config.get("data") or {}).get("batch_size") or 1),
+    )
+    limit = algo.get("replicated_table_limit_mb")
+    problem = limit is not None and replicated_table_problem(tables, algo["name"], float(limit))
+    if problem:
+        raise TfplanError(problem)
+    notes = [
+        f"{t.name} (layer {t.layer!r}) is read whole at every step: an Embedding subclass "
+        "with its own call, or a quantized or LoRA one, is not read row by row "
+        '(docs/your_model.md, "Only the batch\'s rows move")'
+        for t in tables
+        if t.reads == "whole" and algo.get("name") not in TF2_STRATEGIES
+    ]
+    return replace(
+        made,
+        sharding=replace(preview, tables=tables),
+        warnings=(*made.warnings, *notes),
+    )
 
 
 def check_data_files(made: Plan) -> Plan:

@@ -27,6 +27,7 @@ __all__ = [
     "Action",
     "BackendRef",
     "Change",
+    "EmbeddingTable",
     "HostSpec",
     "Plan",
     "Role",
@@ -223,12 +224,40 @@ class ShardPlacement:
 
 
 @dataclass(frozen=True)
+class EmbeddingTable:
+    """One embedding table of the user's model as the plan shows it (tfplan/planning/tables.py):
+    its size, where it and its optimizer slots sit, and what one step moves at the configured
+    batch."""
+
+    name: str  # the variable, as the variables are listed (model/<layer>/embeddings)
+    layer: str
+    feature: str | None  # the model input that feeds it directly, when one does
+    rows: int
+    width: int
+    bytes: int  # the table alone
+    slots: int  # the optimizer's slots per row (sgd 0, momentum 1, adagrad 1, adam 2)
+    bytes_per_ps: tuple[int, ...]  # table + slots on each ps; empty: every worker holds it all
+    reads: str  # "rows" (only the batch's), "whole" (every step), "window" (whole, per window)
+    rows_per_step: int | None  # at most, at the configured batch (None: ids per example unknown)
+    read_bytes_per_step: int | None  # from the ps to a worker per step, at most
+    write_bytes_per_step: int | None  # back, at most (the batch's rows, with their ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "bytes_per_ps": list(self.bytes_per_ps)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EmbeddingTable:
+        return cls(**{**data, "bytes_per_ps": tuple(data.get("bytes_per_ps", ()))})
+
+
+@dataclass(frozen=True)
 class ShardingPreview:
     variables: tuple[VariableSpec, ...]
     placements: tuple[ShardPlacement, ...]
     # where the shapes come from: "" for the built-in models (the config), else e.g. "an
     # inspection build of my_pkg.models.build (cached)"
     source: str = ""
+    tables: tuple[EmbeddingTable, ...] = ()  # the user's model's embedding tables
 
     @property
     def total_bytes(self) -> int:
@@ -248,6 +277,7 @@ class ShardingPreview:
                 for p in self.placements
             ],
             "source": self.source,
+            "tables": [t.to_dict() for t in self.tables],
         }
 
     @classmethod
@@ -262,6 +292,7 @@ class ShardingPreview:
                 for p in data["placements"]
             ),
             source=str(data.get("source", "")),
+            tables=tuple(EmbeddingTable.from_dict(t) for t in data.get("tables", ())),
         )
 
 

@@ -216,10 +216,15 @@ def _check_sync_semantics(name: str, sync: bool) -> None:
 def _check_algorithm_options(cfg: Config, counts: RoleCounts) -> None:
     """Each algorithm's own keys: ranges and what the topology must give it."""
     algo = cfg.algo
-    for key in ("collective_timeout_secs", "startup_timeout_secs"):
+    examples = {
+        "collective_timeout_secs": 30,
+        "startup_timeout_secs": 120,
+        "replicated_table_limit_mb": 256,
+    }
+    for key, example in examples.items():
         value = getattr(algo, key, None)
         if value is not None:
-            _require(value > 0, f"algo.{key}", f"{value} is not positive", "use e.g. 30")
+            _require(value > 0, f"algo.{key}", f"{value} is not positive", f"use e.g. {example}")
     if isinstance(algo, AllreduceConfig):
         _require(
             algo.collective_timeout_secs >= 10,

@@ -1,0 +1,102 @@
+"""Pure: what the plan says of a user's embedding tables, from an inspection build's listing
+(``recipes/inspect_model.py``: ``tables``) and where the variables go.
+
+Per table: its rows and width, the bytes on each ps with the optimizer's slots (the table's parts
+where ``model.partition_bytes`` split it), and the most one step moves at the configured batch:
+a lookup that reads only the batch's rows moves at most ``min(rows, batch x ids per example)``
+rows of ``width`` floats plus their 8-byte ids each way; a whole read moves the table.
+``allreduce`` keeps every table whole on every worker: one over ``algo.replicated_table_limit_mb``
+is refused here, before anything starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfplan.planning.plan import EmbeddingTable, ShardPlacement, VariableSpec
+
+__all__ = ["ID_BYTES", "SLOTS_PER_ROW", "describe_tables", "replicated_table_problem"]
+
+ID_BYTES = 8  # an int64 id travels with each row
+SLOTS_PER_ROW = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
+# the TF1 algorithms whose workers train on a local copy and exchange it every window
+WINDOWED = frozenset(
+    {"adag", "agn", "downpour", "downpour_easy", "dynsgd", "eamsgd", "easgd", "sagn"}
+)
+TF2_STRATEGIES = frozenset({"allreduce", "pss"})
+
+
+def _reads(algo: str, rows_only: bool) -> str:
+    if algo == "allreduce":
+        return "replica"
+    if algo in WINDOWED:
+        return "window"
+    if algo in TF2_STRATEGIES or not rows_only:
+        return "whole"
+    return "rows"
+
+
+def describe_tables(
+    raw: list[dict[str, Any]],
+    variables: tuple[VariableSpec, ...],
+    placement: ShardPlacement | None,
+    num_ps: int,
+    algo: str,
+    optimizer: str,
+    batch_size: int,
+) -> tuple[EmbeddingTable, ...]:
+    """The tables of ``raw`` (the inspection's listing) as the plan shows them; ``placement``:
+    where the variables go (None without parameter servers)."""
+    slots = SLOTS_PER_ROW.get(optimizer.lower(), 0)
+    tables = []
+    for t in raw:
+        name, rows, width, size = str(t["name"]), int(t["rows"]), int(t["width"]), int(t["bytes"])
+        per_ps = [0] * num_ps
+        if placement is not None and num_ps > 0:
+            for var in variables:
+                if var.name == name or var.name.startswith(f"{name}/part_"):
+                    per_ps[placement.assignment.get(var.name, 0)] += var.bytes * (1 + slots)
+        ids = t.get("ids_per_example")
+        touched = min(rows, batch_size * int(ids)) if ids else None
+        row_bytes = size // max(1, rows)
+        reads = _reads(algo, bool(t.get("rows_only")))
+        moved = None if touched is None else touched * (row_bytes + ID_BYTES)
+        read = {"rows": moved, "whole": size}.get(reads)  # window, replica: no ps read per step
+        tables.append(
+            EmbeddingTable(
+                name=name,
+                layer=str(t.get("layer", "")),
+                feature=t.get("feature"),
+                rows=rows,
+                width=width,
+                bytes=size,
+                slots=slots,
+                bytes_per_ps=tuple(per_ps),
+                reads=reads,
+                rows_per_step=touched,
+                read_bytes_per_step=read,
+                write_bytes_per_step=moved if reads in ("rows", "whole") else None,
+            )
+        )
+    return tuple(tables)
+
+
+def replicated_table_problem(
+    tables: tuple[EmbeddingTable, ...], algo: str, limit_mb: float
+) -> str | None:
+    """The one line refusing ``allreduce`` a table over its limit (every worker holds every
+    table whole, and all-reduces its gradient), else None."""
+    if algo != "allreduce":
+        return None
+    limit = int(limit_mb * 2**20)
+    over = [t for t in tables if t.bytes > limit]
+    if not over:
+        return None
+    t = max(over, key=lambda t: t.bytes)
+    return (
+        f"algo=allreduce keeps every embedding table whole on every worker: {t.name} (layer "
+        f"{t.layer!r}, {t.rows:,} x {t.width}) is {t.bytes / 2**20:,.1f} MiB, over "
+        f"algo.replicated_table_limit_mb={limit_mb:g}: train it with a parameter-server "
+        "algorithm (algo=hogwild, algo=sync, ...) that reads only the batch's rows, or raise "
+        "algo.replicated_table_limit_mb"
+    )
