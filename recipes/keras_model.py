@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import collections
 import inspect
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -413,6 +413,33 @@ class KerasModel:
         }
 
     # -- forward --------------------------------------------------------------------------
+    def _reads_rows(self) -> bool:
+        """Whether the lookups read only the batch's rows here (see :meth:`forward`)."""
+        if not v1.executing_eagerly_outside_functions():
+            return True  # TF1 graph mode
+        if tf.executing_eagerly() or not tf.distribute.has_strategy():
+            return False
+        return isinstance(tf.distribute.get_strategy(), tf.distribute.ParameterServerStrategy)
+
+    def _table_values(self, params: Params, stand_ins: Mapping[str, Any]) -> list[Any]:
+        """The trainable values for ``stateless_call``, a split table's parts joined; a table
+        in ``stand_ins`` is a stand-in of its shape instead, which reads nothing. Why: inside a
+        ``tf.function`` a variable read that feeds anything must run (automatic control
+        dependencies), so joining the parts would move every row to the worker at each step even
+        though the lookups never use the join; a stand-in nothing uses is pruned."""
+        values = []
+        for k in self.keys:
+            if k in stand_ins:
+                rows = sum(hi - lo for _, lo, hi in stand_ins[k])
+                first = stand_ins[k][0][0]
+                values.append(tf.zeros([rows, *first.shape[1:]], first.dtype))
+            elif k in self.parts:
+                parts = [params[f"{k}/part_{i}"] for i in range(len(self.parts[k]))]
+                values.append(tf.concat(parts, axis=0))
+            else:
+                values.append(params[k])
+        return values
+
     def forward(
         self,
         params: Params,
@@ -429,21 +456,28 @@ class KerasModel:
         if missing:
             raise ModelError(f"{self._key}: no value for {missing[:3]}")
         state_vars = self.state_variables() if state is None else state
-        trainable = [
-            tf.concat([params[f"{k}/part_{i}"] for i in range(len(self.parts[k]))], axis=0)
-            if k in self.parts
-            else params[k]
-            for k in self.keys
-        ]
         non_trainable = [state_vars[k] for k in self.state_keys]
-        # Graph mode (the TF1 algorithms): the Embedding layers read only their batch's rows, on
-        # the parameter servers; the whole tables given to stateless_call above are then never
-        # run (graph pruning). TF2 (pss, allreduce) reads whole tables as before.
-        graph_mode = not v1.executing_eagerly_outside_functions()
-        with tables_in_use(self._pieces_of_tables(params) if graph_mode else {}):
+        # The Embedding layers read only their batch's rows, where the table lives: in graph
+        # mode (the TF1 algorithms: the whole tables given to stateless_call are never run, the
+        # session prunes them) and in pss's functions (tables on the ps). Elsewhere (allreduce's
+        # local replicas, eager evaluation) they read whole tables as before.
+        pieces = self._pieces_of_tables(params) if self._reads_rows() else {}
+        in_function = bool(pieces) and v1.executing_eagerly_outside_functions()
+        trainable = self._table_values(params, stand_ins=pieces if in_function else {})
+        with tables_in_use(pieces):
             outputs, new_state = model.stateless_call(
                 trainable, non_trainable, self._select(features), training=training
             )
+        if in_function and any(
+            t.consumers() for k, t in zip(self.keys, trainable, strict=True) if k in pieces
+        ):
+            # something besides the lookups read a table whole (a layer using
+            # ``embeddings`` itself): built again on the real values, which it then gets
+            trainable = self._table_values(params, stand_ins={})
+            with tables_in_use(pieces):
+                outputs, new_state = model.stateless_call(
+                    trainable, non_trainable, self._select(features), training=training
+                )
         if not training or not non_trainable:
             return outputs
         updates = [

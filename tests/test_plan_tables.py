@@ -73,9 +73,11 @@ def test_bytes_per_ps_count_the_slots_and_a_step_moves_the_batchs_rows_with_thei
 
 @pytest.mark.parametrize(
     ("algo", "reads", "read_bytes"),
-    [("pss", "whole", 32_000), ("downpour", "window", None), ("allreduce", "replica", None)],
+    [("pss", "rows", 64 * 40), ("downpour", "window", None), ("allreduce", "replica", None)],
 )
 def test_what_a_step_reads_follows_the_algorithm(algo: str, reads: str, read_bytes: int) -> None:
+    """pss reads rows as the TF1 algorithms do; the windowed ones look rows up in their copy and
+    move the whole table at each window; allreduce has no ps."""
     num_ps = 0 if algo == "allreduce" else 2
     placement = None if algo == "allreduce" else PLACEMENT
     user, _ = describe_tables(RAW, VARIABLES, placement, num_ps, algo, "sgd", 64)

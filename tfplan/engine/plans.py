@@ -166,7 +166,7 @@ def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
         return made
     from tfplan.engine.model_shapes import inspect_model
     from tfplan.planning.sharding import preview_of
-    from tfplan.planning.tables import TF2_STRATEGIES, describe_tables, replicated_table_problem
+    from tfplan.planning.tables import describe_tables, replicated_table_problem
 
     # as tfplan/engine/user_code.py resolves it (a "~" in recipe.code_dir included)
     code_dir = str(
@@ -221,7 +221,7 @@ def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
         "with its own call, or a quantized or LoRA one, is not read row by row "
         '(docs/your_model.md, "Only the batch\'s rows move")'
         for t in tables
-        if t.reads == "whole" and algo.get("name") not in TF2_STRATEGIES
+        if t.reads == "whole"
     ]
     return replace(
         made,

@@ -15,7 +15,7 @@ from typing import Any
 
 from tfplan.planning.plan import EmbeddingTable, ShardPlacement, VariableSpec
 
-__all__ = ["ID_BYTES", "SLOTS_PER_ROW", "describe_tables", "replicated_table_problem"]
+__all__ = ["ID_BYTES", "SLOTS_PER_ROW", "WINDOWED", "describe_tables", "replicated_table_problem"]
 
 ID_BYTES = 8  # an int64 id travels with each row
 SLOTS_PER_ROW = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
@@ -23,7 +23,6 @@ SLOTS_PER_ROW = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
 WINDOWED = frozenset(
     {"adag", "agn", "downpour", "downpour_easy", "dynsgd", "eamsgd", "easgd", "sagn"}
 )
-TF2_STRATEGIES = frozenset({"allreduce", "pss"})
 
 
 def _reads(algo: str, rows_only: bool) -> str:
@@ -31,7 +30,7 @@ def _reads(algo: str, rows_only: bool) -> str:
         return "replica"
     if algo in WINDOWED:
         return "window"
-    if algo in TF2_STRATEGIES or not rows_only:
+    if not rows_only:
         return "whole"
     return "rows"
 
