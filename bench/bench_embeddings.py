@@ -1,6 +1,6 @@
 """Examples/s of a model with a large embedding table, against the table's number of rows.
 
-    .venv/bin/python bench/bench_embeddings.py [--rows 50000,2000000] [--algos hogwild,downpour]
+    .venv/bin/python bench/bench_embeddings.py [--rows 50000,2000000] [--algos hogwild,downpour,pss]
         [--baseline PATH] [--repeats 1] [--out docs/bench_embeddings.md]
 
 examples/wide_deep (an Embedding of item ids x 16 and a one-column Embedding of the same ids, an
@@ -8,7 +8,8 @@ MLP over 8 dense features; Zipf-distributed click logs written by its own make_d
 50,000 in every run) is copied to a temporary folder. Then, for each table size (``model.vocab``,
 the only setting changed: every run reads the same ids) and each algorithm, ``tfplan apply`` on the
 embedded local cluster with 2 ps (``model.partition_bytes=1000000``: the tables split over both)
-and 2 workers; examples/s is the chief's ``result.json``. With ``--baseline PATH`` (another
+and 2 workers (and a chief of its own for ``pss``, its coordinator); examples/s is the chief's
+``result.json``. With ``--baseline PATH`` (another
 checkout of tfplan, e.g. a worktree of the commit before sparse reads) every run is repeated with
 that checkout's tfplan and recipes, interleaved, so the two are measured side by side. Medians of
 ``--repeats`` runs. The report says how much slower the largest table trains than the smallest
@@ -33,7 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from apply_helpers import free_port_base, kill_groups, recorded_groups  # noqa: E402
 
-STEPS = {"hogwild": 300, "downpour": 600}  # as measured in issue 34
+STEPS = {"hogwild": 300, "downpour": 600}  # as measured in issue 34; others 300
+TOPOLOGY = {"pss": ["cluster.chief=separate"]}  # its coordinator is a chief of its own
 BATCH = 32
 
 
@@ -65,6 +67,7 @@ def apply(project: Path, checkout: Path, run: str, algo: str, rows: int, steps: 
         f"trainer.checkpoint_steps={steps}",
         "trainer.log_steps=1000",
         "trainer.export_model=false",
+        *TOPOLOGY.get(algo, []),
     ]
     try:
         proc = subprocess.run(
@@ -86,7 +89,7 @@ def apply(project: Path, checkout: Path, run: str, algo: str, rows: int, steps: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="50000,2000000")
-    parser.add_argument("--algos", default="hogwild,downpour")
+    parser.add_argument("--algos", default="hogwild,downpour,pss")
     parser.add_argument("--baseline", default="", help="another checkout of tfplan to compare")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--steps-scale", type=float, default=1.0, help="x the default steps")
