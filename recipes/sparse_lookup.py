@@ -22,10 +22,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from recipes.errors import ModelError
+
 __all__ = [
     "OUT_OF_RANGE",
     "Piece",
     "fed_by",
+    "float_ids_error",
     "lookup_rows",
     "out_of_range_error",
     "sparse_call",
@@ -132,11 +135,29 @@ def sparse_call(layer: Any, path: str) -> Callable[[Any], Any]:
         pieces: Optional[Mapping[str, Sequence[Piece]]] = getattr(_active, "pieces", None)
         if not pieces or path not in pieces:
             return own(inputs)
+        if inputs.dtype.is_floating:
+            error = ModelError(float_ids_error(what, feature, inputs.dtype.name))
+            error._keras_call_info_injected = True  # type: ignore[attr-defined] # Keras: as is
+            raise error
         if inputs.dtype not in (tf.int32, tf.int64):
-            inputs = tf.cast(inputs, tf.int32)
+            inputs = tf.cast(inputs, tf.int64)
         return ops.cast(lookup_rows(pieces[path], inputs, what), dtype=layer.compute_dtype)
 
     return call
+
+
+def float_ids_error(what: str, feature: Optional[str], dtype: str) -> str:
+    """The one line for a table whose ids arrive as floats."""
+    data = (
+        f" and read the feature as integers (data.features.{feature}.dtype=int64)"
+        if feature
+        else ""
+    )
+    return (
+        f"{what} gets its ids as {dtype}: ids must be integers (a float32 holds them exactly only "
+        f"up to 16,777,216, above that distinct ids share a row): give the keras.Input that "
+        f'feeds it dtype="int64"{data}, or cast the ids in the model'
+    )
 
 
 def out_of_range_error(message: str) -> Optional[str]:

@@ -89,6 +89,23 @@ def test_the_features_the_model_does_not_take_are_listed(project: Path) -> None:
 
 
 @pytest.mark.full
+def test_an_embedding_whose_ids_arrive_as_floats_is_a_one_line_error(project: Path) -> None:
+    """The records hold int64 ids, but the model's keras.Input is float32 (Keras' default):
+    a float32 holds ids exactly only up to 2^24, so larger ones would share rows silently."""
+    models = project / "tabular" / "models.py"
+    _edit(
+        models,
+        'cat = keras.Input((), dtype="int64", name="cat")',
+        'cat = keras.Input((), name="cat")',
+    )
+    (line,) = _refused(project, MODEL, *SHARDS)
+    assert line.startswith(
+        "error: the Embedding 'cat_embedding' (feature 'cat') gets its ids as float32"
+    ), line
+    assert 'dtype="int64"' in line and "data.features.cat.dtype=int64" in line
+
+
+@pytest.mark.full
 def test_a_label_the_records_do_not_have_is_an_error(project: Path) -> None:
     (line,) = _refused(project, MODEL, *SHARDS, "data.label=target")
     assert line.startswith("error: data.label='target': the records have no feature 'target'")
