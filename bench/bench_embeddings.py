@@ -130,7 +130,8 @@ def main() -> None:
         "examples/wide_deep over 2 ps (tables split by `model.partition_bytes=1000000`) and 2 "
         f"workers, batch {BATCH}, the same ids (below 50,000) in every run, only `model.vocab` "
         "changed; examples/s from the chief's result.json, median of the repeats. `now`: this "
-        "checkout (a plain Keras Embedding reads only the batch's rows, recipes/sparse_lookup.py)"
+        "checkout (a plain Keras Embedding reads only the batch's rows, recipes/sparse_lookup.py, "
+        "in pss too, and the optimizers write only those rows)"
         + (
             "; `before`: the baseline checkout (the whole table read every step)"
             if args.baseline
