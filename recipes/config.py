@@ -113,6 +113,7 @@ class TrainerConf:
     seed: int = 0
     peer_wait_secs: float = 300.0
     export_model: bool = True  # output_dir/model.keras at the end, for a user's Keras model
+    trace_step: int = 0  # TF1: a worker logs its N-th step's traffic (recipes/traffic.py)
 
 
 @dataclass(frozen=True)

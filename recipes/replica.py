@@ -47,6 +47,7 @@ from recipes.runtime import (
     wait_for_done_tokens,
     wait_for_peers,
 )
+from recipes.traffic import traced_options, traffic_line
 from recipes.workload import Workload, saver_names
 
 __all__ = [
@@ -215,7 +216,12 @@ def _hooks(
 
 
 def hooked_step(
-    sess: Any, fetches: list[Any], options: Any, global_step: Any, max_steps: int
+    sess: Any,
+    fetches: list[Any],
+    options: Any,
+    global_step: Any,
+    max_steps: int,
+    run_metadata: Any = None,
 ) -> list[Any] | None:
     """``sess.run(fetches)``; None when it ran past its timeout because the job had already
     reached ``max_steps``. Why: a synchronous replica waits for a token that only another
@@ -223,7 +229,7 @@ def hooked_step(
     can do a step's every gradient), none comes, and the run timeout would end the replica as
     if a peer were dead (exit 4) although the job is done."""
     try:
-        return list(sess.run(fetches, options=options))
+        return list(sess.run(fetches, options=options, run_metadata=run_metadata))
     except tf.errors.DeadlineExceededError:
         probe = v1.RunOptions(timeout_in_ms=5000)
         reached = int(sess._tf_sess().run(global_step, options=probe))  # noqa: SLF001 - no hooks
@@ -309,6 +315,7 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
         signal.signal(signal.SIGUSR2, lambda *_: leave.set())
     progress = ProgressLog(ex_per_gs, cfg.trainer.log_steps, process_start, log)
     i, gs = 0, 0
+    trace_at, traced = int(cfg.trainer.trace_step or 0), False
     # after everything that can fail here (the data, the graph): that is said at once
     wait_for_peers(task, cfg.trainer.peer_wait_secs, log)
     try:
@@ -350,13 +357,20 @@ def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log =
                     if want_gs:
                         gs = int(out[2])
                 else:
+                    # trainer.trace_step: this run's traffic, from TensorFlow's step statistics
+                    tracing = 0 < trace_at <= i + 1 and not traced
+                    meta = v1.RunMetadata() if tracing else None
                     out = hooked_step(
                         sess,
                         [ops[k], g.train.loss, g.global_step],
-                        g.train.run_options,
+                        traced_options(g.train.run_options) if tracing else g.train.run_options,
                         g.global_step,
                         max_steps,
+                        run_metadata=meta,
                     )
+                    if tracing and out is not None:
+                        log(traffic_line(f"{task.type}/{task.index}", i + 1, meta))
+                        traced = True
                     if out is None:
                         log(
                             f"{task.type}/{task.index}: the job reached max_steps={max_steps} "

@@ -23,6 +23,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from apply_helpers import (
@@ -248,11 +249,13 @@ def test_bad_input_is_one_line_at_plan_time_and_starts_nothing(project: Path) ->
 
 
 @pytest.mark.cluster
-@pytest.mark.full  # the split itself is unit-tested in the fast tier (test_recipes_keras_model)
 def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path) -> None:
     """examples/wide_deep: the 50,000 x 16 table over model.partition_bytes is split by rows,
     one part per ps; the plan shows each part's ps, the chief reports the same split as
-    placed, and the checkpoint holds the parts."""
+    placed, and the checkpoint holds the parts. A step moves only the batch's rows: the traffic
+    a worker measured with TensorFlow's step statistics (trainer.trace_step) is within the
+    plan's bound for the tables' rows at this batch plus the dense variables, far below the
+    tables themselves."""
     project = example_with_data("wide_deep", tmp_path / "wide_deep", "4000")
     args = (
         "model._target_=wide_deep.models.build",
@@ -263,10 +266,13 @@ def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path) -
         "data.label=clicked",
         "model.loss=binary_crossentropy",
         "cluster.ps=2",
+        "data.batch_size=32",
+        "trainer.trace_step=2",
     )
     try:
         plan = tfplan(project, "plan", *base_overrides(project, free_port_base()), *args)
         assert plan.returncode == 0, plan.stderr
+        sharding = json.loads((project / ".tfplan" / "plan.json").read_text())["sharding"]
         parts = [ln.split() for ln in plan.stdout.splitlines() if "/part_" in ln]
         assert [p[0] for p in parts] == [
             "model/item_embedding/embeddings/part_0",
@@ -282,5 +288,42 @@ def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path) -
         names = _checkpoint_names(project, result)
         assert {f"model/item_embedding/embeddings/part_{i}" for i in (0, 1)} <= names
         assert "model/item_embedding/embeddings" not in names  # never the whole table
+        _assert_only_rows_moved(sharding, project / "work")
     finally:
         kill_groups(recorded_groups(project))
+
+
+def _assert_only_rows_moved(sharding: dict[str, Any], work: Path) -> None:
+    """A worker's traced step received and sent every dense variable plus at most the plan's
+    bound for the tables' rows (batch x ids per example rows of 4 x width bytes plus an 8-byte
+    id, per table), with 10 %."""
+    tables = sharding["tables"]
+    assert {t["name"] for t in tables} == {
+        "model/item_embedding/embeddings",
+        "model/item_wide/embeddings",
+    }
+    rows_bound = sum(t["read_bytes_per_step"] for t in tables)
+    assert rows_bound == 32 * (16 * 4 + 8) + 32 * (1 * 4 + 8)  # the batch's rows at most
+
+    def in_a_table(name: str) -> bool:
+        return any(name == t["name"] or name.startswith(t["name"] + "/part_") for t in tables)
+
+    dense = sum(v["bytes"] for v in sharding["variables"] if not in_a_table(v["name"]))
+    whole = sum(t["bytes"] for t in tables)
+    traced = [
+        m
+        for log in sorted(work.glob("worker-*/task.log"))
+        for m in re.finditer(
+            r"traffic of its step \d+ \(TensorFlow's step statistics\): received ([\d,]+) B "
+            r"from the ps, sent ([\d,]+) B to them",
+            log.read_text(),
+        )
+    ]
+    assert traced, "no worker logged its traced step"
+    for m in traced:
+        received, sent = (int(m[i].replace(",", "")) for i in (1, 2))
+        # the dense variables move whole each way (read, then their gradients): what is left is
+        # the tables' rows, at most the batch's (+256 B for the run's own small tensors)
+        assert 0 < received - dense <= 1.1 * rows_bound + 256, (received, rows_bound, dense)
+        assert 0 < sent - dense <= 1.1 * rows_bound + 256, (sent, rows_bound, dense)
+        assert received < whole / 50

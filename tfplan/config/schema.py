@@ -287,6 +287,9 @@ class TrainerConfig:
     # the chief writes output_dir/model.keras at the end when the run trains your Keras model
     # (model._target_; docs/your_model.md "Your model back"); false: the checkpoints only
     export_model: bool = True
+    # TF1 algorithms: each worker measures its N-th step's traffic with TensorFlow's step
+    # statistics and logs one line (bytes received from / sent to the ps); 0: never
+    trace_step: int = 0
 
 
 @dataclass
