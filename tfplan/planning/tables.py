@@ -23,6 +23,8 @@ SLOTS_PER_ROW = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
 WINDOWED = frozenset(
     {"adag", "agn", "downpour", "downpour_easy", "dynsgd", "eamsgd", "easgd", "sagn"}
 )
+# multi_gpu's towers share one read of every variable, tables whole, and average dense gradients
+WHOLE = frozenset({"multi_gpu"})
 
 
 def _reads(algo: str, rows_only: bool) -> str:
@@ -30,7 +32,7 @@ def _reads(algo: str, rows_only: bool) -> str:
         return "replica"
     if algo in WINDOWED:
         return "window"
-    if not rows_only:
+    if algo in WHOLE or not rows_only:
         return "whole"
     return "rows"
 
