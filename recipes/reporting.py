@@ -57,6 +57,9 @@ def _mean(values: Iterable[float]) -> float:
     return math.fsum(values) / len(values) if values else float("nan")
 
 
+MIN_RATE_SECS = 1.0  # a task's own window shorter than this says nothing of the job's speed
+
+
 class ProgressLog:
     """The progress lines of one training task, and what its result says of its speed.
 
@@ -109,6 +112,18 @@ class ProgressLog:
         or its scoring, which come after."""
         return self.t_last - self.t_start if self.first_gs is not None else 0.0
 
+    def examples_per_sec(self, global_step: int) -> float:
+        """The job's speed as this task saw it: the global steps made between its first and
+        its last step, over that time. A task that saw less than a second of it (a chief whose
+        workers did nearly every step before it got its first) says the job's mean since this
+        task started instead, which counts its start-up: lower than the truth, never absurd
+        (the steps others made before its first step over its own few milliseconds gave 6e10)."""
+        seen = self._prev_gs - self.first_gs if self.first_gs is not None else 0
+        if self.train_secs >= MIN_RATE_SECS and seen > 0:
+            return seen * self.examples_per_step / self.train_secs
+        since_start = max(time.time() - self.process_start, 1e-3)
+        return global_step * self.examples_per_step / since_start
+
     @property
     def last_batch_loss(self) -> float:
         """The mean loss of the last minibatches (NaN before any)."""
@@ -126,16 +141,13 @@ def result_record(
 ) -> dict[str, Any]:
     """What ``result.json`` holds: the final checkpoint's stored ``global_step`` and
     ``scores`` (its weights, restored from disk), this task's speed, and the cluster."""
-    first = progress.first_gs if progress.first_gs is not None else global_step
     wall = progress.train_secs
     return {
         "status": "succeeded",
         "global_step": global_step,
         "last_batch_loss": round(progress.last_batch_loss, 6),
         **scores,
-        "examples_per_sec": round(
-            (global_step - first) * progress.examples_per_step / max(wall, 1e-9), 1
-        ),
+        "examples_per_sec": round(progress.examples_per_sec(global_step), 1),
         "wall_time_secs": round(wall, 3),
         "algo": algo,
         "replicas": replicas,
