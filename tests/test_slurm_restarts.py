@@ -88,9 +88,9 @@ def test_a_task_restarts_inside_the_allocation_after_every_process_of_it_is_gone
     wrapper = int(before["handle"]["pid"])
     victim = {"tracked": wrapper, "srun": _srun(wrapper), "program": program}[first]
     os.kill(victim, signal.SIGKILL)
-    restarted = run.wait_for(rf"{re.escape(task)}: restarted on n\d", 60, up)
+    run.wait_for(rf"{re.escape(task)}: restarted on n\d", 60, up)
     assert _group(wrapper) == [] and not alive(program), "a previous life outlived its restart"
-    _, again = _up(run, task, restarted)
+    _, again = _up(run, task, up + 1)  # before or after 'restarted': two streams
     after = next(t for t in state_of(ws)["tasks"] if t["name"] == task)
     assert after["host"] == before["host"]
     assert after["handle"]["step"] == f"{task.replace('/', '-')}.1"
