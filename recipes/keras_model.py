@@ -74,7 +74,7 @@ def _ids_per_example(layer: Any) -> Optional[int]:
     total = 0
     for shape in shapes:
         dims = shape[1:]
-        if not shapes or any(d is None for d in dims):
+        if any(d is None for d in dims):
             return None
         total += int(np.prod(dims, dtype=np.int64)) if dims else 1
     return total or None

@@ -10,7 +10,8 @@ whose user table is split over both ps. What must hold:
   nothing (inside a ``tf.function`` a read that feeds anything must run, so a whole-table join
   would move every row to the worker at every step), and the parts are gathered row by row;
 - the loss equals Keras' own forward pass over the whole tables;
-- the step changes exactly the rows of the batch's ids, in each part, and no other.
+- the step changes exactly the rows of the batch's ids, in each part, and no other;
+- a model whose own layer reads the table whole (tied weights) gets the real table there.
 
 ParameterServerStrategy needs eager mode set up process-wide: the case runs in its own
 interpreter.
@@ -114,7 +115,45 @@ CASE = textwrap.dedent(
         k: sorted(np.nonzero(np.any(after[k] != before[k], axis=1))[0].tolist())
         for k in keys if k.startswith("user_emb/")
     }}
+    # a model whose own layer reads the table whole (tied weights): it must get the real join
+    class TableSum(keras.layers.Layer):
+        def __init__(self, emb, **kwargs):
+            super().__init__(**kwargs)
+            self.emb = emb
+
+        def call(self, x):
+            return x[:, :1] * 0.0 + keras.ops.sum(self.emb.embeddings)
+
+    def tied():
+        user = keras.Input((), dtype="int64", name="user")
+        extra = keras.Input((3,), name="extra")
+        emb = keras.layers.Embedding(USERS, WIDTH, name="user_emb")
+        h = keras.layers.Concatenate()([emb(user), extra, TableSum(emb, name="table_sum")(extra)])
+        return keras.Model({{"user": user, "extra": extra}}, keras.layers.Dense(1, name="out")(h))
+
+    tied_model = KerasModel(tied, {{}}, partitions=2, partition_bytes=100_000)
+    tied_model.prepare()
+    with strategy.scope():
+        tied_params = tied_model.create_variables()
+
+    @tf.function
+    def tied_loss(feats):
+        return strategy.run(
+            lambda f: tf.reduce_sum(tied_model.forward(tied_params, f, False)), args=(feats,)
+        )
+
+    tied_values = [
+        tf.concat([tied_params[f"{{k}}/part_{{i}}"] for i in range(len(tied_model.parts[k]))], 0)
+        if k in tied_model.parts else tied_params[k]
+        for k in tied_model.keys
+    ]
+    tied_keras = float(tf.reduce_sum(tied_model.template().stateless_call(tied_values, [], feats)[0]))
+    tied_got = coordinator.schedule(tied_loss, args=(feats,))
+    coordinator.join()
+
     print(json.dumps({{
+        "tied_loss": float(tied_got.fetch()),
+        "tied_keras": tied_keras,
         "parts": {{k: v for k, v in model.parts.items()}},
         "sparse": model.sparse_tables,
         "table_reads_feeding_something": [k for k, used in reads if used and k.startswith("user_emb/")],
@@ -140,6 +179,8 @@ def test_pss_reads_and_writes_only_the_rows_of_its_batch() -> None:
     assert got["table_reads_feeding_something"] == [], got
     assert got["gathers"] == parts, got
     assert abs(got["loss"] - got["keras_loss"]) <= 1e-4 * max(1.0, abs(got["keras_loss"])), got
+    # a layer reading the table itself got the real table, not the stand-in
+    assert abs(got["tied_loss"] - got["tied_keras"]) <= 1e-3 * max(1.0, abs(got["tied_keras"])), got
     touched = got["touched"]
     assert got["changed"][parts[0]] == [r for r in touched if r < 10_000]
     assert got["changed"][parts[1]] == [r - 10_000 for r in touched if r >= 10_000]
