@@ -220,8 +220,8 @@ def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
         f"{t.name} (layer {t.layer!r}) is read whole at every step: an Embedding subclass "
         "with its own call, or a quantized or LoRA one, is not read row by row "
         '(docs/your_model.md, "Only the batch\'s rows move")'
-        for t in tables
-        if t.reads == "whole"
+        for t, listed in zip(tables, found.tables, strict=True)
+        if t.reads == "whole" and not listed.get("rows_only")  # not the algorithm's doing
     ]
     return replace(
         made,
