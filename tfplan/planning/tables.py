@@ -11,17 +11,22 @@ is refused here, before anything starts.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
+from tfplan.config.algorithms import ALGORITHMS
 from tfplan.planning.plan import EmbeddingTable, ShardPlacement, VariableSpec
 
 __all__ = ["ID_BYTES", "SLOTS_PER_ROW", "WINDOWED", "describe_tables", "replicated_table_problem"]
 
 ID_BYTES = 8  # an int64 id travels with each row
 SLOTS_PER_ROW = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
-# the TF1 algorithms whose workers train on a local copy and exchange it every window
+# the TF1 algorithms whose workers train on a local copy and exchange it every window: those
+# whose schema has a window (the registry's own list, not a copy of it)
 WINDOWED = frozenset(
-    {"adag", "agn", "downpour", "downpour_easy", "dynsgd", "eamsgd", "easgd", "sagn"}
+    name
+    for name, algorithm in ALGORITHMS.items()
+    if any(f.name == "window" for f in fields(algorithm.schema))
 )
 # multi_gpu's towers share one read of every variable, tables whole, and average dense gradients
 WHOLE = frozenset({"multi_gpu"})
