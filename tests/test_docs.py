@@ -484,11 +484,13 @@ def failure_report(
         block = blocks[int(index)]
         doc_line = script.origin.get(int(line), (int(index), block.line))[1]
         shown = without_task_bodies(by_block.get(int(index), "").split("@@doc-failed")[0])
+        # the end of the output first: a CI summary that shortens a long report keeps its head
         return (
             f"{doc}, block {index} (line {block.line}): `{command}` (line {doc_line}) exited "
-            f"{status}\n--- the block ---\n{block.text}\n--- its output (last 6000 chars, "
-            f"the plans' task bodies left out) ---\n{shown[-6000:]}\n"
-            f"{supervisor_logs(log.parent)}(the whole session: {log})"
+            f"{status}\n--- the end of its output ---\n{shown[-1500:]}\n"
+            f"{supervisor_logs(log.parent)}--- the block ---\n{block.text}\n"
+            f"--- its output (last 6000 chars, the plans' task bodies left out) ---\n"
+            f"{shown[-6000:]}\n(the whole session: {log})"
         )
     if session.returncode is None:
         last = max(by_block, default=0)
