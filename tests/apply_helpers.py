@@ -158,6 +158,15 @@ def base_overrides(tmp: Path, port_base: int, experiment: str = "t") -> list[str
 TENSORFLOW_PROGRAM = "import tensorflow  # noqa: F401 - a training program's import\n"
 
 
+def seed_ready_line(project: Path, host: str = "localhost") -> str:
+    """The ``seed ready`` line of the warm seed an apply started on ``host`` (under
+    ``cluster.workdir=<project>/work``, as :func:`base_overrides` sets it)."""
+    log = project / "work" / "_seed" / host / "seed.log"
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("seed ready")]
+    assert lines, f"no warm seed's ready line in {log}"
+    return lines[-1]
+
+
 def fake_overrides(tmp: Path, tensorflow: bool = False, **args: str) -> list[str]:
     """The fake task as ``recipe.command``; ``tensorflow``: as a TensorFlow program (forked
     from the host's warm seed; without, it starts cold: it never imports TensorFlow)."""

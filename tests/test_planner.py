@@ -485,3 +485,24 @@ def test_large_commands_and_a_non_python_program_without_tf_config_are_warned_ab
     assert "the tasks get TF_CONFIG_FILE" in warning
     cfg.recipe.command = "python3 train.py"
     assert not any("Python" in w for w in plan(cfg, None, CTX).warnings)
+
+
+def test_only_tasks_that_may_use_keras_ask_their_warm_seed_for_it() -> None:
+    """The built-in recipes on a built-in model and data never import Keras: their host's
+    warm seed imports TensorFlow without it (tfplan/backends/process/seeds.py). The user's
+    model, data factory or loss, or the user's own program, may."""
+    from tfplan.backends import backend_class
+    from tfplan.planning.planner import plan as place
+
+    def keras_of(*overrides: str) -> set[bool]:
+        cfg = config(*overrides)
+        target = backend_class(cfg.cluster.backend).target(cfg.cluster, CTX)
+        tasks = place(cfg, None, CTX, target).tasks
+        assert all(Task.from_dict(json.loads(json.dumps(t.to_dict()))) == t for t in tasks)
+        return {t.keras for t in tasks}
+
+    assert keras_of() == keras_of("algo=allreduce", "cluster.ps=0") == {False}
+    assert keras_of("model=keras", "model._target_=my_pkg.models.build") == {True}
+    assert keras_of("data=factory", "data._target_=my_pkg.data.make") == {True}
+    assert keras_of("model.loss=my_pkg.losses.focal") == {True}
+    assert keras_of("recipe=command", "recipe.command=python train.py") == {True}

@@ -305,3 +305,58 @@ def test_a_forked_task_leads_its_own_group_when_its_launch_returns(
         launched.append(_record(request, handle))
     backend.cancel(launched, 5.0)
     backend.stop_seed(seed)
+
+
+# A library that pulls a heavy package in on import and lets an ImportError pass, as
+# TensorFlow's __init__ does with Keras 3 (``importlib.import_module("keras.src.optimizers")``).
+LIGHT = """
+import importlib
+try:
+    importlib.import_module("heavy.sub")
+except ImportError:
+    pass
+"""
+DEFERRED_TASK = r"""
+import json, sys
+before = sorted(m for m in sys.modules if m.split(".")[0] == "heavy")
+import heavy.sub
+print(json.dumps({"light": "light" in sys.modules, "heavy_before": before,
+                  "heavy_after": heavy.sub.VALUE}), flush=True)
+"""
+
+
+def test_a_seed_without_keras_defers_it_and_a_task_that_wants_it_imports_it(
+    backend: ProcessBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``keras=False`` (the built-in recipes on a built-in model): the seed imports what it
+    preloads without the package deferred (TensorFlow without Keras 3, 1.5 s of its 6 s here,
+    docs/backends.md); nothing of it is left half-imported, and a forked task that imports it
+    gets it whole."""
+    lib = tmp_path / "lib"
+    (lib / "heavy").mkdir(parents=True)
+    (lib / "heavy" / "__init__.py").write_text("")
+    (lib / "heavy" / "sub.py").write_text("VALUE = 42\n")
+    (lib / "light.py").write_text(LIGHT)
+    monkeypatch.setattr(process_seeds, "PRELOAD", ("light",))
+    monkeypatch.setattr(process_seeds, "WITHOUT_KERAS", ("--defer", "heavy"))
+    folder = str(tmp_path / "_seed")
+    seed = process_seeds.start_seed(
+        backend.pool, "localhost", folder, PY, {"PYTHONPATH": str(lib)}, keras=False
+    )
+    STARTED.append(seed)
+    assert seed.keras is False and WarmSeed.from_dict(seed.to_dict()) == seed
+    wait_until(lambda: backend.seed_ready(seed), 60, "the seed to be ready")
+    assert "(light imported without heavy)" in Path(seed.log_path).read_text()
+    backend.use_seeds([seed])
+    script = tmp_path / "wants_heavy.py"
+    script.write_text("# stands for a tensorflow program: a seed forks those\n" + DEFERRED_TASK)
+    request = replace(
+        _request(tmp_path, "worker/0"),
+        command=(PY, str(script)),
+        env={"PYTHONPATH": str(lib)},
+    )
+    launched = backend.launch(request, Allocation())
+    assert launched.handle["forked"] is True
+    seen = _first_line(request.log_path)
+    assert seen == {"light": True, "heavy_before": [], "heavy_after": 42}
+    backend.stop_seed(seed)

@@ -35,6 +35,7 @@ from apply_helpers import (
     kill_groups,
     minibatches_per_step,
     recorded_groups,
+    seed_ready_line,
     state_of,
     tfplan,
     topology,
@@ -101,6 +102,8 @@ def _apply(
     # the package went to the tasks beside the recipes, as the user wrote it
     shipped = project / "work" / "_code" / package / "models.py"
     assert shipped.read_text() == (project / package / "models.py").read_text()
+    # the user's Keras model: the warm seed imported TensorFlow with Keras 3 for its tasks
+    assert seed_ready_line(project).endswith("(tensorflow imported)")
     return result
 
 

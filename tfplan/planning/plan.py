@@ -108,6 +108,9 @@ class Task:
     log_path: str
     is_chief: bool
     fingerprint: str  # digest of everything that forces a restart when it changes
+    # Whether the task may use Keras (the user's program or code): a warm process for tasks
+    # that never do imports TensorFlow without the Keras 3 its import pulls in (1.5 s of CPU)
+    keras: bool = True
 
     @property
     def name(self) -> str:
@@ -130,6 +133,7 @@ class Task:
             "log_path": self.log_path,
             "is_chief": self.is_chief,
             "fingerprint": self.fingerprint,
+            **({} if self.keras else {"keras": False}),
         }
 
     @classmethod
@@ -146,6 +150,7 @@ class Task:
             log_path=data["log_path"],
             is_chief=bool(data["is_chief"]),
             fingerprint=data["fingerprint"],
+            keras=bool(data.get("keras", True)),
         )
 
 

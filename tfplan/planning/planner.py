@@ -506,7 +506,17 @@ def _task(
         log_path=posixpath.join(task_dir, "task.log"),
         is_chief=is_chief,
         fingerprint=_digest(restart_relevant),
+        keras=_uses_keras(cfg),
     )
+
+
+def _uses_keras(cfg: Config) -> bool:
+    """Whether the tasks may import Keras: the user's own program, or code of the user's that
+    the recipes call (a Keras model, a data factory, a loss). The built-in recipes on a
+    built-in model and data never do."""
+    if cfg.recipe.kind != "builtin":
+        return True
+    return bool(cfg.model._target_ or cfg.data._target_ or "." in (cfg.model.loss or ""))
 
 
 def _warnings(cfg: Config, ports: Mapping[tuple[Role, int], int]) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from tfplan.backends.transports.scripts import fork_script
 from tfplan.backends.transports.seeds import (
     AGENT_SOURCE,
     PRELOAD,
+    WITHOUT_KERAS,
     WarmSeed,
     fork_request,
     forkable,
@@ -67,20 +68,28 @@ def _safe(host: str) -> str:
 
 
 def start_seed(
-    pool: TransportPool, host: str, folder: str, python: str, env: dict[str, str]
+    pool: TransportPool,
+    host: str,
+    folder: str,
+    python: str,
+    env: dict[str, str],
+    keras: bool = True,
 ) -> WarmSeed:
-    """Start a warm seed on ``host`` (it imports :data:`PRELOAD`, then waits for requests).
+    """Start a warm seed on ``host`` (it imports :data:`PRELOAD`, then waits for requests);
+    ``keras=False``: without the Keras 3 that TensorFlow's import pulls in (tasks that never use
+    it).
 
     Raises:
         BackendError: the host could not start it.
     """
     transport = pool[host]
-    seed = WarmSeed(host, 0, 0, folder, python, dict(env))
+    seed = WarmSeed(host, 0, 0, folder, python, dict(env), keras)
     transport.write_file(seed.agent_path, AGENT_SOURCE.encode())
+    deferred = () if keras else WITHOUT_KERAS
     started = transport.start(
         LaunchSpec(
             name="seed",
-            command=(python, seed.agent_path, folder, *PRELOAD),
+            command=(python, seed.agent_path, folder, *deferred, *PRELOAD),
             env=dict(env),
             workdir=folder,
             log_path=seed.log_path,
@@ -129,12 +138,19 @@ def start_seeds(
     recorded in the allocation (and it is submitted) as soon as they start."""
     seeds = allocation_seeds(allocation)
     alive = _seeds_alive(pool, list(seeds.values()))
+    forked = [t for t in tasks if worth_a_seed(t.command, t.workdir)]
+    keras = {t.host for t in forked if t.keras}  # hosts with a task that may use Keras
     wanted: dict[str, Task] = {}
-    for task in tasks:
-        if task.host in wanted or not worth_a_seed(task.command, task.workdir):
+    for task in forked:
+        if task.host in wanted:
             continue
         seed = seeds.get(task.host)
-        if seed is not None and alive.get(seed.host) and forkable(seed, task.command, task.env):
+        if (
+            seed is not None
+            and alive.get(seed.host)
+            and forkable(seed, task.command, task.env)
+            and (seed.keras or task.host not in keras)
+        ):
             continue
         wanted[task.host] = task
     if not wanted:
@@ -146,9 +162,8 @@ def start_seeds(
 
     def start(task: Task) -> WarmSeed:
         folder = posixpath.join(root, _safe(task.host))
-        return start_seed(
-            pool, task.host, folder, task.command[0], seed_env(task.command, task.env)
-        )
+        env = seed_env(task.command, task.env)
+        return start_seed(pool, task.host, folder, task.command[0], env, task.host in keras)
 
     done = run_on_hosts(wanted, start)
     for host, error in sorted(done.failed.items()):

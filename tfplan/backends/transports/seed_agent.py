@@ -1,9 +1,10 @@
 """A warm seed: one Python process per host that imports TensorFlow once and forks tasks from it.
 
-Shipped to the host as a file and run there as ``python seed_agent.py FOLDER MODULE...`` (stdlib
-only: a host needs no tfplan). It imports the MODULEs (``tensorflow``: seconds of CPU per process),
-then serves fork requests, so that a task started from it begins its own work at once instead of
-paying the import again. A sweep keeps one per host while its points run (docs/sweeps.md).
+Shipped to the host as a file and run there as ``python seed_agent.py FOLDER [--defer PACKAGE]...
+MODULE...`` (stdlib only: a host needs no tfplan). It imports the MODULEs (``tensorflow``: seconds
+of CPU per process), without the PACKAGEs they would pull in (``--defer keras``: for tasks that
+never use Keras), then serves fork requests, so that a task started from it begins its own work
+at once instead of paying the import again. A sweep keeps one per host while its points run (docs/sweeps.md).
 
 Protocol, all in FOLDER on the host:
 
@@ -231,20 +232,64 @@ class Seed:
                 print(f"seed: cannot record the exit of {pid} in {exit_file}: {error}", flush=True)
 
 
+class _Defer:
+    """A finder that refuses the submodules of ``names`` while the seed imports. TensorFlow's
+    own ``__init__`` imports ``keras.src.optimizers`` (Keras 3: a quarter of its import, with
+    matplotlib) in a ``try`` that lets an ImportError pass; ``tf.keras`` stays a lazy loader. A
+    seed for tasks that never use Keras defers it: a forked task that does imports it then."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        top, _, rest = name.partition(".")
+        if top in self.names and rest:  # the package itself may be looked up, not imported
+            raise ImportError(f"{name}: deferred by the warm seed until a task imports it")
+        return None
+
+
+def _import(modules: list[str], deferred: set[str]) -> None:
+    defer = _Defer(deferred)
+    if deferred:
+        sys.meta_path.insert(0, defer)
+    try:
+        for module in modules:
+            try:
+                __import__(module)
+            except Exception as error:  # noqa: BLE001 - a module that fails here fails in the task
+                print(
+                    f"seed: could not import {module}: {type(error).__name__}: {error}", flush=True
+                )
+    finally:
+        if deferred:
+            sys.meta_path.remove(defer)
+            for name in [n for n in sys.modules if n.partition(".")[0] in deferred]:
+                del sys.modules[name]  # what a refused import left half done
+
+
+def _arguments(argv: list[str]) -> tuple[str, list[str], set[str]]:
+    """``FOLDER [--defer PACKAGE]... MODULE...``: the folder, the modules, what is deferred."""
+    folder, rest, deferred = argv[0], list(argv[1:]), set()
+    while len(rest) >= 2 and rest[0] == "--defer":
+        deferred.add(rest[1])
+        rest = rest[2:]
+    return folder, rest, deferred
+
+
 def main() -> None:
-    folder, modules = sys.argv[1], sys.argv[2:]
+    folder, modules, deferred = _arguments(sys.argv[1:])
     # Blocked before anything: a request that comes while the imports run waits for them.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGCHLD})
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
     began = time.monotonic()
     seed = Seed(folder)
-    for module in modules:
-        try:
-            __import__(module)
-        except Exception as error:  # noqa: BLE001 - a module that fails here fails in the task
-            print(f"seed: could not import {module}: {type(error).__name__}: {error}", flush=True)
+    _import(modules, deferred)
     took = time.monotonic() - began
-    print(f"seed ready in {took:.1f}s ({', '.join(modules) or 'nothing'} imported)", flush=True)
+    without = f" without {', '.join(sorted(deferred))}" if deferred else ""
+    print(
+        f"seed ready in {took:.1f}s ({', '.join(modules) or 'nothing'} imported{without})",
+        flush=True,
+    )
     _write_atomic(os.path.join(folder, "ready"), f"{os.getpid()} {took:.3f}\n")
     seed.fork_requested()  # what was asked while it imported (no signal comes before ready)
     seed.serve()

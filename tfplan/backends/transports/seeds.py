@@ -31,6 +31,7 @@ __all__ = [
     "AGENT_SOURCE",
     "IMPORT_TIME_ENV",
     "PRELOAD",
+    "WITHOUT_KERAS",
     "WarmSeed",
     "fork_request",
     "forkable",
@@ -42,6 +43,9 @@ __all__ = [
 
 AGENT_SOURCE = (Path(__file__).with_name("seed_agent.py")).read_text()
 PRELOAD = ("tensorflow",)  # what a seed imports: the seconds every task would spend
+# What a seed for tasks that never use Keras defers (seed_agent.py ``--defer``): TensorFlow's
+# own import pulls in Keras 3 (``keras.src.optimizers``, 1.5 s of its 6 s of CPU here)
+WITHOUT_KERAS = ("--defer", "keras")
 
 # Read once, at import, by what the seed has imported: a task that wants other values than
 # the seed was started with cannot be forked from it (it starts the usual way).
@@ -75,6 +79,9 @@ class WarmSeed:
     folder: str  # on the host: the agent, its log, ``ready``, ``requests/``
     python: str  # the interpreter it runs: only commands of this one are forked
     env: dict[str, str] = field(default_factory=dict)  # what it was started with
+    # False: TensorFlow imported without Keras 3 (for tasks that never use it); a task that
+    # does still forks from it, and imports Keras itself
+    keras: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +95,7 @@ class WarmSeed:
             str(data["folder"]),
             str(data["python"]),
             {str(k): str(v) for k, v in dict(data.get("env") or {}).items()},
+            bool(data.get("keras", True)),
         )
 
     @property
