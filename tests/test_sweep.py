@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import urllib.request
@@ -267,6 +268,10 @@ def test_real_two_point_sweep_end_to_end_with_report_and_tensorboard(ws: Path) -
     out = proc.stdout
     assert "Sweep complete! 2 succeeded, 0 failed." in out
     assert "Sweep: 2 points, 8 tasks in all" in out  # ps, 2 workers, evaluator per point
+    # the built-in recipes and model: the points' seed imported TensorFlow without Keras
+    assert re.search(
+        r"warm seed on localhost ready in [\d.]+s \(pid \d+, TensorFlow without Keras\)", out
+    )
     report = json.loads((ws / "out" / "results.json").read_text())["points"]
     csv_rows = list(csv.DictReader((ws / "out" / "results.csv").open()))
     for num, (row, csv_row) in enumerate(zip(report, csv_rows, strict=True)):

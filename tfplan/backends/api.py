@@ -392,9 +392,12 @@ class Backend(ABC):
         raise NotImplementedError(f"the {self.name} backend cannot copy outputs back")
 
     # ---- warm seeds (capabilities.warm_starts) ---------------------------------------------
-    def start_seed(self, host: str, folder: str, python: str, env: dict[str, str]) -> WarmSeed:
+    def start_seed(
+        self, host: str, folder: str, python: str, env: dict[str, str], keras: bool = True
+    ) -> WarmSeed:
         """Start a warm seed on ``host`` in ``folder``: ``python`` imports TensorFlow with
-        ``env``, then forks the tasks it is asked for.
+        ``env`` (``keras=False``: without Keras 3, for tasks that never use it), then forks the
+        tasks it is asked for.
 
         Raises:
             BackendError: it could not start (always, without ``capabilities.warm_starts``).

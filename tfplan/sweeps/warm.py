@@ -80,9 +80,12 @@ class SweepSeeds:
         folder = posixpath.join(
             posixpath.dirname(posixpath.dirname(plan.code_dir)), f"_seed-{self.sweep_id}"
         )
+        # Keras 3 only where a task of this (the first) point may use it: a later point's
+        # task that does still forks from the seed and imports Keras itself
+        keras = any(t.keras for t in plan.tasks if t.host == host)
         try:
             seed = self._backend.start_seed(
-                host, folder, task.command[0], seed_env(task.command, task.env)
+                host, folder, task.command[0], seed_env(task.command, task.env), keras
             )
         except TfplanError as error:
             self._failed.add(host)
@@ -100,9 +103,10 @@ class SweepSeeds:
             try:
                 if self._backend.seed_ready(seed):
                     took = time.monotonic() - began
+                    without = "" if seed.keras else ", TensorFlow without Keras"
                     self.say(
-                        f"warm seed on {seed.host} ready in {took:.1f}s (pid {seed.pid}): "
-                        "tasks fork from it"
+                        f"warm seed on {seed.host} ready in {took:.1f}s (pid {seed.pid}"
+                        f"{without}): tasks fork from it"
                     )
                     return
             except TfplanError as error:

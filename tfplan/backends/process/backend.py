@@ -252,13 +252,15 @@ class ProcessBackend(Backend):
         )
 
     # ---- warm seeds (a sweep's; docs/sweeps.md; tfplan.backends.process.seeds) -------------
-    def start_seed(self, host: str, folder: str, python: str, env: dict[str, str]) -> WarmSeed:
+    def start_seed(
+        self, host: str, folder: str, python: str, env: dict[str, str], keras: bool = True
+    ) -> WarmSeed:
         """Start a warm seed on ``host`` (it imports ``PRELOAD``, then waits for requests).
 
         Raises:
             BackendError: the host could not start it.
         """
-        return seeds.start_seed(self.pool, host, folder, python, env)
+        return seeds.start_seed(self.pool, host, folder, python, env, keras)
 
     def seed_ready(self, seed: WarmSeed) -> bool:
         """Whether the seed has imported what it preloads (it answers requests from then on)."""
