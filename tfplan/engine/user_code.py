@@ -18,29 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfplan.backends.staging import package_files
+from tfplan.config.callables import named_targets
 from tfplan.errors import ConfigError
 from tfplan.planning.plan import UserCode
 
 if TYPE_CHECKING:
     from tfplan.config.schema import Config
 
-__all__ = ["find_user_code", "named_targets"]
+__all__ = ["find_user_code"]
 
 # Names the tasks import from elsewhere: never shipped from the user's folder.
 _PROVIDED = frozenset({"recipes", "tensorflow", "keras", "tf_keras", "numpy", "builtins"})
-
-
-def named_targets(cfg: Config) -> list[tuple[str, str]]:
-    """``(key, dotted target)`` for each callable of the user's the config names."""
-    found = []
-    for key, value in (
-        ("model._target_", cfg.model._target_),
-        ("data._target_", cfg.data._target_),
-        ("model.loss", cfg.model.loss if "." in (cfg.model.loss or "") else None),
-    ):
-        if value:
-            found.append((key, str(value)))
-    return found
 
 
 def _describe(name: str, source: Path, keys: tuple[str, ...]) -> UserCode:

@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from tfplan.config.algorithms import ALGORITHMS
+from tfplan.config.callables import named_targets
 from tfplan.config.schema import ChiefMode, Config
 from tfplan.errors import ConfigError, PlanError
 from tfplan.planning.commands import split_command, task_command, with_python
@@ -137,6 +138,8 @@ def plan(
     endpoints = _cluster_spec(slots, ports, places)
     cluster_digest = ClusterSpecText(endpoints).digest
     elastic = is_elastic(cfg, target.resize_in_place)
+    # Keras only where the user's program, or code of the user's the recipes call, may use it
+    keras = cfg.recipe.kind != "builtin" or bool(named_targets(cfg))
     tasks = tuple(
         _task(
             cfg,
@@ -149,6 +152,7 @@ def plan(
             stable_digest,
             cluster_digest,
             elastic,
+            keras,
         )
         for slot in slots
     )
@@ -459,6 +463,7 @@ def _task(
     config_digest: str,
     cluster_digest: str,
     elastic: bool = False,
+    keras: bool = True,
 ) -> Task:
     name = f"{slot.role.value}/{slot.index}"
     task_dir = posixpath.join(workdir, f"{slot.role.value}-{slot.index}")
@@ -506,17 +511,8 @@ def _task(
         log_path=posixpath.join(task_dir, "task.log"),
         is_chief=is_chief,
         fingerprint=_digest(restart_relevant),
-        keras=_uses_keras(cfg),
+        keras=keras,
     )
-
-
-def _uses_keras(cfg: Config) -> bool:
-    """Whether the tasks may import Keras: the user's own program, or code of the user's that
-    the recipes call (a Keras model, a data factory, a loss). The built-in recipes on a
-    built-in model and data never do."""
-    if cfg.recipe.kind != "builtin":
-        return True
-    return bool(cfg.model._target_ or cfg.data._target_ or "." in (cfg.model.loss or ""))
 
 
 def _warnings(cfg: Config, ports: Mapping[tuple[Role, int], int]) -> tuple[str, ...]:

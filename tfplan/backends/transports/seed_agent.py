@@ -4,7 +4,8 @@ Shipped to the host as a file and run there as ``python seed_agent.py FOLDER [--
 MODULE...`` (stdlib only: a host needs no tfplan). It imports the MODULEs (``tensorflow``: seconds
 of CPU per process), without the PACKAGEs they would pull in (``--defer keras``: for tasks that
 never use Keras), then serves fork requests, so that a task started from it begins its own work
-at once instead of paying the import again. A sweep keeps one per host while its points run (docs/sweeps.md).
+at once instead of paying the import again. A sweep keeps one per host while its points run
+(docs/sweeps.md).
 
 Protocol, all in FOLDER on the host:
 
