@@ -14,11 +14,13 @@ split over the parameter servers (``<path>/part_<i>``, row ranges) joined along 
 
 The chief of a run that trains a ``model._target_`` writes ``output_dir/model.keras`` from its
 final checkpoint; a failed export is a warning there, never a failed run. The TF1 chief runs with
-eager execution disabled (Keras saves eagerly), so it starts an exporter subprocess when it
-starts (:func:`start_export`, ``--checkpoint -``): the exporter imports TensorFlow and builds the
-model while the cluster trains, at a lower priority, then waits for the final checkpoint's path
-on its stdin (:func:`finish_export`); the chief's exit for any reason closes that pipe and the
-exporter ends without writing. The eager TF2 strategies export in-process (:func:`export_final`). ``tfplan export model``
+eager execution disabled (Keras saves eagerly), so it starts an exporter when it starts
+(:func:`start_export`, ``--checkpoint -``): forked from the chief itself just after its
+TensorFlow import and before it disables eager execution (TensorFlow and Keras come imported,
+as a task forked from a warm seed gets them), or a subprocess that imports them when the chief
+is past that point. The exporter builds the model while the cluster trains, at a lower
+priority, then waits for the final checkpoint's path on its stdin (:func:`finish_export`); the
+chief's exit for any reason closes that pipe and the exporter ends without writing. The eager TF2 strategies export in-process (:func:`export_final`). ``tfplan export model``
 runs this module for any checkpoint of an experiment.
 
 Exit codes as ``recipes/train.py``: 0 written; 2 the config, the checkpoint or ``--out`` is
@@ -30,9 +32,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Optional
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from recipes.checkpoint_names import MODEL_PREFIX, OBJECT_SUFFIX, model_name, object_based
 from recipes.config import load_run_config
@@ -43,6 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPORT_TIMEOUT_SECS",
+    "Exporter",
+    "ForkedExporter",
     "MODEL_FILE",
     "export_final",
     "build_model",
@@ -206,26 +214,152 @@ def _not_exported(cfg: RunConfig, out: str, why: str) -> str:
     )
 
 
-def start_export(
-    cfg: RunConfig, run_yaml: Optional[str], log: Log
-) -> Optional[subprocess.Popen[str]]:
-    """Start the exporter of ``output_dir/model.keras`` in a subprocess with this task's
-    environment (a TF1 chief runs with eager execution disabled; Keras saves eagerly): it
-    imports TensorFlow and builds the model now, while the cluster trains, then waits for the
-    final checkpoint (:func:`finish_export`). None when there is nothing to export (a built-in
-    model) or no run.yaml to give it."""
+class ForkedExporter:
+    """The exporter forked from the chief (:func:`start_export`), driven as the subprocess one
+    is: the checkpoint's path on its stdin, its error lines on its stderr, its exit status."""
+
+    def __init__(self, pid: int, stdin: int, stderr: int) -> None:
+        self.pid = pid
+        self._stdin = stdin
+        self._stderr = stderr
+        self.returncode: Optional[int] = None
+        self.stderr = None  # read by communicate
+
+    def communicate(self, input: str = "", timeout: Optional[float] = None) -> tuple[None, str]:
+        """Write ``input`` and close the exporter's stdin, then read its stderr until it ends.
+
+        Raises:
+            subprocess.TimeoutExpired: it has not ended within ``timeout`` seconds.
+        """
+        if self._stderr < 0:  # killed: nothing more to read
+            self.wait()
+            return None, ""
+        try:
+            os.write(self._stdin, input.encode())
+        except BrokenPipeError:
+            pass  # it ended before it was asked: its stderr says why
+        finally:
+            os.close(self._stdin)
+            self._stdin = -1
+        deadline = None if timeout is None else time.monotonic() + timeout
+        chunks: list[bytes] = []
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._stderr], [], [], left)
+            if not ready:
+                raise subprocess.TimeoutExpired(["recipes.export"], timeout or 0.0)
+            chunk = os.read(self._stderr, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(self._stderr)
+        self._stderr = -1
+        self.wait()
+        return None, b"".join(chunks).decode(errors="replace")
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:  # reaped by someone else: its stderr said what it had
+                self.returncode = 1
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+        for fd in (self._stdin, self._stderr):
+            if fd >= 0:
+                os.close(fd)
+        self._stdin = self._stderr = -1
+
+
+Exporter = Union[ForkedExporter, "subprocess.Popen[str]"]
+
+
+def _can_fork() -> bool:
+    """This process may fork the exporter: TensorFlow imported, still eager and its runtime not
+    started, and no other Python thread (whose locks the child would inherit): the state a warm
+    seed forks its tasks in."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not tf.executing_eagerly() or threading.active_count() != 1:
+        return False
+    from tensorflow.python.eager import context
+
+    # not yet initialised: no thread pool of TensorFlow's runtime the child would find without
+    # its threads (an eager op, a tf.config call, or a session would have started it)
+    return not getattr(context.context(), "_initialized", True)
+
+
+def _fork_exporter(arguments: list[str]) -> ForkedExporter:
+    """Fork ``python -m recipes.export ARGUMENTS`` from this process: stdin and stderr pipes
+    to this one, stdout /dev/null, the same process group (stopped with the chief's)."""
+    path_read, path_write = os.pipe()
+    err_read, err_write = os.pipe()
+    for stream in (sys.stdout, sys.stderr):  # else the child writes what is buffered again
+        stream.flush()
+    pid = os.fork()
+    if pid == 0:  # the exporter
+        code = 1
+        try:
+            os.close(path_write)
+            os.close(err_read)
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+                signal.signal(signum, signal.SIG_DFL)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd, onto in ((path_read, 0), (devnull, 1), (err_write, 2)):
+                os.dup2(fd, onto)
+                os.close(fd)
+            os.environ.update(_EXPORTER_ENV)
+            for name in _NOT_A_TASK:
+                os.environ.pop(name, None)
+            code = main(arguments)
+        except BaseException:  # noqa: BLE001 - the child never returns into the chief's code
+            pass
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001, S110 - a closed stream must not stop the exit
+                    pass
+            # posix._exit, not os._exit: a task forked from a warm seed has os._exit record the
+            # task's own exit status, which the exporter must not write
+            import posix
+
+            posix._exit(code)
+    os.close(path_read)
+    os.close(err_write)
+    return ForkedExporter(pid, path_write, err_read)
+
+
+# No GPU: the chief still holds its own, and a model's save needs none.
+_EXPORTER_ENV = {"CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+_NOT_A_TASK = ("TF_CONFIG", "TFPLAN_STANDBY")  # the exporter has no cluster, is no standby
+
+
+def start_export(cfg: RunConfig, run_yaml: Optional[str], log: Log) -> Optional[Exporter]:
+    """Start the exporter of ``output_dir/model.keras`` with this task's environment: it builds
+    the model now, while the cluster trains, then waits for the final checkpoint
+    (:func:`finish_export`). Forked from this process where it is safe (:func:`_can_fork`: a
+    TF1 chief just after its TensorFlow import), else a subprocess that imports TensorFlow
+    itself. None when there is nothing to export (a built-in model) or no run.yaml to give it."""
     out = final_model_path(cfg)
     if out is None or not run_yaml:
         return None
-    command = [sys.executable, "-m", "recipes.export", "--config", run_yaml]
-    command += ["--checkpoint", "-", "--out", out]
-    # No GPU: the chief still holds its own, and a model's save needs none.
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    for name in ("TF_CONFIG", "TFPLAN_STANDBY"):  # not a task: no cluster, no standby
+    arguments = ["--config", run_yaml, "--checkpoint", "-", "--out", out]
+    if _can_fork():
+        try:
+            return _fork_exporter(arguments)
+        except OSError as e:
+            log(_not_exported(cfg, out, f"cannot fork the exporter: {e}"))
+            return None
+    env = {**os.environ, **_EXPORTER_ENV}
+    for name in _NOT_A_TASK:
         env.pop(name, None)
     try:
         return subprocess.Popen(
-            command,
+            [sys.executable, "-m", "recipes.export", *arguments],
             stdin=subprocess.PIPE,  # the final checkpoint's path comes here; EOF: no export
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -238,7 +372,7 @@ def start_export(
 
 
 def finish_export(
-    proc: Optional[subprocess.Popen[str]],
+    proc: Optional[Exporter],
     cfg: RunConfig,
     checkpoint: str,
     log: Log,

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -28,7 +28,7 @@ from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
 from recipes.errors import EXIT_NAN_LOSS, EXIT_PEER_TIMEOUT, TrainingFailed
 from recipes.evaluator import CheckpointScorer, result_scores
-from recipes.export import finish_export, start_export
+from recipes.export import Exporter, finish_export
 from recipes.failures import input_failure
 from recipes.inputs import graph_feeds
 from recipes.live import Live
@@ -269,17 +269,22 @@ def _make_server(task: TaskInfo, cpu_devices: int, joining: bool = False) -> Any
     )
 
 
-def run_replica(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log = print) -> int:
-    """Train this replica to ``max_steps``; returns the exit code.
+def run_replica(
+    cfg: RunConfig,
+    task: TaskInfo,
+    process_start: float,
+    log: Log = print,
+    exporter: Optional[Exporter] = None,
+) -> int:
+    """Train this replica to ``max_steps``; returns the exit code. A chief that trains a user's
+    Keras model comes with its ``exporter`` (recipes/train.py starts it before it disables
+    eager execution; recipes/export.py), given the final checkpoint at the end.
 
     Raises:
         TrainingFailed: NaN loss, or a peer that stopped answering (sync run timeout).
         recipes.data.DataError: the data set cannot be loaded.
     """
     work = Workload.of(cfg, task.n_ps)  # before the server: a missing file fails in a second
-    # the chief's exporter of a user's Keras model imports TensorFlow while the cluster trains;
-    # it ends by itself when this process does (its stdin closes)
-    exporter = start_export(cfg, task.run_yaml, log) if task.is_chief else None
     result_path = os.path.join(cfg.output_dir, "result.json")
     if task.is_chief:
         os.makedirs(cfg.output_dir, exist_ok=True)

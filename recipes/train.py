@@ -68,6 +68,12 @@ def _run(config_path: str) -> int:
         from recipes.strategies import run_task
 
         return run_task(cfg, task, PROCESS_START, _log)
+    exporter = None
+    if task.is_chief and task.type != "evaluator":
+        from recipes.export import start_export
+
+        # before eager execution goes: the exporter forks from here with TensorFlow imported
+        exporter = start_export(cfg, config_path, _log)
     tf.compat.v1.disable_eager_execution()
     _quiet_cancelled_threads(tf.errors.CancelledError)
     if task.type == "ps":
@@ -80,7 +86,7 @@ def _run(config_path: str) -> int:
         return run_evaluator(cfg, _log, partitions=task.n_ps)
     from recipes.replica import run_replica
 
-    return run_replica(cfg, task, PROCESS_START, _log)
+    return run_replica(cfg, task, PROCESS_START, _log, exporter)
 
 
 def _stand_by(config_path: str) -> None:

@@ -12,6 +12,7 @@ written to a folder of its own and put on ``sys.path``, as a user's would be imp
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -312,44 +313,69 @@ def test_a_failed_export_at_the_end_of_training_is_one_warning_line(
     assert start_export(builtin, "run.yaml", lines.append) is None and len(lines) == 3
 
 
+# What a TF1 chief does with its exporter (recipes/train.py), in a fresh interpreter: TensorFlow
+# imported, eager and its runtime not started, one thread, so the exporter is forked from it.
+FORKING_CHIEF = textwrap.dedent(
+    """
+    import json, os, sys
+    import tensorflow as tf
+    from recipes.config import load_run_config
+    from recipes.export import ForkedExporter, finish_export, start_export
+
+    run_yaml, checkpoint = sys.argv[1:]
+    cfg = load_run_config(run_yaml)
+    lines = []
+    ended = start_export(cfg, run_yaml, lines.append)  # the chief dies before its checkpoint
+    assert isinstance(ended, ForkedExporter), ended
+    _, err = ended.communicate("", timeout=240)
+    made = os.path.exists(os.path.join(cfg.output_dir, "model.keras"))
+    forked = start_export(cfg, run_yaml, lines.append)
+    tf.compat.v1.disable_eager_execution()  # the chief goes on in graph mode; the child is eager
+    finish_export(forked, cfg, checkpoint, lines.append)
+    print(json.dumps({"ended": [ended.returncode, err, made], "lines": lines}))
+    """
+)
+
+
 def test_a_chiefs_exporter_builds_first_then_writes_or_ends_with_the_chief(
-    code_dir: Path, tmp_path: Path
+    code_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The TF1 chief's exporter starts with the chief (TensorFlow's import overlaps training)
-    and waits for the final checkpoint on stdin: given one it writes model.keras; when the
-    chief ends first (its stdin closes) it ends without writing."""
+    """The TF1 chief's exporter starts with the chief (the build overlaps training) and waits
+    for the final checkpoint on stdin: given one it writes model.keras; when the chief ends
+    first (its stdin closes) it ends without writing. Forked from the chief where that is safe
+    (just after the chief's TensorFlow import), a subprocess otherwise (this pytest process: its
+    TensorFlow runtime is started, and pytest-xdist runs threads)."""
     cfg = _cfg(tmp_path, "build", units=16)
-    values, _, trainable = _trained(cfg)
+    values, order, trainable = _trained(cfg)
     ckpt = _write_tf2(tmp_path, values, 7, trainable)
     run_yaml = _run_yaml(
         tmp_path / "run",
         tmp_path,
         {"_target_": f"{PACKAGE}.models.build", "kwargs": {"units": 16}},
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code_dir), str(REPO)])}
-    lines: list[str] = []
-    ended = subprocess.Popen(
-        [sys.executable, "-m", "recipes.export", "--config", str(run_yaml), "--checkpoint", "-"]
-        + ["--out", str(tmp_path / "model.keras")],
-        stdin=subprocess.PIPE,
-        env=env,
-    )
-    assert ended.stdin is not None
-    ended.stdin.close()  # the chief died before its final checkpoint
-    assert ended.wait(timeout=240) == 0
-    assert not (tmp_path / "model.keras").exists()
-    old = dict(os.environ)
-    os.environ["PYTHONPATH"] = env["PYTHONPATH"]
-    try:
-        exporter = start_export(load_run_config(str(run_yaml)), str(run_yaml), lines.append)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    finish_export(exporter, load_run_config(str(run_yaml)), ckpt, lines.append)
-    assert lines == [
+    exported = (
         f"exported the trained model to {tmp_path / 'model.keras'} "
         "(keras.saving.load_model opens it)"
-    ]
+    )
+    python_path = os.pathsep.join([str(code_dir), str(REPO)])
+    forking = subprocess.run(
+        [sys.executable, "-c", FORKING_CHIEF, str(run_yaml), ckpt],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": python_path, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        timeout=300,
+    )
+    assert forking.returncode == 0, forking.stderr[-3000:]
+    seen = json.loads(forking.stdout.strip().splitlines()[-1])
+    assert seen == {"ended": [0, "", False], "lines": [exported]}
+    _same_weights(_load(str(tmp_path / "model.keras")), values, order)
+    (tmp_path / "model.keras").unlink()
+    monkeypatch.setenv("PYTHONPATH", python_path)
+    lines: list[str] = []
+    exporter = start_export(load_run_config(str(run_yaml)), str(run_yaml), lines.append)
+    assert isinstance(exporter, subprocess.Popen)  # not forked from this process
+    finish_export(exporter, load_run_config(str(run_yaml)), ckpt, lines.append)
+    assert lines == [exported]
 
 
 def _run_yaml(folder: Path, output_dir: Path, model: dict[str, Any]) -> Path:
