@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -47,6 +48,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # a signal nobody hears. Python's own handler here makes the children start with the default.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # One cache of model inspections for the run (tfplan/engine/model_shapes.py), shared by its
+    # workers (they inherit it from the first process) and by every project a test copies: a
+    # model built once is read by the later plans of the run, as a user's home keeps it; none
+    # from an earlier run, and nothing written into this machine's own cache.
+    if "TFPLAN_CACHE_DIR" not in os.environ:
+        cache = tempfile.mkdtemp(prefix="tfplan-test-cache-")
+        os.environ["TFPLAN_CACHE_DIR"] = cache
+        config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,7 +9,9 @@ tf.data factory. tfplan ships the package to the tasks (``<workdir>/_code/tabula
 
 The fast tier runs the three representative paths (a windowed TF1 algorithm on TFRecord shards,
 the synchronous TF1 one on a CSV regression, a TF2 strategy on the factory); ``--tier=full`` runs
-every algorithm on the shards.
+every algorithm on the shards: this is where each of the fourteen runs through apply (its
+topology, its result, every task ended; tests/test_algorithms_apply.py runs the built-in model
+with sync only).
 """
 
 from __future__ import annotations
@@ -94,10 +96,18 @@ def _apply(
         timeout=240,
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+    # the algorithm's topology as the registry says it needs (allreduce: no ps; pss: a chief)
+    needs = ALGORITHMS[algo]
+    n_ps = 1 if needs.needs_ps else 0
+    assert f"Apply complete! Tasks: {2 + n_ps + int(needs.chief)} started" in proc.stdout
     result: dict[str, object] = json.loads((project / "out" / "result.json").read_text())
     assert result["status"] == "succeeded" and result["algo"] == algo, result
     assert int(result["global_step"]) >= steps  # type: ignore[call-overload]
+    assert result["replicas"] == 2 and result["ps"] == n_ps, result
     state = state_of(project)
+    statuses = {t["name"]: t["status"] for t in state["tasks"]}
+    assert statuses["chief/0" if needs.chief else "worker/0"] == "succeeded", statuses
+    assert set(statuses.values()) <= {"succeeded", "stopped"}, statuses
     assert not [t["name"] for t in state["tasks"] if alive(int(t["handle"]["pid"]))]
     # the package went to the tasks beside the recipes, as the user wrote it
     shipped = project / "work" / "_code" / package / "models.py"

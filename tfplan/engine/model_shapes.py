@@ -4,22 +4,28 @@ The planner is TensorFlow-free: it computes the built-in models' variables from 
 (``tfplan.planning.sharding``). A user's Keras model (``model._target_``) has shapes only Keras
 knows, so the first plan of a model builds it with ``python -m recipes.inspect_model`` (the
 recipes as shipped, the user's package from ``recipe.code_dir``), as a TF1 replica would, and
-keeps the answer in ``.tfplan/cache/`` under a key of everything that can change it: the model
-and data config, the user's code (its digest) and the TensorFlow version. Later plans of the
-same model read the cache (milliseconds instead of seconds).
+keeps the answer in the user's cache (:func:`user_cache_dir`) under a key of everything that can
+change it: the model and data config, the user's code and the recipes (their digests), the
+TensorFlow version, and the files the config names by what they hold rather than where they lie (:func:`_files_named`),
+so that a copy of the project, or another project on the same data, finds it too. Later plans
+of the same model read the cache (milliseconds instead of seconds of TensorFlow's import).
 
 The build also runs the model once on a batch shaped as the data's features, checks that its
 named inputs are features, and reports the features it does not take. A model that cannot be
 built here gives no preview and the reason, with the exit status of the build (2: the config or
 the data; 1: the user's own code raised, whose frames come along): the plan makes it an error
-when every task runs on this machine, a warning otherwise (the hosts may differ).
+when every task runs on this machine, a warning otherwise (the hosts may differ). Only a build
+that succeeded is kept.
 """
 
 from __future__ import annotations
 
+import functools
+import glob
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,9 +38,22 @@ from tfplan.backends.staging import RECIPES_DIR
 from tfplan.files import write_atomic
 from tfplan.planning.plan import UserCode, VariableSpec
 
-__all__ = ["INSPECT_TIMEOUT_SECS", "Inspection", "inspect_model"]
+__all__ = ["INSPECT_TIMEOUT_SECS", "Inspection", "inspect_model", "user_cache_dir"]
 
 INSPECT_TIMEOUT_SECS = 180.0
+# Files named by the config are keyed by their content up to this much in all (a hash at about
+# a GB/s), beyond it by their sizes and modification times (a copy that keeps them still hits).
+HASHED_BYTES = 64 << 20
+
+
+def user_cache_dir() -> Path:
+    """Where tfplan keeps what it learnt across projects: ``$TFPLAN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/tfplan``, else ``~/.cache/tfplan``."""
+    chosen = os.environ.get("TFPLAN_CACHE_DIR")
+    if chosen:
+        return Path(chosen).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base, "tfplan")
 
 
 class Inspection:
@@ -67,15 +86,56 @@ class Inspection:
         return self.variables is None and self.exit_code in (1, 2) and bool(self.problem)
 
 
+def _files_named(value: Any) -> Any:
+    """``value`` (a config subtree) with every absolute path or glob that matches files
+    replaced by what those files are: their names below the pattern's folder and their content's
+    digest (sizes and modification times beyond :data:`HASHED_BYTES`). Where the files lie does
+    not change what a build of the model finds in them; what they hold does."""
+    if isinstance(value, dict):
+        return {k: _files_named(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_files_named(v) for v in value]
+    if not isinstance(value, str) or not os.path.isabs(value):
+        return value
+    matched = sorted(p for p in glob.glob(value) if os.path.isfile(p))
+    if not matched:
+        return value  # no such file: the build fails, and a failed build is not kept
+    root = re.split(r"[*?\[]", value, maxsplit=1)[0].rsplit("/", 1)[0] or "/"  # the fixed part
+    try:
+        stats = [os.stat(p) for p in matched]
+        names = [os.path.relpath(p, root) for p in matched]
+        if sum(st.st_size for st in stats) > HASHED_BYTES:
+            return {"files": [[n, st.st_size, st.st_mtime_ns] for n, st in zip(names, stats)]}
+        digest = hashlib.sha256()
+        for name, path in zip(names, matched):
+            digest.update(name.encode() + b"\0")
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        return {"files": names, "sha256": digest.hexdigest()}
+    except OSError:
+        return value
+
+
+@functools.lru_cache(maxsize=1)
+def _recipes_digest() -> str:
+    """The recipes that build the model (they change what a build finds)."""
+    digest = hashlib.sha256()
+    for path in sorted(RECIPES_DIR.rglob("*.py")):
+        digest.update(str(path.relative_to(RECIPES_DIR)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def _key(
     run_config: dict[str, Any], user_code: tuple[UserCode, ...], tf_version: str, num_ps: int
 ) -> str:
     what = {
-        "listing": 2,  # what an inspection lists (2: its tables too)
+        "listing": 3,  # what an inspection lists (2: its tables too; 3: files by content)
         "ps": num_ps,
-        "model": run_config.get("model"),
-        "data": run_config.get("data"),
+        "model": _files_named(run_config.get("model")),
+        "data": _files_named(run_config.get("data")),
         "code": [c.digest for c in user_code],
+        "recipes": _recipes_digest(),
         "tf": tf_version,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
@@ -141,7 +201,10 @@ def inspect_model(
         why = lines[at][len("error: ") :]
         return Inspection(None, source, why, exit_code=proc.returncode, frames=frames)
     raw = json.loads(proc.stdout.strip().splitlines()[-1])
-    write_atomic(cached, json.dumps(raw))
+    try:
+        write_atomic(cached, json.dumps(raw))
+    except OSError:
+        pass  # a read-only home: the next plan builds it again
     return _inspection(raw, source)
 
 

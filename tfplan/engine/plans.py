@@ -118,7 +118,7 @@ def make_plan(
     step = checkpoint_step(state) if state is not None and state.running else None
     made = plan(cfg, state, ctx, backend.target(cfg.cluster, ctx), targets, step)
     made = check_data_files(made)
-    made = preview_user_model(made, Path(ctx.cwd) / ".tfplan" / "cache", cfg)
+    made = preview_user_model(made, cfg)
     request = backend.dryrun(made)
     return replace(made, request=request) if request else made
 
@@ -153,8 +153,9 @@ def _every_task_here(made: Plan) -> bool:
     return backend_class(made.backend.name).runs_here(made)
 
 
-def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
-    """The sharding preview of a user's Keras model, from an inspection build (cached), which
+def preview_user_model(made: Plan, cfg: Config) -> Plan:
+    """The sharding preview of a user's Keras model, from an inspection build (cached in the
+    user's cache, tfplan.engine.model_shapes.user_cache_dir), which
     also runs the user's data factory and the model on one batch of the data's shape, and lists
     the features the model does not take.
 
@@ -164,7 +165,7 @@ def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
     """
     if not made.builtin_recipes or not (cfg.model._target_ or cfg.data._target_):
         return made
-    from tfplan.engine.model_shapes import inspect_model
+    from tfplan.engine.model_shapes import inspect_model, user_cache_dir
     from tfplan.planning.sharding import preview_of
     from tfplan.planning.tables import describe_tables, replicated_table_problem
 
@@ -177,7 +178,12 @@ def preview_user_model(made: Plan, cache_dir: Path, cfg: Config) -> Plan:
     )
     num_ps = sum(1 for t in made.tasks if t.role.value == "ps")
     found = inspect_model(
-        made.run_config, made.user_code, code_dir, cache_dir, made.tf_version, num_ps
+        made.run_config,
+        made.user_code,
+        code_dir,
+        user_cache_dir() / "models",
+        made.tf_version,
+        num_ps,
     )
     if found.variables is None:
         if found.refused and _every_task_here(made):
