@@ -297,16 +297,39 @@ EXAMPLES = REPO / "examples"
 
 def example_with_data(example: str, where: Path, *args: str) -> Path:
     """A copy of ``examples/<example>`` at ``where`` (a folder apart from tfplan, as a user's
-    project is), its data written by the example's own ``make_data.py data ARGS``."""
+    project is), with the data its own ``make_data.py data ARGS`` writes: written once per
+    test run (:func:`_example_data`) and copied, as the script writes the same bytes each time."""
     import shutil
 
     shutil.copytree(EXAMPLES / example, where, ignore=shutil.ignore_patterns("__pycache__", "data"))
-    subprocess.run(
-        [sys.executable, "make_data.py", "data", *args],
-        cwd=where,
-        check=True,
-        capture_output=True,
-        timeout=240,
-        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
+    shutil.copytree(_example_data(example, args), where / "data")
     return where
+
+
+def _example_data(example: str, args: tuple[str, ...]) -> Path:
+    """``make_data.py data ARGS`` of the example, run once per test run and per script version
+    in the run's shared folder (tests/conftest.py), under a lock: the test workers share it."""
+    import fcntl
+    import hashlib
+    import shutil
+
+    script = EXAMPLES / example / "make_data.py"
+    version = hashlib.sha256(script.read_bytes()).hexdigest()[:12]
+    shared = Path(os.environ["TFPLAN_TEST_RUN_DIR"]) / "example-data"
+    shared.mkdir(parents=True, exist_ok=True)
+    made = shared / f"{example}-{'-'.join(args) or 'default'}-{version}"
+    with open(shared / f"{made.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (made / "data").is_dir():
+            shutil.rmtree(made, ignore_errors=True)
+            shutil.copytree(EXAMPLES / example, made, ignore=shutil.ignore_patterns("__pycache__", "data"))
+            subprocess.run(
+                [sys.executable, "make_data.py", "data.tmp", *args],
+                cwd=made,
+                check=True,
+                capture_output=True,
+                timeout=240,
+                env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
+            )
+            (made / "data.tmp").rename(made / "data")
+    return made / "data"

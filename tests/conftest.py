@@ -52,10 +52,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # workers (they inherit it from the first process) and by every project a test copies: a
     # model built once is read by the later plans of the run, as a user's home keeps it; none
     # from an earlier run, and nothing written into this machine's own cache.
-    if "TFPLAN_CACHE_DIR" not in os.environ:
-        cache = tempfile.mkdtemp(prefix="tfplan-test-cache-")
-        os.environ["TFPLAN_CACHE_DIR"] = cache
-        config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+    # The run's shared folder (TFPLAN_TEST_RUN_DIR) also holds the examples' data, written once
+    # (apply_helpers.example_with_data).
+    if "TFPLAN_TEST_RUN_DIR" not in os.environ:
+        run_dir = tempfile.mkdtemp(prefix="tfplan-test-run-")
+        os.environ["TFPLAN_TEST_RUN_DIR"] = run_dir
+        os.environ["TFPLAN_CACHE_DIR"] = os.path.join(run_dir, "cache")
+        config.add_cleanup(lambda: shutil.rmtree(run_dir, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

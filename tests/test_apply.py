@@ -320,7 +320,12 @@ def test_ctrl_c_stops_every_task_and_keeps_state_consistent(ws: Path) -> None:
             if "step=2" in line:
                 break
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # what it was doing is the whole story: say it
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"apply still running 60s after SIGINT:\n{out[-3000:]}\n{err[-3000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
