@@ -79,7 +79,7 @@ def project(generated: Path, tmp_path: Path) -> Iterator[Path]:
 
 
 def _apply(
-    project: Path, algo: str, *overrides: str, package: str = "tabular"
+    project: Path, algo: str, *overrides: str, package: str = "tabular", ps: int | None = None
 ) -> dict[str, object]:
     steps = math.ceil(MINIBATCHES / minibatches_per_step(algo))
     proc = tfplan(
@@ -98,7 +98,7 @@ def _apply(
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     # the algorithm's topology as the registry says it needs (allreduce: no ps; pss: a chief)
     needs = ALGORITHMS[algo]
-    n_ps = 1 if needs.needs_ps else 0
+    n_ps = (1 if needs.needs_ps else 0) if ps is None else ps  # ps: the cluster.ps asked
     assert f"Apply complete! Tasks: {2 + n_ps + int(needs.chief)} started" in proc.stdout
     result: dict[str, object] = json.loads((project / "out" / "result.json").read_text())
     assert result["status"] == "succeeded" and result["algo"] == algo, result
@@ -292,7 +292,7 @@ def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path) -
             "model/item_embedding/embeddings/part_1",
         ]
         assert {p[1] for p in parts} == {"25000x16"} and {p[-1] for p in parts} == {"ps/0", "ps/1"}
-        result = _apply(project, "hogwild", *args, package="wide_deep")
+        result = _apply(project, "hogwild", *args, package="wide_deep", ps=2)
         log = (project / "work" / "worker-0" / "task.log").read_text()
         placed = re.search(
             r"model variables: 9 \(3\.3 MiB\) on ps/0 ([\d.]+) MiB, ps/1 ([\d.]+) MiB", log
