@@ -61,7 +61,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.add_cleanup(lambda: shutil.rmtree(run_dir, ignore_errors=True))
 
 
+# A test that uses a test bed carries its mark, whether or not it says so: CI runs those apart
+# (.ci/run, -m "slurm or netns"), and a test bed built by both parts at once would race.
+TESTBED_MARKS = {"netns_testbed": "netns", "netns_hosts": "netns", "slurm_cluster": "slurm"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, mark in TESTBED_MARKS.items():
+            if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker(mark):
+                item.add_marker(mark)
     if config.getoption("--tier") == "full":
         return
     kept, deselected = [], []
