@@ -322,7 +322,9 @@ def _example_data(example: str, args: tuple[str, ...]) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (made / "data").is_dir():
             shutil.rmtree(made, ignore_errors=True)
-            shutil.copytree(EXAMPLES / example, made, ignore=shutil.ignore_patterns("__pycache__", "data"))
+            shutil.copytree(
+                EXAMPLES / example, made, ignore=shutil.ignore_patterns("__pycache__", "data")
+            )
             subprocess.run(
                 [sys.executable, "make_data.py", "data.tmp", *args],
                 cwd=made,

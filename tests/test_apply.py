@@ -325,7 +325,8 @@ def test_ctrl_c_stops_every_task_and_keeps_state_consistent(ws: Path) -> None:
         except subprocess.TimeoutExpired:  # what it was doing is the whole story: say it
             proc.kill()
             out, err = proc.communicate()
-            raise AssertionError(f"apply still running 60s after SIGINT:\n{out[-3000:]}\n{err[-3000:]}")
+            said = f"{out[-3000:]}\n{err[-3000:]}"
+            raise AssertionError(f"apply still running 60s after SIGINT:\n{said}") from None
     finally:
         if proc.poll() is None:
             proc.kill()

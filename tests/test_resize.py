@@ -180,18 +180,13 @@ def grow_shrink_and_end(job: Job, base: list[str]) -> None:
 
 
 @pytest.mark.full
-def test_workers_join_and_leave_a_running_downpour_job_without_a_restart(ws: Path) -> None:
-    grow_shrink_and_end(Job(ws), [*base_overrides(ws, free_port_base(12)), *ELASTIC])
-    result = json.loads((ws / "out" / "result.json").read_text())
-    assert result["global_step"] > 0
-    for task in ("worker/2", "worker/3"):
-        log = (ws / "work" / task.replace("/", "-") / "task.log").read_text()
-        assert f"{task} leaves the job at step=" in log and "back from global step" not in log
-
-
-@pytest.mark.full
 def test_workers_join_and_leave_on_ssh_hosts(ws: Path, netns_testbed: NetnsTestbed) -> None:
-    """The same on three namespace hosts over SSH: the ps on h1, the workers spread."""
+    """The whole story (:func:`grow_shrink_and_end`) on three namespace hosts over SSH: the ps
+    on h1, the workers spread. The process backend's local transport takes the same steps in
+    test_a_new_worker_killed_while_joining_is_restarted_and_the_job_still_ends (scale out, a
+    told end), test_a_worker_told_to_leave_in_live_json_leaves_after_a_push, docs/resize.md's
+    commands (tests/test_docs.py) and bench_resize's smoke test (out, in, a told end, nothing
+    rolled back or left), so the story runs once more only here (the suite's budget)."""
     hosts = [_host(t, cpu_slots=2) for t in netns_testbed.targets()]
     env = _conf_with_cluster(
         ws,
@@ -210,6 +205,11 @@ def test_workers_join_and_leave_on_ssh_hosts(ws: Path, netns_testbed: NetnsTestb
     grow_shrink_and_end(Job(ws, env), base)
     placed = {t["name"]: t["host"] for t in state_of(ws)["tasks"]}
     assert len(set(placed.values())) >= 2, placed  # the job really spans hosts
+    result = json.loads((netns_testbed.shared_dir / "resize" / "result.json").read_text())
+    assert result["global_step"] > 0
+    for task in ("worker/2", "worker/3"):  # the hosts write their logs into this machine's ws
+        log = (ws / "work" / task.replace("/", "-") / "task.log").read_text()
+        assert f"{task} leaves the job at step=" in log and "back from global step" not in log
 
 
 @pytest.mark.full

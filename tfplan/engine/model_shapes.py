@@ -105,9 +105,10 @@ def _files_named(value: Any) -> Any:
         stats = [os.stat(p) for p in matched]
         names = [os.path.relpath(p, root) for p in matched]
         if sum(st.st_size for st in stats) > HASHED_BYTES:
-            return {"files": [[n, st.st_size, st.st_mtime_ns] for n, st in zip(names, stats)]}
+            sized = zip(names, stats, strict=True)
+            return {"files": [[n, st.st_size, st.st_mtime_ns] for n, st in sized]}
         digest = hashlib.sha256()
-        for name, path in zip(names, matched):
+        for name, path in zip(names, matched, strict=True):
             digest.update(name.encode() + b"\0")
             with open(path, "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
