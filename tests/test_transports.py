@@ -261,7 +261,8 @@ class TestConformance:
                 text=True,
             ).stdout.split()[0]
         )
-        wait_until(lambda: ps_state(program).startswith("Zl"))
+        # "Zl", or "ZNl" for a niced run (ps adds N for a positive nice value)
+        wait_until(lambda: ps_state(program)[:1] == "Z" and "l" in ps_state(program))
         os.kill(launched.pid, signal.SIGKILL)  # the tracked process dies first
         wait_until(lambda: is_dead(launched.pid))
         info = transport.status([launched.pid], [spec.workdir])[launched.pid]
