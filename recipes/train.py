@@ -69,7 +69,7 @@ def _run(config_path: str) -> int:
 
         return run_task(cfg, task, PROCESS_START, _log)
     exporter = None
-    if task.is_chief and task.type != "evaluator":
+    if task.is_chief:
         from recipes.export import start_export
 
         # before eager execution goes: the exporter forks from here with TensorFlow imported

@@ -1,18 +1,40 @@
 """Files every layer reads and writes.
 
-Atomic writes (a reader sees the old file or the new one, never half of either) and the one reader
-of the JSON records tfplan keeps beside a run (experiment.json, plan.json, result.json, ...).
+Atomic writes (a reader sees the old file or the new one, never half of either), the one reader
+of the JSON records tfplan keeps beside a run (experiment.json, plan.json, result.json, ...), and
+the one digest of a set of files (the user's code, the recipes, the data a model is built on).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_json_object", "write_atomic"]
+__all__ = ["files_digest", "read_json_object", "write_atomic"]
+
+
+def files_digest(paths: Iterable[Path], base: Path) -> str:
+    """SHA-256 (hex) of the files, in the order given: each one's path relative to ``base``
+    and the digest of its content, read in blocks. What they hold and are called below
+    ``base``, not where ``base`` lies.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    digest = hashlib.sha256()
+    for path in paths:
+        content = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                content.update(block)
+        digest.update(Path(path).relative_to(base).as_posix().encode() + b"\0")
+        digest.update(content.digest())
+    return digest.hexdigest()
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o644, durable: bool = False) -> None:

@@ -6,8 +6,9 @@ knows, so the first plan of a model builds it with ``python -m recipes.inspect_m
 recipes as shipped, the user's package from ``recipe.code_dir``), as a TF1 replica would, and
 keeps the answer in the user's cache (:func:`user_cache_dir`) under a key of everything that can
 change it: the model and data config, the user's code and the recipes (their digests), the
-TensorFlow version, and the files the config names by what they hold rather than where they lie (:func:`_files_named`),
-so that a copy of the project, or another project on the same data, finds it too. Later plans
+TensorFlow version, and the files the config names by what they hold rather than where they lie
+(:func:`_files_named`), so that a copy of the project, or another project on the same data,
+finds it too. Later plans
 of the same model read the cache (milliseconds instead of seconds of TensorFlow's import).
 
 The build also runs the model once on a batch shaped as the data's features, checks that its
@@ -35,14 +36,15 @@ from typing import Any
 import yaml
 
 from tfplan.backends.staging import RECIPES_DIR
-from tfplan.files import write_atomic
+from tfplan.files import files_digest, write_atomic
 from tfplan.planning.plan import UserCode, VariableSpec
 
 __all__ = ["INSPECT_TIMEOUT_SECS", "Inspection", "inspect_model", "user_cache_dir"]
 
 INSPECT_TIMEOUT_SECS = 180.0
-# Files named by the config are keyed by their content up to this much in all (a hash at about
-# a GB/s), beyond it by their sizes and modification times (a copy that keeps them still hits).
+# The files a path or glob of the config names are keyed by their content up to this much (a
+# hash at about a GB/s), beyond it by their sizes and modification times (a copy that keeps
+# them still hits).
 HASHED_BYTES = 64 << 20
 
 
@@ -107,13 +109,7 @@ def _files_named(value: Any) -> Any:
         if sum(st.st_size for st in stats) > HASHED_BYTES:
             sized = zip(names, stats, strict=True)
             return {"files": [[n, st.st_size, st.st_mtime_ns] for n, st in sized]}
-        digest = hashlib.sha256()
-        for name, path in zip(names, matched, strict=True):
-            digest.update(name.encode() + b"\0")
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-        return {"files": names, "sha256": digest.hexdigest()}
+        return {"files": names, "sha256": files_digest(map(Path, matched), Path(root))}
     except OSError:
         return value
 
@@ -121,10 +117,7 @@ def _files_named(value: Any) -> Any:
 @functools.lru_cache(maxsize=1)
 def _recipes_digest() -> str:
     """The recipes that build the model (they change what a build finds)."""
-    digest = hashlib.sha256()
-    for path in sorted(RECIPES_DIR.rglob("*.py")):
-        digest.update(str(path.relative_to(RECIPES_DIR)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    return files_digest(sorted(RECIPES_DIR.rglob("*.py")), RECIPES_DIR)
 
 
 def _key(

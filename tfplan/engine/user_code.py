@@ -11,7 +11,6 @@ here: the user's code runs only in the tasks (and preflight).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 from tfplan.backends.staging import package_files
 from tfplan.config.callables import named_targets
 from tfplan.errors import ConfigError
+from tfplan.files import files_digest
 from tfplan.planning.plan import UserCode
 
 if TYPE_CHECKING:
@@ -32,16 +32,10 @@ _PROVIDED = frozenset({"recipes", "tensorflow", "keras", "tf_keras", "numpy", "b
 
 
 def _describe(name: str, source: Path, keys: tuple[str, ...]) -> UserCode:
-    digest = hashlib.sha256()
-    total = 0
     files = package_files(source)
-    base = source.parent
-    for path in files:
-        data = path.read_bytes()
-        total += len(data)
-        digest.update(path.relative_to(base).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(data).digest())
-    return UserCode(name, str(source), len(files), total, digest.hexdigest()[:16], keys)
+    total = sum(path.stat().st_size for path in files)
+    digest = files_digest(files, source.parent)[:16]
+    return UserCode(name, str(source), len(files), total, digest, keys)
 
 
 def find_user_code(cfg: Config, cwd: str) -> tuple[UserCode, ...]:
