@@ -76,7 +76,7 @@ class ApplyRun:
                         return i
                 left = deadline - time.monotonic()
                 if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
-                    tail = "\n".join(line for _, line in self.lines[-40:])
+                    tail = "\n".join(line for _, line in self.lines[-40:]) or "(no output yet)"
                     raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n{tail}")
                 self._cond.wait(min(left, 0.5))
 

@@ -10,12 +10,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from apply_helpers import (
+    CONF,
     FOREVER,
     BackgroundTfplan,
     free_port_base,
@@ -168,6 +170,56 @@ def test_a_failing_point_is_reported_and_the_other_completes(ws: Path) -> None:
     points = sorted(sweep_record(ws / "out")["points"], key=lambda p: p["num"])
     for before, after in zip(points, points[1:], strict=False):
         assert after["started_at"] >= before["ended_at"]
+    assert not [g for g in recorded_groups(ws) if _group_alive(g)]
+
+
+# `tfplan apply -m` with Hydra's composing counted (a sweep's start-up is mostly composing)
+COUNTED_APPLY = """
+import sys
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from tfplan.cli.main import main
+composed = []
+load = ConfigLoaderImpl.load_sweep_config
+def counted(self, master_config, sweep_overrides):
+    composed.append(list(sweep_overrides))
+    return load(self, master_config, sweep_overrides)
+ConfigLoaderImpl.load_sweep_config = counted
+code = main(sys.argv[1:])
+print(f"points composed: {len(composed)}", flush=True)
+sys.exit(code)
+"""
+
+
+def test_apply_m_composes_each_point_once(ws: Path) -> None:
+    """The plan shown for approval composes every point; the run uses those compositions (and
+    Hydra's basic sweeper does not compose each batch a second time to validate it): one
+    composition per point, where there were four (about 0.3 s of CPU each)."""
+    port = free_port_base(30)
+    script = result_task(ws)
+    args = [*sweep_overrides(ws, port), "recipe=command", f"recipe.command={command(script)}"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            COUNTED_APPLY,
+            "apply",
+            "-m",
+            "--auto-approve",
+            *args,
+            "algo.lr=0.03,0.05,0.08",
+        ],
+        cwd=ws,
+        env={**os.environ, "TFPLAN_CONF": str(CONF)},
+        text=True,
+        capture_output=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Sweep complete! 3 succeeded, 0 failed." in proc.stdout
+    assert "points composed: 3" in proc.stdout, proc.stdout[-2000:]
+    rows = {int(r["num"]): r for r in csv.DictReader((ws / "out" / "results.csv").open())}
+    # each point ran its own composition: its own learning rate (acc=lr: 1 - |lr - 0.05|)
+    assert [float(rows[n]["accuracy"]) for n in range(3)] == [0.98, 1.0, 0.97]
     assert not [g for g in recorded_groups(ws) if _group_alive(g)]
 
 
@@ -464,6 +516,8 @@ def test_a_ps_killed_in_a_warm_sweep_is_forked_again_and_the_point_goes_on(ws: P
 
     try:
         wait_until(lambda: barrier.exists() and os.listdir(barrier), 120, "the chief to wait")
+        # the chief can reach the barrier before apply has written the state of every task
+        wait_until(lambda: bool(ps().get("handle")), 120, "the state to record ps/0's process")
         first = ps()
         assert first["handle"]["forked"] is True  # type: ignore[index]
         os.kill(int(first["handle"]["pid"]), signal.SIGKILL)  # type: ignore[index]

@@ -19,6 +19,7 @@ task function gets the job's config (with its ``hydra`` node) and returns the po
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from collections import deque
@@ -39,6 +40,15 @@ from tfplan.sweeps import optuna_tap
 __all__ = ["ClusterLauncher", "ClusterLauncherConf", "register_launcher", "MAX_PORT_WINDOWS"]
 
 MAX_PORT_WINDOWS = 64  # windows in rotation; more only costs ports
+
+# Points composed in this process and not run yet, by (sweep id, sweep folder, the sweep's own
+# overrides, the point's): ``tfplan apply -m`` plans every point first (the preview it asks
+# approval for, in a scratch ``hydra.sweep.dir``), then runs them, and each point is composed
+# once (a Hydra composition is about 0.3 s of CPU). Taken, not kept: a run composes afresh what
+# no preview composed in this process (Optuna's trials are asked anew).
+_PreviewKey = tuple[str, str, tuple[str, ...], tuple[str, ...]]
+_previewed: dict[_PreviewKey, DictConfig | None] = {}
+_previewed_lock = threading.Lock()
 STOP_WAIT_SECS = 600.0  # an interrupted point stops its tasks: grace periods, then kills
 
 
@@ -48,6 +58,7 @@ class ClusterLauncherConf:
     concurrency: int = 1
     sweep_id: str = "sweep"
     sweep_dir: str = "sweep"
+    preview: bool = False  # plans only: keeps each point's composition for the run after it
 
 
 def register_launcher() -> None:
@@ -81,7 +92,11 @@ class ClusterLauncher(Launcher):
     """See the module docstring. Subclassed in ``hydra_plugins`` so that Hydra accepts it."""
 
     def __init__(
-        self, concurrency: int = 1, sweep_id: str = "sweep", sweep_dir: str = "sweep"
+        self,
+        concurrency: int = 1,
+        sweep_id: str = "sweep",
+        sweep_dir: str = "sweep",
+        preview: bool = False,
     ) -> None:
         super().__init__()
         if concurrency < 1:
@@ -89,6 +104,7 @@ class ClusterLauncher(Launcher):
         self.concurrency = concurrency
         self.sweep_id = sweep_id
         self.sweep_dir = sweep_dir
+        self.preview = preview
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
@@ -122,6 +138,31 @@ class ClusterLauncher(Launcher):
 
     def _compose(self, overrides: list[str], num: int) -> DictConfig:
         assert self.hydra_context is not None and self.config is not None
+        key = (
+            self.sweep_id,
+            self.sweep_dir,
+            tuple(self.config.hydra.overrides.task),
+            tuple(overrides),
+        )
+        if self.preview:
+            cfg = self._composed(overrides, num)
+            with _previewed_lock:
+                _previewed[key] = copy.deepcopy(cfg)  # as composed: the preview changes its own
+        else:
+            with _previewed_lock:
+                kept = _previewed.pop(key, None)
+            if kept is not None and kept.hydra.job.num == num:
+                cfg = kept
+                with open_dict(cfg):  # the preview's was its scratch folder
+                    cfg.hydra.sweep.dir = self.config.hydra.sweep.dir
+            else:
+                cfg = self._composed(overrides, num)
+        if self._windows is None:
+            self._windows = _PortWindows(self._window_count(cfg))
+        return cfg
+
+    def _composed(self, overrides: list[str], num: int) -> DictConfig:
+        assert self.hydra_context is not None and self.config is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         cluster = OmegaConf.to_container(cfg.cluster, resolve=False)
         assert isinstance(cluster, dict)
@@ -133,8 +174,6 @@ class ClusterLauncher(Launcher):
             cfg.cluster.output_dir = os.path.join(self.sweep_dir, str(num))
             if "${experiment.id}" not in raw_workdir:
                 cfg.cluster.workdir = raw_workdir.rstrip("/") + f"/{num}"
-        if self._windows is None:
-            self._windows = _PortWindows(self._window_count(cfg))
         return cfg
 
     def _window_count(self, cfg: DictConfig) -> int:
