@@ -66,12 +66,32 @@ def pytest_configure(config: pytest.Config) -> None:
 TESTBED_MARKS = {"netns_testbed": "netns", "netns_hosts": "netns", "slurm_cluster": "slurm"}
 
 
+# With pytest-xdist's --dist loadgroup (.ci/run, the README) each test goes to whichever
+# worker is free; the tests of these files stay together on one worker: they share a
+# module-scoped fixture (built once per file), a set-up that must not run twice at once (the
+# TF 2.15 interpreter), or, the documents, the default folders of their fixed experiment ids
+# (/tmp/tfplan/lr: the tutorial and the sweeps page both name experiment lr).
+ONE_WORKER_FILES = {
+    "test_docs.py",
+    "test_export.py",
+    "test_firewall.py",
+    "test_known_failures.py",
+    "test_plan_checks.py",
+    "test_recipes_inputs.py",
+    "test_scale.py",
+    "test_tf_config.py",
+    "test_user_model_apply.py",
+}
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for fixture, mark in TESTBED_MARKS.items():
             if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker(mark):
                 item.add_marker(mark)
+        if item.path.name in ONE_WORKER_FILES:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
     if config.getoption("--tier") == "full":
         return
     kept, deselected = [], []
