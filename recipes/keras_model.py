@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import collections
 import inspect
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -280,6 +280,18 @@ class KerasModel:
                 parts[w.path] = list(zip(bounds[:-1], bounds[1:], strict=True))
         return parts
 
+    def table_keys(self) -> frozenset[str]:
+        """The parameter keys of the tables read row by row (:meth:`_read_sparse`; a split
+        table's parts), in the model built in the current graph."""
+        self.template()
+        keys: set[str] = set()
+        for path in self.sparse_tables:
+            if path in self.parts:
+                keys.update(f"{path}/part_{i}" for i in range(len(self.parts[path])))
+            else:
+                keys.add(path)
+        return frozenset(keys)
+
     def param_keys(self) -> list[str]:
         """The parameter sets' keys: the trainable variables' paths, a partitioned one as its
         parts ``<path>/part_<i>``."""
@@ -323,11 +335,14 @@ class KerasModel:
         return shapes
 
     def create_params(
-        self, collections: Optional[list[str]] = None, trainable: bool = True
+        self,
+        collections: Optional[list[str]] = None,
+        trainable: bool = True,
+        skip: Collection[str] = (),
     ) -> Params:
         """Graph mode: a parameter set in the current device and variable scope. The first set of
         a graph is the model's own variables (built here); later ones are zero-initialised
-        variables ``<scope>/model/<path>`` in ``collections``."""
+        variables ``<scope>/model/<path>`` in ``collections``, all but the keys in ``skip``."""
         first = self._graph_model() is None
         model = self.template()
         if first and collections is None:
@@ -335,6 +350,8 @@ class KerasModel:
         params: Params = {}
         with v1.variable_scope("model"):
             for key, shape in self.param_shapes():
+                if key in skip:
+                    continue
                 params[key] = v1.get_variable(
                     key,
                     shape=shape,

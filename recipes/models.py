@@ -14,7 +14,7 @@ pure ``tf.nn`` and serves both worlds.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 import tensorflow as tf
 
@@ -76,12 +76,18 @@ class Model:
         return shapes
 
     def create_params(
-        self, collections: Optional[list[str]] = None, trainable: bool = True
+        self,
+        collections: Optional[list[str]] = None,
+        trainable: bool = True,
+        skip: Collection[str] = (),
     ) -> Params:
-        """Create the variables under scope ``model`` in the current device/variable scope."""
+        """Create the variables under scope ``model`` in the current device/variable scope
+        (all but the keys in ``skip``)."""
         params: Params = {}
         with v1.variable_scope("model"):
             for name, shape in self.param_shapes():
+                if name in skip:
+                    continue
                 init = (
                     v1.zeros_initializer()
                     if name.endswith("/b")

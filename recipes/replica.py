@@ -157,6 +157,7 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
         loss_fn=lambda p: work.loss(p, features, labels),
         inputs=(features, labels),
         loss_on=lambda p, bx, by: work.loss(p, bx, by),
+        table_keys=getattr(work.model, "table_keys", frozenset),
     )
     train = get_algorithm(cfg.algo.name).build(ctx, problem)
     with v1.device(task.device):

@@ -73,16 +73,28 @@ def test_bytes_per_ps_count_the_slots_and_a_step_moves_the_batchs_rows_with_thei
 
 @pytest.mark.parametrize(
     ("algo", "reads", "read_bytes"),
-    [("pss", "rows", 64 * 40), ("downpour", "window", None), ("allreduce", "replica", None)],
+    [("pss", "rows", 64 * 40), ("downpour", "rows", 64 * 40), ("allreduce", "replica", None)],
 )
 def test_what_a_step_reads_follows_the_algorithm(algo: str, reads: str, read_bytes: int) -> None:
-    """pss reads rows as the TF1 algorithms do; the windowed ones look rows up in their copy and
-    move the whole table at each window; allreduce has no ps."""
+    """pss reads rows as the TF1 algorithms do; so do the windowed ones, whose copy leaves the
+    tables out (a table read whole is copied: see below); allreduce has no ps."""
     num_ps = 0 if algo == "allreduce" else 2
     placement = None if algo == "allreduce" else PLACEMENT
     user, _ = describe_tables(RAW, VARIABLES, placement, num_ps, algo, "sgd", 64)
     assert (user.reads, user.read_bytes_per_step) == (reads, read_bytes)
     assert user.bytes_per_ps == (16_000, 16_000)[:num_ps]  # no ps: every worker holds it
+
+
+def test_a_windowed_algorithm_copies_a_table_it_cannot_read_by_rows() -> None:
+    """A table read whole (an Embedding subclass with its own call) stays in the windowed
+    algorithms' copy, exchanged whole per window: no per-step read of the ps."""
+    whole = [{**t, "rows_only": False} for t in RAW]
+    user, _ = describe_tables(whole, VARIABLES, PLACEMENT, 2, "downpour", "sgd", 64)
+    assert (user.reads, user.read_bytes_per_step, user.write_bytes_per_step) == (
+        "window",
+        None,
+        None,
+    )
 
 
 def test_allreduce_refuses_a_table_over_its_limit_in_one_line() -> None:

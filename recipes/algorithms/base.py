@@ -44,16 +44,20 @@ class Problem:
     """What to train, independent of the algorithm.
 
     ``create_params(collections)`` creates a fresh set of model variables in the current device and
-    variable scope (``None`` = the default global collections). ``loss_fn(params)`` builds a *new*
-    forward pass and loss from any parameter dict each time it is called. ``inputs`` (the
-    minibatch ``(x, y)`` that ``loss_fn`` reads) and ``loss_on(params, x, y)`` (the loss of any
-    batch) are optional; in-graph replication (``multi_gpu``) needs them to split the minibatch.
+    variable scope (``None`` = the default global collections; ``skip=keys``: all but those).
+    ``loss_fn(params)`` builds a *new* forward pass and loss from any parameter dict each time it
+    is called. ``inputs`` (the minibatch ``(x, y)`` that ``loss_fn`` reads) and
+    ``loss_on(params, x, y)`` (the loss of any batch) are optional; in-graph replication
+    (``multi_gpu``) needs them to split the minibatch. ``table_keys()`` (once the shared set
+    exists): the keys of the embedding tables the forward pass reads row by row, which the
+    windowed algorithms leave on the ps (recipes/algorithms/local.py).
     """
 
-    create_params: Callable[[Optional[list[str]]], Params]
+    create_params: Callable[..., Params]
     loss_fn: Callable[[Params], tf.Tensor]
     inputs: Optional[tuple[tf.Tensor, tf.Tensor]] = None
     loss_on: Optional[Callable[[Params, tf.Tensor, tf.Tensor], tf.Tensor]] = None
+    table_keys: Callable[[], frozenset[str]] = frozenset
 
 
 @dataclass(frozen=True)

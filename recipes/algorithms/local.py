@@ -11,7 +11,8 @@ writes only its window (:meth:`WindowedAlgorithm.build_window`).
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Optional
 
 import tensorflow as tf
@@ -40,6 +41,8 @@ __all__ = [
     "option",
     "positive_int",
     "read_all",
+    "reading_tables",
+    "table_rows_step",
     "window_ops",
 ]
 
@@ -77,11 +80,35 @@ def local_twins(params: Params, suffix: str) -> Params:
         }
 
 
-def create_local_copy(problem: Problem) -> Params:
-    """The model's variables again, as ``local/model/...`` in LOCAL_VARIABLES (call on the
-    worker device)."""
+def create_local_copy(problem: Problem, skip: Collection[str] = ()) -> Params:
+    """The model's variables again (all but the keys in ``skip``), as ``local/model/...`` in
+    LOCAL_VARIABLES (call on the worker device)."""
     with v1.variable_scope("local"):
+        if skip:
+            return problem.create_params(LOCAL, skip=skip)
         return problem.create_params(LOCAL)
+
+
+def reading_tables(problem: Problem, tables: Params) -> Problem:
+    """``problem`` whose forward passes read ``tables`` (on the ps) beside the parameters they
+    are given: a windowed algorithm's copy holds the dense parameters only."""
+    loss_on = problem.loss_on
+    return replace(
+        problem,
+        loss_fn=lambda params: problem.loss_fn({**params, **tables}),
+        loss_on=None if loss_on is None else lambda p, x, y: loss_on({**p, **tables}, x, y),
+    )
+
+
+def table_rows_step(ctx: BuildContext, loss: Any, tables: Params) -> Any:
+    """Hogwild's rule for the tables, at every run of the window: the gradient of ``loss`` for
+    the rows the batch read (``IndexedSlices``), applied on the ps by ``algo.optimizer`` (its
+    slots on the ps beside the table, only those rows changed: recipes/algorithms/base.py
+    ``make_optimizer``)."""
+    with v1.device(ctx.ps_device):
+        opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
+        grads = opt.compute_gradients(loss, var_list=list(tables.values()))
+        return opt.apply_gradients(grads, name="table_rows")
 
 
 class LocalOptimizer:
@@ -167,6 +194,12 @@ class WindowedAlgorithm(Algorithm):
     on its worker (``local/model/...``); the window from :meth:`build_window`, as ``step_ops`` =
     T-1 local steps and one exchange; a local init that, after the local variables are
     initialised, starts the copy (and ``Window.start_at_center``) at the center.
+
+    Embedding tables read row by row (``Problem.table_keys``) are not copied: a table of
+    gigabytes cannot be held by every worker, nor pulled and pushed whole per window. The copy
+    and the window hold the dense parameters; the forward passes read the tables' rows on the
+    ps, and every run applies the rows' gradients there (:func:`table_rows_step`, hogwild's
+    rule): the window's rule for the dense part, hogwild's for the tables.
     """
 
     default_window: ClassVar[int]
@@ -175,23 +208,31 @@ class WindowedAlgorithm(Algorithm):
         window = positive_int(ctx, "window", self.default_window)
         with v1.device(ctx.ps_device):
             center = problem.create_params(None)
+        tables = {k: center[k] for k in sorted(problem.table_keys()) if k in center}
+        dense = {k: v for k, v in center.items() if k not in tables}
         with v1.device(ctx.worker_device):
-            local = create_local_copy(problem)
-            parts = self.build_window(ctx, problem, center, local, window)
+            local = create_local_copy(problem, skip=tables)
+            windowed = reading_tables(problem, tables) if tables else problem
+            parts = self.build_window(ctx, windowed, dense, local, window)
+            local_step, exchange = parts.local_step, parts.exchange
+            if tables:
+                rows = table_rows_step(ctx, parts.loss, tables)
+                local_step = tf.group(local_step, rows, name="local_step_and_table_rows")
+                exchange = tf.group(exchange, rows, name="exchange_and_table_rows")
             # Last: the initializer covers the local variables that exist when it is made.
             with tf.control_dependencies([v1.local_variables_initializer()]):
                 if parts.start is not None:
                     local_init = parts.start()
                 else:
                     targets = [local, *parts.start_at_center]
-                    local_init = assign_all(targets, read_all(center), "local_init")
+                    local_init = assign_all(targets, read_all(dense), "local_init")
         return TrainGraph(
             params=center,
-            train_params=local,
+            train_params={**local, **tables},
             loss=parts.loss,
-            step_ops=window_ops(parts.local_step, parts.exchange, window),
+            step_ops=window_ops(local_step, exchange, window),
             local_init_op=local_init,
-            extras=parts.extras,
+            extras={**parts.extras, "tables": tables},
             **parts.graph_fields,
         )
 

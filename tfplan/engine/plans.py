@@ -223,11 +223,12 @@ def preview_user_model(made: Plan, cfg: Config) -> Plan:
     if problem:
         raise TfplanError(problem)
     notes = [
-        f"{t.name} (layer {t.layer!r}) is read whole at every step: an Embedding subclass "
-        "with its own call, or a quantized or LoRA one, is not read row by row "
-        '(docs/your_model.md, "Only the batch\'s rows move")'
+        f"{t.name} (layer {t.layer!r}) is read whole "
+        + ("at every step" if t.reads == "whole" else "into every worker's copy, per window")
+        + ": an Embedding subclass with its own call, or a quantized or LoRA one, is not read "
+        'row by row (docs/your_model.md, "Only the batch\'s rows move")'
         for t, listed in zip(tables, found.tables, strict=True)
-        if t.reads == "whole" and not listed.get("rows_only")  # not the algorithm's doing
+        if t.reads in ("whole", "window") and not listed.get("rows_only")  # the layer's doing
     ]
     return replace(
         made,

@@ -22,22 +22,22 @@ __all__ = ["ID_BYTES", "SLOTS_PER_ROW", "WINDOWED", "describe_tables", "replicat
 ID_BYTES = 8  # an int64 id travels with each row
 SLOTS_PER_ROW = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
 # the TF1 algorithms whose workers train on a local copy and exchange it every window: those
-# whose schema has a window (the registry's own list, not a copy of it)
+# whose schema has a window (the registry's own list, not a copy of it). A table they read row by
+# row is not in the copy: its rows are read and written on the ps at every step, as hogwild's
+# (recipes/algorithms/local.py); a table read whole is copied and exchanged per window.
 WINDOWED = frozenset(
     name
     for name, algorithm in ALGORITHMS.items()
     if any(f.name == "window" for f in fields(algorithm.schema))
 )
-# multi_gpu's towers share one read of every variable, tables whole, and average dense gradients
-WHOLE = frozenset({"multi_gpu"})
 
 
 def _reads(algo: str, rows_only: bool) -> str:
     if algo == "allreduce":
         return "replica"
     if algo in WINDOWED:
-        return "window"
-    if algo in WHOLE or not rows_only:
+        return "rows" if rows_only else "window"
+    if not rows_only:
         return "whole"
     return "rows"
 
