@@ -21,6 +21,8 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from recipe_cluster import stop_warm_seed
@@ -66,8 +68,8 @@ def pytest_configure(config: pytest.Config) -> None:
 TESTBED_MARKS = {"netns_testbed": "netns", "netns_hosts": "netns", "slurm_cluster": "slurm"}
 
 
-# With pytest-xdist's --dist loadgroup (.ci/run, the README) each test goes to whichever
-# worker is free; the tests of these files stay together on one worker: they share a
+# With --dist loadgroup (.ci/run, the README) each test goes to whichever worker is free
+# (pytest_xdist_make_scheduler below); the tests of these files stay together on one worker: they share a
 # module-scoped fixture (built once per file), a set-up that must not run twice at once (the
 # TF 2.15 interpreter), or, the documents, the default folders of their fixed experiment ids
 # (/tmp/tfplan/lr: the tutorial and the sweeps page both name experiment lr).
@@ -84,14 +86,29 @@ ONE_WORKER_FILES = {
 }
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: every test to the worker that is free, except that the tests of a
+    file in :data:`ONE_WORKER_FILES` go together. Made here, not by ``xdist_group`` marks:
+    pytest-xdist 3.8 marks a group by rewriting ``item._nodeid``, which pytest 9.2's ``nodeid``
+    no longer reads (the marks were silently ignored and the documents ran on both workers)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerFiles(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if Path(path).name in ONE_WORKER_FILES else nodeid
+
+    return OneWorkerFiles(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for fixture, mark in TESTBED_MARKS.items():
             if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker(mark):
                 item.add_marker(mark)
-        if item.path.name in ONE_WORKER_FILES:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
     if config.getoption("--tier") == "full":
         return
     kept, deselected = [], []
