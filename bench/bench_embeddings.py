@@ -1,7 +1,7 @@
 """Examples/s of a model with a large embedding table, against the table's number of rows.
 
     .venv/bin/python bench/bench_embeddings.py [--rows 50000,2000000] [--algos hogwild,downpour,pss]
-        [--baseline PATH] [--repeats 1] [--out docs/bench_embeddings.md]
+        [--baseline PATH] [--anchors] [--repeats 1] [--out docs/bench_embeddings.md]
 
 examples/wide_deep (an Embedding of item ids x 16 and a one-column Embedding of the same ids, an
 MLP over 8 dense features; Zipf-distributed click logs written by its own make_data.py, ids below
@@ -13,7 +13,10 @@ and 2 workers (and a chief of its own for ``pss``, its coordinator); examples/s 
 checkout of tfplan, e.g. a worktree of the commit before sparse reads) every run is repeated with
 that checkout's tfplan and recipes, interleaved, so the two are measured side by side. Medians of
 ``--repeats`` runs. The report says how much slower the largest table trains than the smallest
-(goal: flat, within 20 %).
+(goal: flat, within 20 %). ``--anchors`` adds, at each size, the same model trained by Keras'
+own ``fit`` in one process (bench/_one_process_fit.py) and by TensorFlow's ParameterServerStrategy
+with tf_keras (bench/_tf_pss_fit.py: 2 ps and 2 workers, the tables split as here), both for the
+steps of hogwild's runs.
 """
 
 from __future__ import annotations
@@ -31,59 +34,61 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from apply_helpers import free_port_base, kill_groups, recorded_groups  # noqa: E402
+sys.path.insert(0, str(REPO / "bench"))
+from _example_runs import apply_example  # noqa: E402
 
 STEPS = {"hogwild": 300, "downpour": 600}  # as measured in issue 34; others 300
 TOPOLOGY = {"pss": ["cluster.chief=separate"]}  # its coordinator is a chief of its own
 BATCH = 32
+LR = 0.05  # algo.lr's default, which the cluster runs keep
 
 
 def apply(project: Path, checkout: Path, run: str, algo: str, rows: int, steps: int) -> float:
     """One run's examples/s (``checkout``'s tfplan and recipes)."""
-    ws = project / "runs" / run
-    ws.mkdir(parents=True)
-    env = {**os.environ, "TFPLAN_CONF": str(checkout / "conf"), "PYTHONPATH": str(checkout)}
-    env.pop("TFPLAN_MAX_STEPS_CAP", None)
-    args = [
-        "apply",
-        "--auto-approve",
-        f"experiment.id={run}",
-        f"cluster.port_base={free_port_base()}",
-        f"cluster.workdir={ws}/work",
-        f"cluster.output_dir={ws}/out",
-        "cluster.ps=2",
-        f"algo={algo}",
-        "model._target_=wide_deep.models.build",
-        f"model.vocab={rows}",
-        "model.partition_bytes=1000000",
-        "model.loss=binary_crossentropy",
-        "data=tfrecord",
-        "data.train=data/train-*.tfrecord",
-        "data.eval=data/eval.tfrecord",
-        "data.label=clicked",
-        f"data.batch_size={BATCH}",
-        f"trainer.max_steps={steps}",
-        f"trainer.checkpoint_steps={steps}",
-        "trainer.log_steps=1000",
-        "trainer.export_model=false",
-        *TOPOLOGY.get(algo, []),
-    ]
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tfplan", *args],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{run}: {proc.stdout[-2000:]}\n{proc.stderr[-1000:]}")
-        result = json.loads((ws / "out" / "result.json").read_text())
-    finally:
-        kill_groups(recorded_groups(project))
+    result = apply_example(
+        project,
+        checkout,
+        run,
+        [
+            "cluster.ps=2",
+            f"algo={algo}",
+            "model._target_=wide_deep.models.build",
+            f"model.vocab={rows}",
+            "model.partition_bytes=1000000",
+            "model.loss=binary_crossentropy",
+            "data=tfrecord",
+            "data.train=data/train-*.tfrecord",
+            "data.eval=data/eval.tfrecord",
+            "data.label=clicked",
+            f"data.batch_size={BATCH}",
+            f"trainer.max_steps={steps}",
+            f"trainer.checkpoint_steps={steps}",
+            "trainer.log_steps=1000",
+            "trainer.export_model=false",
+            *TOPOLOGY.get(algo, []),
+        ],
+    )
     return float(result["examples_per_sec"])
+
+
+ANCHORS = {  # (row label, code label) -> the script that measures it
+    ("Keras fit", "one process"): "_one_process_fit.py",
+    ("TF ParameterServerStrategy", "tf_keras fit"): "_tf_pss_fit.py",
+}
+
+
+def anchor(script: str, project: Path, rows: int, steps: int) -> float:
+    """An anchor's examples/s: the same model, records, batch and rate, trained by ``script``
+    (Keras' ``fit`` in one process; TensorFlow's ParameterServerStrategy with tf_keras)."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), str(project), str(rows)]
+        + [str(steps), str(BATCH), str(LR)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=True,
+    )
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["examples_per_sec"])
 
 
 def main() -> None:
@@ -91,13 +96,22 @@ def main() -> None:
     parser.add_argument("--rows", default="50000,2000000")
     parser.add_argument("--algos", default="hogwild,downpour,pss")
     parser.add_argument("--baseline", default="", help="another checkout of tfplan to compare")
+    parser.add_argument("--baseline-note", default="the whole table read every step")
+    parser.add_argument("--baseline-rows", default="", help="sizes the baseline runs (all)")
+    parser.add_argument("--baseline-algos", default="", help="algorithms it runs (all)")
+    parser.add_argument("--anchor-max-rows", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--steps-scale", type=float, default=1.0, help="x the default steps")
+    parser.add_argument(
+        "--anchors", action="store_true", help="also one process's Keras fit at each size"
+    )
     parser.add_argument("--out", default=str(REPO / "docs" / "bench_embeddings.md"))
     args = parser.parse_args()
     sizes = [int(r) for r in args.rows.split(",")]
     algos = args.algos.split(",")
     variants = {"now": REPO, **({"before": Path(args.baseline)} if args.baseline else {})}
+    baseline_rows = [int(r) for r in args.baseline_rows.split(",")] if args.baseline_rows else sizes
+    baseline_algos = args.baseline_algos.split(",") if args.baseline_algos else algos
     got: dict[tuple[str, str, int], list[float]] = {}
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-embeddings-") as tmp:
@@ -116,25 +130,41 @@ def main() -> None:
                 steps = max(1, int(STEPS.get(algo, 300) * args.steps_scale))
                 for rows in sizes:
                     for name, checkout in variants.items():
+                        if name == "before" and not (
+                            rows in baseline_rows and algo in baseline_algos
+                        ):
+                            continue
                         n += 1
                         rate = apply(project, checkout, f"r{n}", algo, rows, steps)
                         got.setdefault((name, algo, rows), []).append(rate)
                         print(f"{name} {algo} {rows:,} rows: {rate:,.0f} examples/s", flush=True)
+            if args.anchors:
+                steps = max(1, int(STEPS["hogwild"] * args.steps_scale))
+                for (label, code), script in ANCHORS.items():
+                    for rows in [r for r in sizes if r <= args.anchor_max_rows]:
+                        rate = anchor(script, project, rows, steps)
+                        got.setdefault((code, label, rows), []).append(rate)
+                        print(f"{label}, {code}, {rows:,} rows: {rate:,.0f} examples/s")
     load_end = os.getloadavg()
     lines = [
         "# Benchmark: a large embedding table on parameter servers",
         "",
         f"`.venv/bin/python bench/bench_embeddings.py --rows {args.rows} --algos {args.algos}"
-        f"{' --baseline BEFORE' if args.baseline else ''} --repeats {args.repeats}` on "
+        f"{' --baseline BEFORE' if args.baseline else ''}"
+        f"{' --anchors' if args.anchors else ''} --repeats {args.repeats}` on "
         f"{platform.node()} ({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}. "
         "examples/wide_deep over 2 ps (tables split by `model.partition_bytes=1000000`) and 2 "
         f"workers, batch {BATCH}, the same ids (below 50,000) in every run, only `model.vocab` "
         "changed; examples/s from the chief's result.json, median of the repeats. `now`: this "
         "checkout (a plain Keras Embedding reads only the batch's rows, recipes/sparse_lookup.py, "
         "in pss too, and the optimizers write only those rows)"
+        + (f"; `before`: the baseline checkout ({args.baseline_note})" if args.baseline else "")
         + (
-            "; `before`: the baseline checkout (the whole table read every step)"
-            if args.baseline
+            f"; `one process`: Keras' own `fit` of the same model, records, batch and rate in one "
+            f"process, and `tf_keras fit`: TensorFlow's ParameterServerStrategy with tf_keras "
+            f"(its Embedding reads rows), 2 ps and 2 workers, at sizes up to "
+            f"{args.anchor_max_rows:,} rows"
+            if args.anchors
             else ""
         )
         + f". Load average {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end.",
@@ -144,11 +174,18 @@ def main() -> None:
         + " | largest / smallest |",
         "|---|---|" + "---|" * len(sizes) + "---|",
     ]
-    for algo in algos:
-        for name in variants:
-            rates = [statistics.median(got[(name, algo, r)]) for r in sizes]
-            cells = " | ".join(f"{r:,.0f}" for r in rates)
-            lines.append(f"| {algo} | {name} | {cells} | {rates[-1] / rates[0]:.2f}x |")
+    rows_of = [(algo, name) for algo in algos for name in variants]
+    if args.anchors:
+        rows_of += list(ANCHORS)
+    for algo, name in rows_of:
+        rates = [
+            statistics.median(got[(name, algo, r)]) if (name, algo, r) in got else None
+            for r in sizes
+        ]
+        cells = " | ".join("-" if r is None else f"{r:,.0f}" for r in rates)
+        measured = [r for r in rates if r is not None]
+        ratio = f"{measured[-1] / measured[0]:.2f}x" if len(measured) > 1 else "-"
+        lines.append(f"| {algo} | {name} | {cells} | {ratio} |")
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

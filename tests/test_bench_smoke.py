@@ -49,6 +49,7 @@ REPORTS = [
         "bench_streaming.md",
         "bench_strategies.md",
         "bench_sweep.md",
+        "bench_table_rules.md",
         "bench_training.md",
         "bench_user_model.md",
         "reliability.md",
@@ -131,11 +132,25 @@ def test_bench_apply(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_embeddings(tmp_path: Path) -> None:
     out = tmp_path / "bench_embeddings.md"
-    args = ["--rows", "50000,100000", "--algos", "hogwild", "--steps-scale", "0.1"]
+    args = ["--rows", "50000,100000", "--algos", "hogwild", "--steps-scale", "0.1", "--anchors"]
     run_bench("bench_embeddings.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
     text = out.read_text()
-    assert figure(text, "| hogwild | now |", column=0) > 0  # examples/s, smallest table
-    assert figure(text, "| hogwild | now |", column=1) > 0  # the largest
+    for row in ("| hogwild | now |", "| Keras fit |", "| TF ParameterServerStrategy |"):
+        assert figure(text, row, column=0) > 0  # examples/s, smallest table
+        assert figure(text, row, column=1) > 0  # the largest
+
+
+@pytest.mark.timeout(600)
+def test_bench_table_rules(tmp_path: Path) -> None:
+    """This checkout stands in for the baseline (the path, not the figures, is what is tried)."""
+    out = tmp_path / "bench_table_rules.md"
+    args = ["--baseline", str(REPO), "--algos", "downpour", "--steps", "10", "--repeats", "1"]
+    run_bench("bench_table_rules.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
+    text = out.read_text()
+    for row in ("| downpour | rows (now) |", "| downpour | dense (before) |", "| hogwild |"):
+        assert 0 < figure(text, row, column=0) <= 1  # accuracy
+        assert figure(text, row, column=2) > 0  # examples/s
+    assert "The click rate alone scores accuracy" in text
 
 
 @pytest.mark.timeout(300)

@@ -1,0 +1,55 @@
+"""One `tfplan apply` of an example project with a given checkout of tfplan, for the benchmarks
+that compare checkouts side by side (bench_embeddings.py, bench_table_rules.py): the checkout's
+own conf/ and code (``PYTHONPATH``), the run's own folders under ``runs/<run>``, its result.json
+back, whatever it left running killed by the process groups its state records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from apply_helpers import free_port_base, kill_groups, recorded_groups  # noqa: E402
+
+__all__ = ["apply_example"]
+
+
+def apply_example(
+    project: Path, checkout: Path, run: str, overrides: list[str], timeout: float = 1800
+) -> dict[str, Any]:
+    """``tfplan apply --auto-approve OVERRIDES`` in ``project`` with ``checkout``'s tfplan and
+    recipes, on the embedded local cluster; the chief's result.json."""
+    ws = project / "runs" / run
+    ws.mkdir(parents=True)
+    env = {**os.environ, "TFPLAN_CONF": str(checkout / "conf"), "PYTHONPATH": str(checkout)}
+    env.pop("TFPLAN_MAX_STEPS_CAP", None)
+    args = [
+        "apply",
+        "--auto-approve",
+        f"experiment.id={run}",
+        f"cluster.port_base={free_port_base()}",
+        f"cluster.workdir={ws}/work",
+        f"cluster.output_dir={ws}/out",
+        *overrides,
+    ]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tfplan", *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{run}: {proc.stdout[-2000:]}\n{proc.stderr[-1000:]}")
+        result: dict[str, Any] = json.loads((ws / "out" / "result.json").read_text())
+    finally:
+        kill_groups(recorded_groups(project))
+    return result
