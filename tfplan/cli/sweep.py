@@ -49,7 +49,7 @@ def run_sweep_command(args: argparse.Namespace, overrides: list[str], dry_run: b
         )
     spec = sweep_spec(list(overrides), args.config_dir, args.concurrency)
     workspace = workspace_from(args.workspace)
-    planned = preview_sweep(spec, workspace)
+    planned = preview_sweep(spec, workspace, for_run=not dry_run)
     print_preview(spec.sweep_id, spec.sweep_dir, spec.sweeper, spec.concurrency, planned, out)
     if dry_run:
         return 1 if any(p.status == "failed" for p in planned) else 0

@@ -58,7 +58,7 @@ class ClusterLauncherConf:
     concurrency: int = 1
     sweep_id: str = "sweep"
     sweep_dir: str = "sweep"
-    preview: bool = False  # plans only: keeps each point's composition for the run after it
+    preview: bool = False  # a preview before a run: keeps each point's composition for it
 
 
 def register_launcher() -> None:

@@ -533,7 +533,7 @@ def _run_hydra(
     spec: SweepSpec, task: PointTask, hydra_sweep_dir: str, preview: bool = False
 ) -> None:
     """Hydra's multirun, as ``@hydra.main`` with ``--multirun`` would do it, with tfplan's
-    launcher (``preview``: the points are planned, and their compositions kept for the run).
+    launcher (``preview``: the points' compositions are kept for the run that follows).
     Errors (a bad override, an unknown sweeper) become one-line ConfigErrors."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -607,11 +607,14 @@ def _write_trials(tap: optuna_tap.OptunaTap, path: Path) -> None:
         write_atomic(path, json.dumps({"trials": trials}, indent=2) + "\n")
 
 
-def preview_sweep(spec: SweepSpec, workspace: Workspace) -> list[PointRecord]:
-    """Every point the sweeper would run, planned but not applied (nothing is written)."""
+def preview_sweep(
+    spec: SweepSpec, workspace: Workspace, for_run: bool = False
+) -> list[PointRecord]:
+    """Every point the sweeper would run, planned but not applied (nothing is written);
+    ``for_run``: :func:`run_sweep` follows in this process and takes the points' compositions."""
     task = PointTask(spec, workspace, SweepOutput(lambda line: None), record=None)
     with tempfile.TemporaryDirectory(prefix="tfplan-sweep-plan-") as scratch:
-        _run_hydra(spec, task, scratch, preview=True)
+        _run_hydra(spec, task, scratch, preview=for_run)
     return sorted(task.planned, key=lambda p: p.num)
 
 
