@@ -17,7 +17,24 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from apply_helpers import free_port_base, kill_groups, recorded_groups  # noqa: E402
 
-__all__ = ["apply_example"]
+__all__ = ["apply_example", "click_run"]
+
+
+def click_run(batch: int, steps: int) -> list[str]:
+    """The overrides every click example's run shares: its TFRecord shards (``clicked`` the
+    label, a logit out), ``batch``, ``steps`` and one checkpoint at the end, no model exported."""
+    return [
+        "model.loss=binary_crossentropy",
+        "data=tfrecord",
+        "data.train=data/train-*.tfrecord",
+        "data.eval=data/eval.tfrecord",
+        "data.label=clicked",
+        f"data.batch_size={batch}",
+        f"trainer.max_steps={steps}",
+        f"trainer.checkpoint_steps={steps}",
+        "trainer.log_steps=1000",
+        "trainer.export_model=false",
+    ]
 
 
 def apply_example(

@@ -35,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from _example_runs import apply_example  # noqa: E402
+from _example_runs import apply_example, click_run  # noqa: E402
 
 STEPS = {"hogwild": 300, "downpour": 600}  # as measured in issue 34; others 300
 TOPOLOGY = {"pss": ["cluster.chief=separate"]}  # its coordinator is a chief of its own
@@ -55,16 +55,7 @@ def apply(project: Path, checkout: Path, run: str, algo: str, rows: int, steps: 
             "model._target_=wide_deep.models.build",
             f"model.vocab={rows}",
             "model.partition_bytes=1000000",
-            "model.loss=binary_crossentropy",
-            "data=tfrecord",
-            "data.train=data/train-*.tfrecord",
-            "data.eval=data/eval.tfrecord",
-            "data.label=clicked",
-            f"data.batch_size={BATCH}",
-            f"trainer.max_steps={steps}",
-            f"trainer.checkpoint_steps={steps}",
-            "trainer.log_steps=1000",
-            "trainer.export_model=false",
+            *click_run(BATCH, steps),
             *TOPOLOGY.get(algo, []),
         ],
     )

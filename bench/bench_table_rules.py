@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from _example_runs import apply_example  # noqa: E402
+from _example_runs import apply_example, click_run  # noqa: E402
 
 BATCH = 64
 EXAMPLES = 40_000
@@ -45,16 +45,7 @@ def overrides(algo: str, scale: float, steps: int) -> list[str]:
         "model._target_=ctr.models.build",
         f"model.vocab_scale={scale}",
         "model.partition_bytes=500000",
-        "model.loss=binary_crossentropy",
-        "data=tfrecord",
-        "data.train=data/train-*.tfrecord",
-        "data.eval=data/eval.tfrecord",
-        "data.label=clicked",
-        f"data.batch_size={BATCH}",
-        f"trainer.max_steps={steps}",
-        f"trainer.checkpoint_steps={steps}",
-        "trainer.log_steps=1000",
-        "trainer.export_model=false",
+        *click_run(BATCH, steps),
     ]
 
 
