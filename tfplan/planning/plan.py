@@ -242,7 +242,9 @@ class EmbeddingTable:
     bytes: int  # the table alone
     slots: int  # the optimizer's slots per row (sgd 0, momentum 1, adagrad 1, adam 2)
     bytes_per_ps: tuple[int, ...]  # table + slots on each ps; empty: every worker holds it all
-    reads: str  # "rows" (only the batch's), "whole" (every step), "window" (whole, per window)
+    # "rows" (only the batch's), "whole" (every step), "window" (a table read whole, in a
+    # windowed algorithm's copy: whole per window), "replica" (allreduce: no ps)
+    reads: str
     rows_per_step: int | None  # at most, at the configured batch (None: ids per example unknown)
     read_bytes_per_step: int | None  # from the ps to a worker per step, at most
     write_bytes_per_step: int | None  # back, at most (the batch's rows, with their ids)
