@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -278,6 +279,31 @@ def test_second_apply_is_refused_while_one_holds_the_lock(ws: Path) -> None:
     assert proc.returncode == 1
     assert "is locked by tfplan apply" in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_apply_waits_for_a_finishing_supervisor_to_let_go_of_the_lock(ws: Path) -> None:
+    """A background supervisor tears its ended job down under the lock (seen: a resize applied
+    as the job reached its last step was refused): apply waits for a `tfplan watch` holder; any
+    other holder is refused at once (test_second_apply_is_refused_while_one_holds_the_lock)."""
+    port = free_port_base()
+    store = StateStore(ws / ".tfplan" / "t")
+    held, release = threading.Event(), threading.Event()
+
+    def finishing_watch() -> None:
+        with store.lock("watch"):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=finishing_watch, daemon=True)
+    holder.start()
+    assert held.wait(10)
+    timer = threading.Timer(2.0, release.set)
+    timer.start()
+    proc = tfplan(ws, "apply", "--auto-approve", *base_overrides(ws, port), *fake_overrides(ws))
+    holder.join(10)
+    assert release.is_set()  # apply could only go on after the watch let go
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    assert "is locked by" not in proc.stderr
 
 
 def test_failed_start_stops_what_was_started(ws: Path) -> None:

@@ -30,7 +30,7 @@ from tfplan.backends import open_backend
 from tfplan.backends.api import Backend, OutputPlace
 from tfplan.backends.transports.seeds import WarmSeed
 from tfplan.engine.applier import ApplyResult, Progress, apply_plan
-from tfplan.engine.background import me, take_over_from_background
+from tfplan.engine.background import HANDOVER_SECS, me, take_over_from_background
 from tfplan.engine.experiment import (
     ExperimentFolder,
     check_resumable,
@@ -235,8 +235,14 @@ class ExperimentRun:
 
     def __enter__(self) -> ExperimentRun:
         take_over_from_background(self.store, self.say)
+        # a background supervisor whose job ended by itself tears the job down under the lock,
+        # and it has left the state already: it is waited for (seen: a resize applied just as
+        # the job reached its last step), any other holder refused at once
+        ending = self.store.lock_holder().startswith("tfplan watch")
         try:
-            self._stack.enter_context(self.store.lock("apply"))
+            self._stack.enter_context(
+                self.store.lock("apply", wait_secs=HANDOVER_SECS if ending else 0.0)
+            )
             self._backend = self._stack.enter_context(
                 open_backend(self.plan.backend, self.store.scratch)
             )

@@ -81,6 +81,14 @@ class StateStore:
         )
         return written
 
+    def lock_holder(self) -> str:
+        """Who took the lock last (``tfplan watch (pid N)``), whether or not it still holds it;
+        empty when nobody has."""
+        try:
+            return self.lock_path.read_text().strip()
+        except OSError:
+            return ""
+
     @contextmanager
     def lock(self, what: str = "apply", wait_secs: float = 0.0) -> Iterator[None]:
         """Hold the experiment's lock; a second holder is refused (after ``wait_secs``).
