@@ -232,7 +232,7 @@ class WindowedAlgorithm(Algorithm):
             loss=parts.loss,
             step_ops=window_ops(local_step, exchange, window),
             local_init_op=local_init,
-            extras={**parts.extras, "tables": tables},
+            extras=parts.extras,
             **parts.graph_fields,
         )
 

@@ -40,6 +40,7 @@ from tfplan.sweeps import optuna_tap
 __all__ = ["ClusterLauncher", "ClusterLauncherConf", "register_launcher", "MAX_PORT_WINDOWS"]
 
 MAX_PORT_WINDOWS = 64  # windows in rotation; more only costs ports
+STOP_WAIT_SECS = 600.0  # an interrupted point stops its tasks: grace periods, then kills
 
 # Points composed in this process and not run yet, by (sweep id, sweep folder, the sweep's own
 # overrides, the point's): ``tfplan apply -m`` plans every point first (the preview it asks
@@ -47,9 +48,8 @@ MAX_PORT_WINDOWS = 64  # windows in rotation; more only costs ports
 # once (a Hydra composition is about 0.3 s of CPU). Taken, not kept: a run composes afresh what
 # no preview composed in this process (Optuna's trials are asked anew).
 _PreviewKey = tuple[str, str, tuple[str, ...], tuple[str, ...]]
-_previewed: dict[_PreviewKey, DictConfig | None] = {}
+_previewed: dict[_PreviewKey, DictConfig] = {}
 _previewed_lock = threading.Lock()
-STOP_WAIT_SECS = 600.0  # an interrupted point stops its tasks: grace periods, then kills
 
 
 @dataclass
@@ -150,7 +150,7 @@ class ClusterLauncher(Launcher):
                 _previewed[key] = copy.deepcopy(cfg)  # as composed: the preview changes its own
         else:
             with _previewed_lock:
-                kept = _previewed.pop(key, None)
+                kept = _previewed.pop(key) if key in _previewed else None
             if kept is not None and kept.hydra.job.num == num:
                 cfg = kept
                 with open_dict(cfg):  # the preview's was its scratch folder
