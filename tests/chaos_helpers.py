@@ -152,6 +152,18 @@ def checkpoint_steps(output_dir: Path) -> list[int]:
     )
 
 
+def committed_checkpoint_step(output_dir: Path) -> int:
+    """The step of the checkpoint that ``output_dir/checkpoint`` names (what
+    ``tf.train.latest_checkpoint``, so the evaluator, finds): a saver writes a checkpoint's files
+    before it names it there, so the newest files can be a step ahead (0 when none is named)."""
+    try:
+        text = (output_dir / "checkpoint").read_text()
+    except FileNotFoundError:
+        return 0
+    match = re.search(r'^model_checkpoint_path: ".*?ckpt-(\d+)"', text, re.M)
+    return int(match.group(1)) if match else 0
+
+
 def final_checkpoint_step(output_dir: Path) -> int:
     """The global step stored in the latest checkpoint, read by TensorFlow itself (in this
     process: a subprocess per call paid TensorFlow's import, about 6 s of CPU, each time)."""

@@ -36,6 +36,7 @@ from chaos_helpers import (
     ApplyRun,
     assert_nothing_left,
     checkpoint_steps,
+    committed_checkpoint_step,
     final_checkpoint_step,
     held,
     kill_task,
@@ -179,10 +180,15 @@ def test_evaluator_killed_is_restarted(ws: Path) -> None:
     run = ApplyRun(ws, _args(ws, "cluster.evaluator=true", "trainer.eval_secs=0.5"))
     fault = run.wait_step(FAULT_AT, timeout=FIRST_FAULT_WAIT_SECS, task="worker/0")
     with held(ws, "worker/0"):  # the job must not end before the evaluator is back
-        last_ckpt = max(checkpoint_steps(ws / "out"), default=0)
+        # What the restarted evaluator must start from: the checkpoint the `checkpoint` file
+        # names (the held chief may have written the next one's files without naming it yet).
+        last_ckpt = committed_checkpoint_step(ws / "out")
         kill_task(ws, "evaluator/0")
         recovered = run.wait_for(r"evaluator/0: restarted on localhost", timeout=90, after=fault)
-        scored = run.wait_for(r"^evaluator/0\s+\| eval step=\d+", timeout=120, after=recovered)
+        # Its new life's first line: a score the killed evaluator printed can arrive after the
+        # supervisor's "restarted" (two streams), never after the new one's first line.
+        born = run.wait_for(r"^evaluator/0\s+\| evaluator watching", timeout=120, after=recovered)
+        scored = run.wait_for(r"^evaluator/0\s+\| eval step=\d+", timeout=120, after=born)
     _finish_and_check(run, ws)
     # The restarted evaluator goes on from the latest checkpoint, not from the first one.
     _no_step_below(run, "evaluator/0", scored, last_ckpt)
