@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -191,8 +192,29 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
     )
 
 
+class _SaveTimer(v1.train.CheckpointSaverListener):  # type: ignore[misc]
+    """Tells ``progress`` how long each checkpoint took to write, so the job's examples/s is
+    its training's: a final checkpoint of a 10^7-row table (650 MB) took longer than the
+    last hundred steps and, counted, made the chief report a fifth of the job's speed."""
+
+    def __init__(self, progress: ProgressLog) -> None:
+        self.progress = progress
+        self.began = 0.0
+
+    def before_save(self, session: Any, global_step_value: int) -> None:
+        self.began = time.monotonic()
+
+    def after_save(self, session: Any, global_step_value: int) -> None:
+        self.progress.pause(time.monotonic() - self.began)
+
+
 def _hooks(
-    cfg: RunConfig, g: ReplicaGraph, scaffold: Any, is_chief: bool, max_steps: int
+    cfg: RunConfig,
+    g: ReplicaGraph,
+    scaffold: Any,
+    is_chief: bool,
+    max_steps: int,
+    progress: ProgressLog,
 ) -> list[Any]:
     t = cfg.trainer
     hooks = [
@@ -207,7 +229,9 @@ def _hooks(
             else {"save_steps": t.checkpoint_steps or t.max_steps}
         )
         hooks += [
-            v1.train.CheckpointSaverHook(cfg.output_dir, scaffold=scaffold, **ckpt),
+            v1.train.CheckpointSaverHook(
+                cfg.output_dir, scaffold=scaffold, listeners=[_SaveTimer(progress)], **ckpt
+            ),
             v1.train.SummarySaverHook(
                 save_steps=t.summary_steps, output_dir=cfg.output_dir, summary_op=g.summary_op
             ),
@@ -325,7 +349,7 @@ def run_replica(
     # after everything that can fail here (the data, the graph): that is said at once
     wait_for_peers(task, cfg.trainer.peer_wait_secs, log)
     try:
-        hooks = _hooks(cfg, g, scaffold, task.is_chief, max_steps)
+        hooks = _hooks(cfg, g, scaffold, task.is_chief, max_steps, progress)
         stop_hook = next(h for h in hooks if isinstance(h, v1.train.StopAtStepHook))
         with v1.train.MonitoredSession(
             session_creator=creator,

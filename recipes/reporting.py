@@ -77,6 +77,8 @@ class ProgressLog:
         self.recent: deque[float] = deque(maxlen=RECENT_LOSSES)
         self.first_gs: Optional[int] = None
         self.t_start = self.t_last = time.monotonic()
+        # (when it ended, seconds) of each checkpoint written since the first step
+        self.pauses: list[tuple[float, float]] = []
         self._prev_gs = 0
         self._log_gs, self._log_t = 0, self.t_start
 
@@ -102,15 +104,25 @@ class ProgressLog:
             self._log_gs, self._log_t = gs, now
         self._prev_gs = gs
 
+    def pause(self, secs: float) -> None:
+        """The last ``secs`` went to something other than training (a checkpoint written):
+        from the first step on and up to the last, they are left out of :attr:`train_secs`
+        (the one the saver writes as the session ends comes after the last step: not counted)."""
+        if self.first_gs is not None:
+            self.pauses.append((time.monotonic(), secs))
+
     @property
     def started(self) -> bool:
         return self.first_gs is not None
 
     @property
     def train_secs(self) -> float:
-        """From the first to the last step recorded: not the end barrier, the final checkpoint
-        or its scoring, which come after."""
-        return self.t_last - self.t_start if self.first_gs is not None else 0.0
+        """From the first to the last step recorded, less the checkpoints written meanwhile
+        (:meth:`pause`): not the end barrier, the checkpoints or the final scoring."""
+        if self.first_gs is None:
+            return 0.0
+        paused = sum(secs for ended, secs in self.pauses if ended <= self.t_last)
+        return max(self.t_last - self.t_start - paused, 1e-3)
 
     def examples_per_sec(self, global_step: int) -> float:
         """The job's speed as this task saw it: the global steps made between its first and
