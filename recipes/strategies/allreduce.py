@@ -19,7 +19,8 @@ non-chief host does not need to see ``output_dir``.
 
 Fault tolerance: a collective group cannot lose a member. When a peer dies, the survivors' next
 all-reduce fails (gRPC reset: about 2 s; a frozen peer: the coordination service's heartbeat,
-about 10 s; anything else: ``collective_timeout_secs``), and they exit with code 5 after one
+about 10 s; anything else: a step not done within ``collective_timeout_secs``, kept by one
+thread, recipes/strategies/collectives.py), and they exit with code 5 after one
 line naming the step and the checkpoint to resume from. The launcher restarts the whole group
 (every worker and the chief, after all of them have exited); it resumes from the last checkpoint.
 A group that does not form (a peer never starts) ends with code 5 after ``startup_timeout_secs``
@@ -41,6 +42,7 @@ from recipes.failures import first_line, input_failure
 from recipes.inputs import check_static
 from recipes.runtime import op_threads
 from recipes.strategies.checkpoints import Checkpoints
+from recipes.strategies.collectives import StepDeadline, join_slices
 from recipes.strategies.common import Log, Progress, stream_seed, write_result
 from recipes.strategies.optimizer import Optimizer
 from recipes.workload import Workload
@@ -111,13 +113,15 @@ def _set_threads(task: TaskInfo) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
 
 
-def _strategy(task: TaskInfo, timeout: float, startup: float) -> Any:
+def _strategy(task: TaskInfo, startup: float) -> Any:
     jobs = {job: task.cluster[job] for job in ("chief", "worker") if task.cluster.get(job)}
     _bound_group_start(jobs, startup)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(jobs), task_type=task.type, task_id=task.index, rpc_layer="grpc"
     )
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+    # No timeout_seconds: TF starts a sleeping thread per collective for it (StepDeadline
+    # keeps the timeout with one thread, recipes/strategies/collectives.py)
+    options = tf.distribute.experimental.CommunicationOptions()
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=options
     )
@@ -175,7 +179,7 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
         if os.path.exists(result_path):
             os.remove(result_path)  # stale, from an earlier run: the evaluator watches for it
     try:
-        strategy, options = _strategy(task, timeout, startup)
+        strategy, options = _strategy(task, startup)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
         raise TrainingFailed(
             f"allreduce: the collective group of {task.n_replicas} did not form within "
@@ -224,11 +228,13 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
                 [tf.cast(loss, tf.float32)]
                 + [tf.cast(metrics[m], tf.float32) for m in metric_names]
             )
-            # One all-reduce (packed) for the gradients and the loss/metrics to report.
+            # One all-reduce (packed) for the dense gradients and the loss/metrics to report,
+            # and one all-gather per row shape for the tables' rows (join_slices).
+            joined, split = join_slices(grads, train_vars)
             mean = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.MEAN, [reported, *grads], options=options
+                tf.distribute.ReduceOp.MEAN, [reported, *joined], options=options
             )
-            return mean[0], mean[1:]
+            return mean[0], split(mean[1:])
 
         metrics, grads = strategy.run(replica_fn, args=(x, y))
         opt.apply(params, dict(zip(names, grads, strict=True)), slots, step)
@@ -236,9 +242,13 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
         return strategy.experimental_local_results(metrics)[0]
 
     gs = 0
+    deadline = StepDeadline(
+        timeout, f"no all-reduce finished within algo.collective_timeout_secs={timeout:g}"
+    )
     try:
         restored = state.restore_latest() if task.is_chief else None
-        sync_from_chief()
+        with deadline.step(max(startup, timeout)):  # its first run traces the function
+            sync_from_chief()
         gs = int(step.numpy())
         if task.is_chief:
             log(
@@ -263,7 +273,8 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
         last_ckpt_time = 0.0
         while gs < t.max_steps:
             bx, by = next(feed)
-            loss, *values = (float(v) for v in train_step(bx, by).numpy())
+            with deadline.step(max(startup, timeout) if runs == 0 else None):
+                loss, *values = (float(v) for v in train_step(bx, by).numpy())
             gs, runs = int(step.numpy()), runs + 1
             if not np.isfinite(loss):
                 raise TrainingFailed(
@@ -289,6 +300,8 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
             f"they resume from {where}",
             EXIT_GROUP_LOST,
         ) from None
+    finally:
+        deadline.close()
     _end_barrier(timeout, log)
     if task.is_chief:
         final = state.last_path if state.last_step == gs else None
