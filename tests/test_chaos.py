@@ -50,7 +50,7 @@ from testbed import NetnsTestbed
 # detection alone on a loaded machine (pytest-timeout's default 300 s ended one that passed).
 pytestmark = [pytest.mark.cluster, pytest.mark.full, pytest.mark.timeout(900)]
 
-MAX_STEPS = 1500
+MAX_STEPS = 800  # the faults come at 300: 500 steps after each, with checkpoints every 100
 FAULT_AT = 300
 # Upper bounds for the job to reach FAULT_AT (apply, the tasks' start and 300 steps): CI's loaded
 # machine once took 37 s for the apply alone and more than 120 s in all.
