@@ -192,7 +192,7 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
     )
 
 
-class _SaveTimer(v1.train.CheckpointSaverListener):  # type: ignore[misc]
+class _SaveTimer(v1.train.CheckpointSaverListener):  # type: ignore[name-defined]
     """Tells ``progress`` how long each checkpoint took to write, so the job's examples/s is
     its training's: a final checkpoint of a 10^7-row table (650 MB) took longer than the
     last hundred steps and, counted, made the chief report a fifth of the job's speed."""
