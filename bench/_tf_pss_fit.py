@@ -59,6 +59,9 @@ def build(rows: int, embed: int = 16, units: int = 64) -> tf_keras.Model:
 
 
 def main(project: str, rows: int, steps: int, batch: int, lr: float) -> None:
+    # SIGTERM (a bench stopped by hand, a timeout) unwinds too: the servers below are ended by
+    # the ``finally``, not left serving in sessions of their own
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ports = free_ports(5)
     spec = {
         "ps": [f"127.0.0.1:{p}" for p in ports[:2]],

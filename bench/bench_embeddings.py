@@ -15,8 +15,8 @@ that checkout's tfplan and recipes, interleaved, so the two are measured side by
 ``--repeats`` runs. The report says how much slower the largest table trains than the smallest
 (goal: flat, within 20 %). ``--anchors`` adds, at each size, the same model trained by Keras'
 own ``fit`` in one process (bench/_one_process_fit.py) and by TensorFlow's ParameterServerStrategy
-with tf_keras (bench/_tf_pss_fit.py: 2 ps and 2 workers, the tables split as here), both for the
-steps of hogwild's runs.
+with tf_keras (bench/_tf_pss_fit.py: 2 ps and 2 workers, the tables split as here), both for
+``ANCHOR_STEPS`` steps after a warm-up.
 """
 
 from __future__ import annotations
@@ -37,10 +37,22 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from _example_runs import apply_example, click_run  # noqa: E402
 
-STEPS = {"hogwild": 300, "downpour": 600}  # as measured in issue 34; others 300
+# Steps of each cluster run: enough that the chief, whose first step waits for it to initialise
+# the tables and write the first checkpoint (10 s and more at 10^7 rows, while the other worker
+# trains), still sees the job train for many seconds (its result.json's examples/s is the job's
+# speed over the steps it saw; issue 34 measured 300 and 600, too few at 10^7 rows).
+STEPS = 1500
+# The anchors' steps, after their warm-up: one process's Keras fit slows with the table's size
+# (it writes the whole table each step), 1,500 steps at 10^7 rows would take half an hour.
+ANCHOR_STEPS = 300
 TOPOLOGY = {"pss": ["cluster.chief=separate"]}  # its coordinator is a chief of its own
 BATCH = 32
 LR = 0.05  # algo.lr's default, which the cluster runs keep
+
+
+def _ratio(value: float) -> str:
+    """1.06x, 0.38x, 0.0038x: two significant digits below 0.1 (a 0.00x says nothing)."""
+    return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
 
 
 def apply(project: Path, checkout: Path, run: str, algo: str, rows: int, steps: int) -> float:
@@ -118,7 +130,7 @@ def main() -> None:
         n = 0
         for _ in range(args.repeats):
             for algo in algos:
-                steps = max(1, int(STEPS.get(algo, 300) * args.steps_scale))
+                steps = max(1, int(STEPS * args.steps_scale))
                 for rows in sizes:
                     for name, checkout in variants.items():
                         if name == "before" and not (
@@ -130,7 +142,7 @@ def main() -> None:
                         got.setdefault((name, algo, rows), []).append(rate)
                         print(f"{name} {algo} {rows:,} rows: {rate:,.0f} examples/s", flush=True)
             if args.anchors:
-                steps = max(1, int(STEPS["hogwild"] * args.steps_scale))
+                steps = max(1, int(ANCHOR_STEPS * args.steps_scale))
                 for (label, code), script in ANCHORS.items():
                     for rows in [r for r in sizes if r <= args.anchor_max_rows]:
                         rate = anchor(script, project, rows, steps)
@@ -142,7 +154,9 @@ def main() -> None:
         "",
         f"`.venv/bin/python bench/bench_embeddings.py --rows {args.rows} --algos {args.algos}"
         f"{' --baseline BEFORE' if args.baseline else ''}"
-        f"{' --anchors' if args.anchors else ''} --repeats {args.repeats}` on "
+        f"{' --anchors' if args.anchors else ''}"
+        f"{f' --anchor-max-rows {args.anchor_max_rows}' if args.anchors else ''}"
+        f" --repeats {args.repeats}` on "
         f"{platform.node()} ({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}. "
         "examples/wide_deep over 2 ps (tables split by `model.partition_bytes=1000000`) and 2 "
         f"workers, batch {BATCH}, the same ids (below 50,000) in every run, only `model.vocab` "
@@ -175,7 +189,7 @@ def main() -> None:
         ]
         cells = " | ".join("-" if r is None else f"{r:,.0f}" for r in rates)
         measured = [r for r in rates if r is not None]
-        ratio = f"{measured[-1] / measured[0]:.2f}x" if len(measured) > 1 else "-"
+        ratio = _ratio(measured[-1] / measured[0]) if len(measured) > 1 else "-"
         lines.append(f"| {algo} | {name} | {cells} | {ratio} |")
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

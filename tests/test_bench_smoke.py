@@ -132,7 +132,7 @@ def test_bench_apply(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_embeddings(tmp_path: Path) -> None:
     out = tmp_path / "bench_embeddings.md"
-    args = ["--rows", "50000,100000", "--algos", "hogwild", "--steps-scale", "0.1", "--anchors"]
+    args = ["--rows", "50000,100000", "--algos", "hogwild", "--steps-scale", "0.02", "--anchors"]
     run_bench("bench_embeddings.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
     text = out.read_text()
     rows = ("| hogwild | now |", "| Keras fit | one process |")
@@ -145,12 +145,19 @@ def test_bench_embeddings(tmp_path: Path) -> None:
 def test_bench_table_rules(tmp_path: Path) -> None:
     """This checkout stands in for the baseline (the path, not the figures, is what is tried)."""
     out = tmp_path / "bench_table_rules.md"
-    args = ["--baseline", str(REPO), "--algos", "downpour", "--steps", "10", "--repeats", "1"]
+    args = ["--algos", "downpour", "--baseline", str(REPO), "--baseline-algos", "downpour"]
+    args += ["--anchor", "--steps", "10", "--repeats", "1"]
     run_bench("bench_table_rules.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
     text = out.read_text()
-    for row in ("| downpour | rows (now) |", "| downpour | dense (before) |"):
+    rows = (
+        "| downpour | rows (now) |",
+        "| downpour | dense (before) |",
+        "| Keras fit | one process |",
+    )
+    for row in rows:
         assert 0 < figure(text, row, column=0) <= 1  # accuracy
         assert figure(text, row, column=2) > 0  # examples/s
+        assert re.search(re.escape(row) + r"(?:[^|]*\|){3} [+-]\d+\.\d \|$", text, re.M), text
     assert 0 < figure(text, "| hogwild | rows (now) |", column=0) <= 1
     assert "The click rate alone scores accuracy" in text
 
