@@ -123,7 +123,8 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 240) -> None
 def _left_running(ws: Path) -> list[str]:
     """What the state records that still runs: each task's and warm seed's name and group."""
     state = json.loads(next((ws / ".tfplan").glob("*/state.json")).read_text())
-    named = {int(t["handle"]["pgid"]): t["name"] for t in state["tasks"] if "pgid" in t["handle"]}
+    handles = [(t["name"], t.get("handle") or {}) for t in state["tasks"]]
+    named = {int(h["pgid"]): name for name, h in handles if "pgid" in h}
     for seed in ((state.get("allocation") or {}).get("data") or {}).get("seeds") or []:
         named[int(seed["pgid"])] = f"warm seed on {seed['host']}"
     return [f"{named.get(g, '?')} (group {g})" for g in recorded_groups(ws) if alive(g)]
