@@ -130,7 +130,7 @@ def _left_running(ws: Path) -> list[str]:
     return [f"{named.get(g, '?')} (group {g})" for g in recorded_groups(ws) if alive(g)]
 
 
-def assert_nothing_left(ws: Path) -> None:
+def _nothing_left_soon(ws: Path) -> None:
     """Every process the state records is gone: at once, or within a few seconds for one whose
     exit the end of the job has already seen begin (a task's interpreter finishing; CI saw a
     group still there as apply returned, once in four runs); named if one stays."""
@@ -197,7 +197,7 @@ def grow_shrink_and_end(job: Job, base: list[str]) -> None:
     assert "Training complete" in ended.stdout
     for task in ("ps/0", "worker/0", "worker/1"):  # no task ever rolled back
         assert not [line for line in job.log(task) if "back from global step" in line]
-    assert_nothing_left(job.ws)
+    _nothing_left_soon(job.ws)
 
 
 @pytest.mark.full
@@ -263,7 +263,7 @@ def test_a_new_worker_killed_while_joining_is_restarted_and_the_job_still_ends(w
     assert "ps/0 done: 4 of 4 replicas finished" in ended.stdout, ended.stdout[-4000:]
     for task in ("ps/0", "worker/0", "worker/1", "worker/3"):
         assert not [line for line in job.log(task) if "back from global step" in line]
-    assert_nothing_left(ws)
+    _nothing_left_soon(ws)
 
 
 @pytest.mark.full
