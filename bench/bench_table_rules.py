@@ -118,6 +118,7 @@ def main() -> None:
     got: dict[tuple[str, str], list[dict[str, float]]] = {}
     failed: dict[tuple[str, str], str] = {}
     lrs = {algo: float(lr) for algo, lr in (item.split("=", 1) for item in args.lr_of)}
+    anchor_lr = args.lr or ANCHOR_LR
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-table-rules-") as tmp:
         project = Path(tmp) / "ctr"
@@ -156,7 +157,7 @@ def main() -> None:
                 print(f"{algo} {rule}: {got[(algo, rule)][-1]}", flush=True)
             if args.anchor:
                 got.setdefault(ANCHOR, []).append(
-                    one_process_fit(project, args.vocab_scale, args.steps, args.lr or ANCHOR_LR)
+                    one_process_fit(project, args.vocab_scale, args.steps, anchor_lr)
                 )
                 print(f"{ANCHOR}: {got[ANCHOR][-1]}", flush=True)
     load_end = os.getloadavg()
@@ -190,7 +191,7 @@ def main() -> None:
         )
         + (
             f"; `one process`: Keras' own `fit` of the same model on the same records, batch and "
-            f"steps, SGD at {args.lr or ANCHOR_LR}, in one process"
+            f"steps, SGD at {anchor_lr}, in one process"
             if args.anchor
             else ""
         )

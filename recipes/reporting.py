@@ -122,7 +122,7 @@ class ProgressLog:
         if self.first_gs is None:
             return 0.0
         paused = sum(secs for ended, secs in self.pauses if ended <= self.t_last)
-        return max(self.t_last - self.t_start - paused, 1e-3)
+        return self.t_last - self.t_start - paused
 
     def examples_per_sec(self, global_step: int) -> float:
         """The job's speed as this task saw it: the global steps made between its first and

@@ -41,7 +41,7 @@ def join_slices(
     joined_members = [members for members in groups.values() if len(members) > 1]
     in_a_join = {i for members in joined_members for i in members}
     alone = [i for i in range(len(grads)) if i not in in_a_join]
-    layouts: list[tuple[list[int], list[int], list[int]]] = []
+    layouts: list[tuple[list[int], list[int], list[int], list[int]]] = []
     to_reduce = [grads[i] for i in alone]
     for members in joined_members:
         rows = [int(variables[i].shape[0]) for i in members]
@@ -52,19 +52,19 @@ def join_slices(
         values = tf.concat([grads[i].values for i in members], 0)
         shape = tf.constant([sum(rows), *width], tf.int64)
         to_reduce.append(tf.IndexedSlices(values, indices, dense_shape=shape))
-        layouts.append((members, offsets, rows))
+        layouts.append((members, offsets, rows, width))
 
     def split(reduced: Sequence[Any]) -> list[Any]:
         out: list[Any] = [None] * len(grads)
         for i, g in zip(alone, reduced[: len(alone)], strict=True):
             out[i] = g
-        for joined, (members, offsets, rows) in zip(reduced[len(alone) :], layouts, strict=True):
+        for joined, layout in zip(reduced[len(alone) :], layouts, strict=True):
+            members, offsets, rows, width = layout
             # which table each row belongs to: the number of tables starting at or before it, -1
             bounds = tf.constant(offsets[1:], tf.int64)
             part = tf.cast(tf.searchsorted(bounds, joined.indices, side="right"), tf.int32)
             values = tf.dynamic_partition(joined.values, part, len(members))
             indices = tf.dynamic_partition(joined.indices, part, len(members))
-            width = list(variables[members[0]].shape[1:])
             for k, (i, off, n) in enumerate(zip(members, offsets, rows, strict=True)):
                 shape = tf.constant([n, *width], tf.int64)
                 out[i] = tf.IndexedSlices(values[k], indices[k] - off, dense_shape=shape)
