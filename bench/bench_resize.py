@@ -39,6 +39,9 @@ from apply_helpers import free_port_base  # noqa: E402
 ELASTIC = ["algo=downpour", "data.shard=none", "trainer.log_steps=50", "lifecycle.ps_grace_secs=30"]
 BATCH = 32  # the default data.batch_size (examples per global step of downpour)
 WINDOW_SECS = 6.0
+# --step-pause: a sleep after each step (TFPLAN_STEP_PAUSE_SECS), for a quick check that the
+# command works (tests/test_bench_smoke.py): the measured job trains at full speed (0)
+STEP_PAUSE_SECS = 0.0
 
 
 def tfplan(ws: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -65,6 +68,7 @@ def overrides(ws: Path, experiment: str, port: int) -> list[str]:
         f"cluster.workdir={ws}/work-{experiment}",
         f"cluster.output_dir={ws}/out-{experiment}",
         *ELASTIC,
+        *([f"+recipe.env.TFPLAN_STEP_PAUSE_SECS={STEP_PAUSE_SECS}"] if STEP_PAUSE_SECS else []),
     ]
 
 
@@ -153,7 +157,7 @@ def one_round(ws: Path, index: int) -> dict[str, Any]:
     same_ps = ps_pid(ws, exp) == pid
     if not same_ps or rolled_back:  # say what happened: the applies' own words
         print(f"apply 2 -> 4:\n{grown.stdout}\napply 4 -> 2:\n{shrunk.stdout}", file=sys.stderr)
-    end = job_step(ws, exp) + 3000
+    end = job_step(ws, exp) + (200 if STEP_PAUSE_SECS else 3000)  # a few seconds ahead
     tfplan(ws, "apply", "--auto-approve", *base, f"trainer.max_steps={end}", timeout=600)
     rollbacks = logs_say(ws, exp, "back from global step")
     time.sleep(0.5)
@@ -183,10 +187,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--window", type=float, default=6.0, help="seconds per examples/s")
+    parser.add_argument(
+        "--step-pause", type=float, default=0.0, help="sleep after each step (a quick check)"
+    )
     parser.add_argument("--out", default=str(REPO / "docs" / "bench_resize.md"))
     args = parser.parse_args()
-    global WINDOW_SECS  # noqa: PLW0603 - one setting of the whole run
-    WINDOW_SECS = args.window
+    global WINDOW_SECS, STEP_PAUSE_SECS  # noqa: PLW0603 - settings of the whole run
+    WINDOW_SECS, STEP_PAUSE_SECS = args.window, args.step_pause
     rounds = []
     with tempfile.TemporaryDirectory(prefix="tfplan-resize-") as tmp:
         for i in range(args.repeats):

@@ -74,6 +74,14 @@ def peers_done_wait_secs() -> float:
     return max(0.0, float(env)) if env else PEERS_DONE_WAIT_SECS
 
 
+def step_pause_secs() -> float:
+    """``TFPLAN_STEP_PAUSE_SECS``: a sleep after each step (0 when unset). For demos and tests
+    whose events (a join, a kill, a told end) must happen while a job trains without end: the
+    job still trains, on a fraction of the CPU, instead of taking every core while it waits."""
+    env = os.environ.get("TFPLAN_STEP_PAUSE_SECS", "").strip()
+    return max(0.0, float(env)) if env else 0.0
+
+
 @dataclass
 class ReplicaGraph:
     train: TrainGraph
@@ -344,6 +352,7 @@ def run_replica(
     if not task.is_chief:  # asked to leave a running job: after a push, as at the end
         signal.signal(signal.SIGUSR2, lambda *_: leave.set())
     progress = ProgressLog(ex_per_gs, cfg.trainer.log_steps, process_start, log)
+    pause = step_pause_secs()
     i, gs = 0, 0
     trace_at, traced = int(cfg.trainer.trace_step or 0), False
     # after everything that can fail here (the data, the graph): that is said at once
@@ -411,6 +420,8 @@ def run_replica(
                     gs = int(gs)
                 i += 1
                 progress.step(gs, [float(loss)])
+                if pause:
+                    time.sleep(pause)
                 if local[k] and gs >= max_steps:
                     break  # what StopAtStepHook would do at the next hooked run
                 if leave.is_set() and not local[k]:

@@ -172,7 +172,7 @@ def test_bench_explain(tmp_path: Path) -> None:
 @pytest.mark.timeout(1000)
 def test_bench_resize(tmp_path: Path) -> None:
     out = tmp_path / "bench_resize.md"
-    args = ["--repeats", "1", "--window", "1", "--out", str(out)]
+    args = ["--repeats", "1", "--window", "1", "--step-pause", "0.05", "--out", str(out)]
     run_bench("bench_resize.py", *args, cwd=tmp_path, timeout=900)
     text = out.read_text()
     assert figure(text, "| apply -> both new workers' first step (s)") > 0

@@ -40,6 +40,9 @@ ELASTIC = [
     "lifecycle.ps_grace_secs=30",
     # the chief waits for every done token however slow the machine (the told end asserts 4 of 4)
     "+recipe.env.TFPLAN_DONE_WAIT_SECS=600",
+    # the job trains without end until the story tells it where to stop: paced, so that it
+    # waits for the joiners' start (TensorFlow's import) without taking every core from them
+    "+recipe.env.TFPLAN_STEP_PAUSE_SECS=0.05",
 ]
 FOREVER_STEPS = "trainer.max_steps=100000000"
 STEP = re.compile(r"\bstep=(\d+)")
