@@ -82,6 +82,11 @@ def test_the_features_the_model_does_not_take_are_listed(project: Path) -> None:
         'keras.layers.Embedding(vocab, embed, name="cat_embedding")(cat)',
         "keras.layers.Dense(embed)(num)",
     )
+    _edit(
+        models,
+        'keras.layers.Embedding(vocab, classes, name="cat_bias")(cat)',
+        "keras.layers.Dense(classes)(num)",
+    )
     _edit(models, '{"num": num, "cat": cat}', '{"num": num}')
     proc = tfplan(project, "plan", "--no-save", MODEL, *SHARDS)
     assert proc.returncode == 0, proc.stderr

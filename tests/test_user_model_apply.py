@@ -190,7 +190,9 @@ def test_the_users_keras_model_trains_on_tfrecord_shards(algo: str, project: Pat
     assert math.isfinite(float(result["eval_loss"]))  # type: ignore[arg-type]
     # the user's layers (named in their code) are what was trained and checkpointed
     names = _checkpoint_names(project, result)
-    assert {"model/hidden/kernel", "model/cat_embedding/embeddings", "model/logits/bias"} <= names
+    # two tables (the category's embedding and its per-class bias), through every algorithm
+    tables = {"model/cat_embedding/embeddings", "model/cat_bias/embeddings"}
+    assert {"model/hidden/kernel", "model/logits/bias", *tables} <= names
     run_yaml = (project / "work" / "worker-0" / "run.yaml").read_text()
     assert "_target_: tabular.models.build" in run_yaml and "units: 16" in run_yaml
     assert f"{project}/data/train-*.tfrecord" in run_yaml  # made absolute at plan time

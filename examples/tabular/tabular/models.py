@@ -9,7 +9,11 @@ def build(units=32, classes=3, vocab=10, embed=4):
     embedded = keras.layers.Embedding(vocab, embed, name="cat_embedding")(cat)
     h = keras.layers.Concatenate()([num, embedded])
     h = keras.layers.Dense(units, activation="relu", name="hidden")(h)
-    return keras.Model({"num": num, "cat": cat}, keras.layers.Dense(classes, name="logits")(h))
+    # a second table over the category: a bias per category and class, added to the logits
+    # (the "wide" part of a wide-and-deep model)
+    wide = keras.layers.Embedding(vocab, classes, name="cat_bias")(cat)
+    logits = keras.layers.Add(name="scores")([keras.layers.Dense(classes, name="logits")(h), wide])
+    return keras.Model({"num": num, "cat": cat}, logits)
 
 
 def regressor(units=16, features=("x1", "x2", "x3")):
