@@ -6,7 +6,8 @@ gradients there with ``algo.optimizer`` (hogwild's rule; recipes/algorithms/loca
 Checked for every windowed algorithm on a model of one table (bags of two ids) and a dense
 weight: no variable of the table's shape on the worker, rows no batch touched bit-equal to
 their start after whole windows, the touched ones moved. DOWNPOUR (one worker, SGD) against
-NumPy: the table after every run and the dense weight at each push. And ``multi_gpu``, whose
+NumPy: the table after every run and the dense weight at each push; EAMSGD (its rows take its
+Nesterov momentum, not ``algo.optimizer``, which it has none of) likewise. And ``multi_gpu``, whose
 towers each gather their rows (no whole read of the table runs) and whose joined row gradients
 make SGD on the whole minibatch, against NumPy.
 """
@@ -163,6 +164,33 @@ def test_downpour_tables_take_every_runs_rows_and_the_dense_part_its_window() ->
             np.testing.assert_allclose(rep.params()["w"], local_w, rtol=1e-5, atol=1e-6)
             center_w = rep.params()["w"]
     assert rep.value(rep.global_step) == 2 * window
+
+
+def test_eamsgd_tables_take_its_nesterov_momentum_and_the_dense_part_its_elastic_window() -> None:
+    """EAMSGD's tables: TensorFlow's Nesterov momentum with the algorithm's delta on the rows
+    at every run (accum = delta accum + g; row -= lr g + lr delta accum; a row no batch reads
+    keeps its velocity unused), the gradient taken in the same forward pass as the dense
+    part's, at the copy's look-ahead point x + delta v. One worker: alpha = 0.9."""
+    lr, delta, alpha, window = 0.05, 0.9, 0.9, 3
+    rep = build("eamsgd", lr)
+    table, accum = TABLE0.astype(np.float64), np.zeros((ROWS, WIDTH))
+    x, v, center = W0.astype(np.float64), np.zeros(3), W0.astype(np.float64)
+    for i in range(2 * window):
+        ids, y = BATCHES[i % len(BATCHES)]
+        rep.run(i, ids, y)
+        grad_table, grad_w = numpy_step(table, x + delta * v, ids, y)
+        rows = sorted(set(ids.ravel()))
+        accum[rows] = delta * accum[rows] + grad_table[rows]
+        table[rows] -= lr * grad_table[rows] + lr * delta * accum[rows]
+        v = delta * v - lr * grad_w
+        if (i + 1) % window:
+            x = x + v
+        else:  # the elastic exchange, from the weights before the step
+            e = alpha * (x - center)
+            x, center = x + v - e, center + e
+        # float32 in the graph, float64 here, momentum carrying each run's rounding on
+        np.testing.assert_allclose(rep.params()["emb"], table, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(rep.params()["w"], center, rtol=1e-4, atol=1e-5)
 
 
 def test_multi_gpu_towers_gather_their_rows_and_the_step_is_sgd_on_the_whole_batch() -> None:

@@ -100,13 +100,15 @@ def reading_tables(problem: Problem, tables: Params) -> Problem:
     )
 
 
-def table_rows_step(ctx: BuildContext, loss: Any, tables: Params) -> Any:
+def table_rows_step(
+    ctx: BuildContext, loss: Any, tables: Params, optimizer: Optional[Any] = None
+) -> Any:
     """Hogwild's rule for the tables, at every run of the window: the gradient of ``loss`` for
-    the rows the batch read (``IndexedSlices``), applied on the ps by ``algo.optimizer`` (its
-    slots on the ps beside the table, only those rows changed: recipes/algorithms/base.py
-    ``make_optimizer``)."""
+    the rows the batch read (``IndexedSlices``), applied on the ps by ``optimizer`` (default
+    ``algo.optimizer``; its slots on the ps beside the table, only those rows changed:
+    recipes/algorithms/base.py ``make_optimizer``)."""
     with v1.device(ctx.ps_device):
-        opt = make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
+        opt = optimizer or make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
         grads = opt.compute_gradients(loss, var_list=list(tables.values()))
         return opt.apply_gradients(grads, name="table_rows")
 
@@ -216,7 +218,7 @@ class WindowedAlgorithm(Algorithm):
             parts = self.build_window(ctx, windowed, dense, local, window)
             local_step, exchange = parts.local_step, parts.exchange
             if tables:
-                rows = table_rows_step(ctx, parts.loss, tables)
+                rows = table_rows_step(ctx, parts.loss, tables, self.table_optimizer(ctx))
                 local_step = tf.group(local_step, rows, name="local_step_and_table_rows")
                 exchange = tf.group(exchange, rows, name="exchange_and_table_rows")
             # Last: the initializer covers the local variables that exist when it is made.
@@ -235,6 +237,10 @@ class WindowedAlgorithm(Algorithm):
             extras=parts.extras,
             **parts.graph_fields,
         )
+
+    def table_optimizer(self, ctx: BuildContext) -> Any:
+        """What applies the tables' rows on the ps: ``algo.optimizer`` at ``algo.lr``."""
+        return make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
 
     @abstractmethod
     def build_window(
