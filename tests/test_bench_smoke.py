@@ -143,22 +143,23 @@ def test_bench_embeddings(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_bench_table_rules(tmp_path: Path) -> None:
-    """This checkout stands in for the baseline (the path, not the figures, is what is tried)."""
+    """This checkout stands in for the baseline (the path, not the figures, is what is tried);
+    hogwild, the reference every run has, is the algorithm (three runs of the CTR model, not
+    four: the suite's budget)."""
     out = tmp_path / "bench_table_rules.md"
-    args = ["--algos", "downpour", "--baseline", str(REPO), "--baseline-algos", "downpour"]
+    args = ["--algos", "hogwild", "--baseline", str(REPO), "--baseline-algos", "hogwild"]
     args += ["--anchor", "--steps", "10", "--repeats", "1"]
     run_bench("bench_table_rules.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
     text = out.read_text()
     rows = (
-        "| downpour | rows (now) |",
-        "| downpour | dense (before) |",
+        "| hogwild | rows (now) |",
+        "| hogwild | dense (before) |",
         "| Keras fit | one process |",
     )
     for row in rows:
         assert 0 < figure(text, row, column=0) <= 1  # accuracy
         assert figure(text, row, column=2) > 0  # examples/s
         assert re.search(re.escape(row) + r"(?:[^|]*\|){3} [+-]\d+\.\d \|$", text, re.M), text
-    assert 0 < figure(text, "| hogwild | rows (now) |", column=0) <= 1
     assert "The click rate alone scores accuracy" in text
 
 
@@ -184,7 +185,7 @@ def test_bench_resize(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_sweep(tmp_path: Path) -> None:
     out = tmp_path / "bench_sweep.md"
-    args = ["--points", "2", "--prune-points", "3", "--steps", "200", "--prune-steps", "600"]
+    args = ["--points", "2", "--prune-points", "3", "--steps", "100", "--prune-steps", "300"]
     run_bench(
         "bench_sweep.py", *args, "--concurrency", "1", "--out", str(out), cwd=tmp_path, timeout=540
     )
