@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/bench_reliability.py [--repeats 2] [--speed-runs 2] [--out FILE]
 
-(``--repeats 1 --only "ps/0 (program), cold, warm" --speed-runs 1 --speed-steps 100 --out FILE`` is
-a quick run to the end.)
+(``--repeats 1 --only "ps/0 (program), cold, warm" --speed-runs 1 --speed-steps 100 --fault-at 100
+--step-pause 0.05 --out FILE`` is a quick run to the end: its fault rounds paced, their figures
+not the measured ones.)
 
 Each round runs `tfplan apply` on cluster=local (1 ps + 2 workers, MLP on digits, checkpoints
 every 100 steps; the evaluator rounds add an evaluator), waits for global step 300 (and, where
@@ -48,6 +49,9 @@ from apply_helpers import base_overrides, free_port_base, kill_groups, recorded_
 from chaos_helpers import ApplyRun, checkpoint_steps  # noqa: E402
 
 FAULT_AT = 300
+# --step-pause: a sleep after each step of the fault rounds (TFPLAN_STEP_PAUSE_SECS), for a quick
+# check that the command works (tests/test_bench_smoke.py); the measured rounds train at full speed
+STEP_PAUSE_SECS = 0.0
 PS_GOAL_SECS = 5.0
 LOADS: list[tuple[float, float, float]] = []  # load averages at the start and the end
 STEP = re.compile(r"^(\S+)\s+\| .*\bstep=(\d+)")
@@ -176,7 +180,8 @@ def _standby_idle(ws: Path, secs: float = 5.0) -> tuple[float, float]:
     return 100.0 * (ticks1 - ticks0) / TICK / secs, rss / 2**20
 
 
-def _args(ws: Path, fault: Fault, max_steps: int) -> list[str]:
+def _args(ws: Path, fault: Fault, max_steps: int, paced: bool = False) -> list[str]:
+    pause = [f"+recipe.env.TFPLAN_STEP_PAUSE_SECS={STEP_PAUSE_SECS}"] if paced else []
     return [
         *base_overrides(ws, free_port_base()),
         f"trainer.max_steps={max_steps}",
@@ -184,6 +189,7 @@ def _args(ws: Path, fault: Fault, max_steps: int) -> list[str]:
         "trainer.checkpoint_steps=100",
         "lifecycle.restart.backoff_secs=0.2",
         *fault.extra,
+        *(pause if STEP_PAUSE_SECS else []),
     ]
 
 
@@ -194,7 +200,7 @@ def _line(run: ApplyRun, pattern: str, after: int, timeout: float = 120) -> int:
 def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
-        run = ApplyRun(ws, _args(ws, fault, 10**6))
+        run = ApplyRun(ws, _args(ws, fault, 10**6, paced=True))
         try:
             mark = run.wait_step(FAULT_AT, timeout=300, task="worker/0")
             idle = None
@@ -315,18 +321,24 @@ def _median(values: list[float]) -> float:
 
 
 def main() -> None:
+    global FAULT_AT, STEP_PAUSE_SECS  # noqa: PLW0603 - settings of the whole run
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--speed-runs", type=int, default=2, help="runs per side, no faults")
     parser.add_argument("--speed-steps", type=int, default=6000)
     parser.add_argument("--only", help="only the faults whose label contains this")
     parser.add_argument("--keep-logs", type=Path, help="keep each round's apply output here")
+    parser.add_argument("--fault-at", type=int, default=FAULT_AT, help="the fault's global step")
+    parser.add_argument(
+        "--step-pause", type=float, default=0.0, help="sleep after each step (a quick check)"
+    )
     parser.add_argument(
         "--out",
         type=Path,
         help="write the report here (default: docs/reliability.md, unless --only)",
     )
     options = parser.parse_args()
+    FAULT_AT, STEP_PAUSE_SECS = options.fault_at, options.step_pause
     # Rounds end with SIGINT to `tfplan apply` (as Ctrl-C): a bench started in the background
     # (`... &`, nohup) inherits SIGINT ignored, and so would every apply it starts
     signal.signal(signal.SIGINT, signal.default_int_handler)
