@@ -133,12 +133,13 @@ def test_bench_apply(tmp_path: Path) -> None:
 def test_bench_embeddings(tmp_path: Path) -> None:
     out = tmp_path / "bench_embeddings.md"
     args = ["--rows", "50000,100000", "--algos", "hogwild", "--steps-scale", "0.02", "--anchors"]
+    args += ["--anchor-max-rows", "50000"]  # the anchors at the smaller size only (the budget)
     run_bench("bench_embeddings.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
     text = out.read_text()
-    rows = ("| hogwild | now |", "| Keras fit | one process |")
-    for row in (*rows, "| TF ParameterServerStrategy | tf_keras fit |"):
-        assert figure(text, row, column=0) > 0  # examples/s, smallest table
-        assert figure(text, row, column=1) > 0  # the largest
+    assert figure(text, "| hogwild | now |", column=0) > 0  # examples/s, smallest table
+    assert figure(text, "| hogwild | now |", column=1) > 0  # the largest
+    for row in ("| Keras fit | one process |", "| TF ParameterServerStrategy | tf_keras fit |"):
+        assert figure(text, row, column=0) > 0  # the smallest
 
 
 @pytest.mark.timeout(600)
@@ -293,6 +294,7 @@ def test_bench_reliability(tmp_path: Path) -> None:
     out = tmp_path / "reliability.md"
     fault = "SIGKILL ps/0 (program), cold, warm standby"
     args = ["--repeats", "1", "--only", fault, "--speed-runs", "1", "--speed-steps", "100"]
+    args += ["--fault-at", "100", "--step-pause", "0.05"]  # a paced fault round, quick
     run_bench("bench_reliability.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
     text = out.read_text()
     assert "Failed rounds" not in text, text
@@ -316,6 +318,24 @@ def test_bench_scale(tmp_path: Path) -> None:
     assert "| now | ssh 2x2 | 4 |" in text and text.count("| 0 |") >= 3  # nothing left
     assert figure(text, "| hogwild", column=1) > 0 and figure(text, "| downpour") > 0
     assert (tmp_path / "bench_scale.png").stat().st_size > 0
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(900)
+def test_bench_table_traffic(tmp_path: Path) -> None:
+    """pss only, one vocabulary scale, short runs: the path (namespace hosts, the veths'
+    counters, the plan's sizes, the distinct ids counted in the data), not the figures."""
+    out = tmp_path / "bench_table_traffic.md"
+    args = ["--algos", "pss", "--steps", "20,60", "--vocab-scales", "0.001", "--out", str(out)]
+    run_bench("bench_table_traffic.py", *args, cwd=tmp_path, timeout=840)
+    text = out.read_text()
+    assert figure(text, "| pss | 0.001 |", column=2) > 0  # dense variables' bytes
+    assert figure(text, "| pss | 0.001 |", column=3) > 0  # a step's bytes to the ps, batch 64
+    assert figure(text, "| pss | 0.001 |", column=4) > 0  # and at batch 1
+    assert re.search(
+        r"^\| pss \| 0\.001 \|.*\| -?[\d.]+ / -?[\d.]+ B \|.*\| (pass|FAIL) \|$", text, re.M
+    )
+    assert re.search(r"U the mean distinct ids of a batch \(counted in the data: [\d,]+", text)
 
 
 @pytest.mark.timeout(300)

@@ -80,8 +80,11 @@ class Optimizer:
                 var.assign_sub(lr * m / (tf.sqrt(v) + 1e-8))
 
     def _apply_rows(self, name: str, var: Any, g: tf.IndexedSlices, slots: Params, lr: Any) -> None:
-        """The update of :meth:`apply` on the rows of a sparse gradient only."""
-        rows, at = tf.unique(tf.cast(g.indices, tf.int64))
+        """The update of :meth:`apply` on the rows of a sparse gradient only. The rows travel to
+        the ps as int32 where the table's rows fit (every table below 2^31 rows): 4 bytes a row
+        instead of 8, since the lookup already sent the same ids (docs/bench_table_traffic.md)."""
+        wide = var.shape[0] is None or var.shape[0] >= 2**31
+        rows, at = tf.unique(tf.cast(g.indices, tf.int64 if wide else tf.int32))
         g_rows = tf.math.unsorted_segment_sum(g.values, at, tf.shape(rows)[0])
 
         def update(slot: str, value: Any) -> Any:
