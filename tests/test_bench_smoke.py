@@ -323,18 +323,16 @@ def test_bench_scale(tmp_path: Path) -> None:
 @pytest.mark.netns
 @pytest.mark.timeout(900)
 def test_bench_table_traffic(tmp_path: Path) -> None:
-    """pss only, one vocabulary scale, short runs: the path (namespace hosts, the veths'
-    counters, the plan's sizes, the distinct ids counted in the data), not the figures."""
+    """pss only, one vocabulary scale, short runs, no batch-1 runs: the path (namespace hosts,
+    the veths' counters, the plan's sizes, the distinct ids counted in the data), not the
+    figures (a row's cost is the difference of two such steps: docs/bench_table_traffic.md)."""
     out = tmp_path / "bench_table_traffic.md"
-    args = ["--algos", "pss", "--steps", "20,60", "--vocab-scales", "0.001", "--out", str(out)]
-    run_bench("bench_table_traffic.py", *args, cwd=tmp_path, timeout=840)
+    args = ["--algos", "pss", "--steps", "20,60", "--vocab-scales", "0.001", "--no-batch-one"]
+    run_bench("bench_table_traffic.py", *args, "--out", str(out), cwd=tmp_path, timeout=840)
     text = out.read_text()
     assert figure(text, "| pss | 0.001 |", column=2) > 0  # dense variables' bytes
-    assert figure(text, "| pss | 0.001 |", column=3) > 0  # a step's bytes to the ps, batch 64
-    assert figure(text, "| pss | 0.001 |", column=4) > 0  # and at batch 1
-    assert re.search(
-        r"^\| pss \| 0\.001 \|.*\| -?[\d.]+ / -?[\d.]+ B \|.*\| (pass|FAIL) \|$", text, re.M
-    )
+    assert figure(text, "| pss | 0.001 |", column=3) > 0  # a step's bytes to the ps
+    assert figure(text, "| pss | 0.001 |", column=7) > 0  # the step against its rows' bound
     assert re.search(r"U the mean distinct ids of a batch \(counted in the data: [\d,]+", text)
 
 
