@@ -48,8 +48,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+from _example_runs import click_run  # noqa: E402
 from apply_helpers import kill_groups, recorded_groups  # noqa: E402
+from apply_helpers import tfplan as run_cli  # noqa: E402
 from scale_helpers import conf_with  # noqa: E402
+from test_apply_ssh import _host  # noqa: E402
 from testbed import NetnsTestbed  # noqa: E402
 
 HEADER_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 32 (with timestamps), per packet
@@ -107,20 +111,7 @@ class Bed:
     def __enter__(self) -> Bed:
         self.testbed.setup()
         targets = self.testbed.targets()
-        hosts = []
-        for target, slots in zip(targets, (1, 1, 4), strict=True):
-            host: dict[str, object] = {
-                "address": target.address,
-                "name": target.name,
-                "ssh_user": target.ssh_user,
-                "ssh_key": target.ssh_key,
-                "python": target.python,
-                "executor": "ssh",
-                "cpu_slots": slots,
-            }
-            if target.ssh_port is not None:
-                host["ssh_port"] = target.ssh_port
-            hosts.append(host)
+        hosts = [_host(t, cpu_slots=n) for t, n in zip(targets, (1, 1, 4), strict=True)]
         self.env = conf_with(
             self.tmp,
             {
@@ -159,34 +150,15 @@ def overrides(
         "model.cross_layers=0",
         "model.units=[16]",
         "model.partition_bytes=200000",
-        "model.loss=binary_crossentropy",
-        "data=tfrecord",
-        "data.train=data/train-*.tfrecord",
-        "data.eval=data/eval.tfrecord",
-        "data.label=clicked",
-        f"data.batch_size={batch}",
-        f"trainer.max_steps={steps}",
-        f"trainer.checkpoint_steps={steps}",
-        "trainer.log_steps=1000",
-        "trainer.export_model=false",
+        *click_run(batch, steps),
         "lifecycle.ps_grace_secs=2",
     ]
 
 
-def tfplan(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, **env}
-    full.pop("TFPLAN_MAX_STEPS_CAP", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tfplan", *args],
-        cwd=project,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"tfplan {args[0]}: {proc.stdout[-2500:]}\n{proc.stderr[-1500:]}")
-    return proc
+def tfplan(project: Path, env: dict[str, str], *args: str) -> None:
+    """The CLI in ``project``, to its end (an error with its output if it failed); the whole
+    run's ``trainer.max_steps``, whatever cap the caller's environment sets."""
+    run_cli(project, *args, timeout=1800, check=True, env={**env, "TFPLAN_MAX_STEPS_CAP": ""})
 
 
 def one_apply(
