@@ -100,17 +100,14 @@ def reading_tables(problem: Problem, tables: Params) -> Problem:
     )
 
 
-def table_rows_step(
-    ctx: BuildContext, loss: Any, tables: Params, optimizer: Optional[Any] = None
-) -> Any:
+def table_rows_step(ctx: BuildContext, loss: Any, tables: Params, optimizer: Any) -> Any:
     """Hogwild's rule for the tables, at every run of the window: the gradient of ``loss`` for
-    the rows the batch read (``IndexedSlices``), applied on the ps by ``optimizer`` (default
-    ``algo.optimizer``; its slots on the ps beside the table, only those rows changed:
-    recipes/algorithms/base.py ``make_optimizer``)."""
+    the rows the batch read (``IndexedSlices``), applied on the ps by ``optimizer``
+    (:meth:`WindowedAlgorithm.table_optimizer`; its slots on the ps beside the table, only those
+    rows changed: recipes/algorithms/base.py ``make_optimizer``)."""
     with v1.device(ctx.ps_device):
-        opt = optimizer or make_optimizer(ctx.algo.optimizer, ctx.algo.lr)
-        grads = opt.compute_gradients(loss, var_list=list(tables.values()))
-        return opt.apply_gradients(grads, name="table_rows")
+        grads = optimizer.compute_gradients(loss, var_list=list(tables.values()))
+        return optimizer.apply_gradients(grads, name="table_rows")
 
 
 class LocalOptimizer:
