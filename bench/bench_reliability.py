@@ -45,7 +45,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from apply_helpers import base_overrides, free_port_base, kill_groups, recorded_groups  # noqa: E402
+from apply_helpers import (  # noqa: E402
+    base_overrides,
+    free_port_base,
+    kill_groups,
+    paced,
+    recorded_groups,
+)
 from chaos_helpers import ApplyRun, checkpoint_steps  # noqa: E402
 
 FAULT_AT = 300
@@ -180,8 +186,7 @@ def _standby_idle(ws: Path, secs: float = 5.0) -> tuple[float, float]:
     return 100.0 * (ticks1 - ticks0) / TICK / secs, rss / 2**20
 
 
-def _args(ws: Path, fault: Fault, max_steps: int, paced: bool = False) -> list[str]:
-    pause = [f"+recipe.env.TFPLAN_STEP_PAUSE_SECS={STEP_PAUSE_SECS}"] if paced else []
+def _args(ws: Path, fault: Fault, max_steps: int, pause: float = 0.0) -> list[str]:
     return [
         *base_overrides(ws, free_port_base()),
         f"trainer.max_steps={max_steps}",
@@ -189,7 +194,7 @@ def _args(ws: Path, fault: Fault, max_steps: int, paced: bool = False) -> list[s
         "trainer.checkpoint_steps=100",
         "lifecycle.restart.backoff_secs=0.2",
         *fault.extra,
-        *(pause if STEP_PAUSE_SECS else []),
+        *paced(pause),
     ]
 
 
@@ -200,7 +205,7 @@ def _line(run: ApplyRun, pattern: str, after: int, timeout: float = 120) -> int:
 def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
-        run = ApplyRun(ws, _args(ws, fault, 10**6, paced=True))
+        run = ApplyRun(ws, _args(ws, fault, 10**6, STEP_PAUSE_SECS))
         try:
             mark = run.wait_step(FAULT_AT, timeout=300, task="worker/0")
             idle = None

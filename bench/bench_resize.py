@@ -34,7 +34,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from apply_helpers import free_port_base  # noqa: E402
+from apply_helpers import free_port_base, paced  # noqa: E402
 
 ELASTIC = ["algo=downpour", "data.shard=none", "trainer.log_steps=50", "lifecycle.ps_grace_secs=30"]
 BATCH = 32  # the default data.batch_size (examples per global step of downpour)
@@ -68,7 +68,7 @@ def overrides(ws: Path, experiment: str, port: int) -> list[str]:
         f"cluster.workdir={ws}/work-{experiment}",
         f"cluster.output_dir={ws}/out-{experiment}",
         *ELASTIC,
-        *([f"+recipe.env.TFPLAN_STEP_PAUSE_SECS={STEP_PAUSE_SECS}"] if STEP_PAUSE_SECS else []),
+        *paced(STEP_PAUSE_SECS),
     ]
 
 

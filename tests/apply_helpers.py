@@ -67,6 +67,13 @@ sys.exit(int(args.get("again_exit" if later_life and "again_exit" in args else "
 FOREVER = "1000000"
 
 
+def paced(secs: float) -> list[str]:
+    """The override that has every replica of the TF1 recipes sleep ``secs`` after each step
+    (TFPLAN_STEP_PAUSE_SECS, docs/runtime.md): a job that trains without end until an event,
+    on a fraction of the CPU; none for 0."""
+    return [f"+recipe.env.TFPLAN_STEP_PAUSE_SECS={secs}"] if secs else []
+
+
 def free_port_base(count: int = 8) -> int:
     """A base port with ``count`` free ports after it on loopback.
 

@@ -23,6 +23,7 @@ from apply_helpers import (
     base_overrides,
     free_port_base,
     kill_groups,
+    paced,
     recorded_groups,
     state_of,
     tfplan,
@@ -42,7 +43,7 @@ ELASTIC = [
     "+recipe.env.TFPLAN_DONE_WAIT_SECS=600",
     # the job trains without end until the story tells it where to stop: paced, so that it
     # waits for the joiners' start (TensorFlow's import) without taking every core from them
-    "+recipe.env.TFPLAN_STEP_PAUSE_SECS=0.05",
+    *paced(0.05),
 ]
 FOREVER_STEPS = "trainer.max_steps=100000000"
 STEP = re.compile(r"\bstep=(\d+)")

@@ -18,7 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apply_helpers import base_overrides, free_port_base, kill_groups, recorded_groups, state_of
+from apply_helpers import (
+    base_overrides,
+    free_port_base,
+    kill_groups,
+    paced,
+    recorded_groups,
+    state_of,
+)
 from chaos_helpers import ApplyRun, checkpoint_steps
 from test_kill_matrix import Lives, _group
 
@@ -49,7 +56,7 @@ def test_a_killed_ps_is_replaced_by_its_standby_and_training_goes_on(ws: Path) -
         [
             *base_overrides(ws, free_port_base()),
             "trainer.max_steps=100000000",
-            "+recipe.env.TFPLAN_STEP_PAUSE_SECS=0.05",  # trains on, paced, until the Ctrl-C
+            *paced(0.05),  # trains on, paced, until the Ctrl-C
             "trainer.log_steps=25",
             "trainer.checkpoint_steps=100",
             "lifecycle.restart.backoff_secs=0.2",
