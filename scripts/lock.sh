@@ -2,9 +2,9 @@
 # Refresh constraints.txt, the lock of every Python package a development install holds.
 #
 # pip resolves pyproject.toml's loose ranges (what people installing tfplan into their own
-# environment get) into a new, empty venv, exactly as scripts/setup.sh installs; the result is
-# frozen, versions pinned, into constraints.txt. scripts/setup.sh and .ci/run install with
-# `pip install -c constraints.txt`, so a fresh clone installs what CI tested. Refresh it on
+# environment get) into a new, empty venv, the same installs as scripts/setup.sh; the result is
+# frozen, versions pinned, into constraints.txt. scripts/setup.sh (and so .ci/run) installs with
+# `uv pip install -c constraints.txt`, so a fresh clone installs what CI tested. Refresh it on
 # purpose (new releases, a new dependency), run the full tier, and commit it with the change:
 #
 #     bash scripts/lock.sh && .venv/bin/python -m pytest --tier=full
@@ -29,7 +29,7 @@ pip=("$work/venv/bin/python" -m pip)
   echo "# The lock: every package of a development install, pinned (pip freeze of a new venv)."
   echo "# Made by scripts/lock.sh with $("$work/venv/bin/python" --version) on $(uname -m); refresh with"
   echo "#     bash scripts/lock.sh"
-  echo "# scripts/setup.sh installs with pip install -c constraints.txt: what CI tested."
+  echo "# scripts/setup.sh installs with uv pip install -c constraints.txt: what CI tested."
   "${pip[@]}" freeze --all --exclude tfplan | LC_ALL=C sort -f
 } >constraints.txt.new
 mv constraints.txt.new constraints.txt

@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -211,6 +212,7 @@ class _Warm:
 
     backend: ProcessBackend | None = None
     seed: WarmSeed | None = None
+    folder: Path | None = None
     failed: str | None = None
 
 
@@ -233,20 +235,24 @@ def _warm_backend() -> ProcessBackend | None:
         except Exception as error:  # noqa: BLE001 - tasks start cold then, as tfplan's do
             _Warm.failed = str(error)
             backend.close()
+            shutil.rmtree(folder, ignore_errors=True)
             return None
         backend.use_seeds([seed])
-        _Warm.backend, _Warm.seed = backend, seed
+        _Warm.backend, _Warm.seed, _Warm.folder = backend, seed, folder
         # besides the session fixture: two seeds outlived a full-tier run once (cause not found)
         atexit.register(stop_warm_seed)
     return _Warm.backend
 
 
 def stop_warm_seed() -> None:
-    """Stop this test process's seed (by its process group), if one was started."""
+    """Stop this test process's seed (by its process group), if one was started, and remove its
+    folder."""
     if _Warm.backend is not None and _Warm.seed is not None:
         _Warm.backend.stop_seed(_Warm.seed)
         _Warm.backend.close()
-    _Warm.backend = _Warm.seed = None
+    if _Warm.folder is not None:
+        shutil.rmtree(_Warm.folder, ignore_errors=True)
+    _Warm.backend = _Warm.seed = _Warm.folder = None
 
 
 class RecipeCluster:

@@ -1,6 +1,6 @@
 """The lock (constraints.txt, made by scripts/lock.sh) is what a development install holds.
 
-scripts/setup.sh installs with ``pip install -c constraints.txt``: every package of the venv the
+scripts/setup.sh installs with ``uv pip install -c constraints.txt``: every package of the venv the
 tests run in must be at its locked version, and every dependency pyproject.toml names must be
 locked, so that a fresh clone next month installs what CI tested today.
 """
