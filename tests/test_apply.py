@@ -129,6 +129,7 @@ def test_failed_worker_is_reported_and_training_goes_on(ws: Path) -> None:
     assert "step=15" in proc.stdout
 
 
+@pytest.mark.full  # the fast tier: the evaluator's scores: test_strategies_apply's allreduce run; restarts: test_kill_matrix
 def test_an_evaluator_restart_due_when_the_chief_succeeds_still_scores(ws: Path) -> None:
     """The evaluator fails as the job trains (under load, the supervisor may see it just after
     the chief's success), and its restart is due only after the chief

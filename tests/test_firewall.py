@@ -857,6 +857,7 @@ print("value", float(v.numpy()), flush=True)
 """
 
 
+@pytest.mark.full  # the fast tier: test_firewall_apply.py's apply story
 @NETNS
 @pytest.mark.cluster
 def test_a_real_ps_task_serves_the_cluster_but_not_an_outsider(bed: Bed) -> None:

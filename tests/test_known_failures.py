@@ -167,6 +167,7 @@ def test_a_task_killed_by_the_out_of_memory_killer(ws: Path) -> None:
         assert "host localhost at RSS" in str(row["cause"]) and "MiB" in str(row["cause"])
 
 
+@pytest.mark.full  # the fast tier: the diagnosis path: the missing-flag and OOM entries
 def test_a_program_that_never_reads_tf_config_is_told_apart(ws: Path) -> None:
     """Nothing fails: each task trains alone and ends by itself. What shows from outside is
     that no task ever listened on the port the plan gave it."""

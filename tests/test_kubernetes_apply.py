@@ -285,6 +285,7 @@ def test_apply_supervises_restarts_and_ends_then_status_logs_destroy(
     assert fake.left() == []
 
 
+@pytest.mark.full  # the fast tier: status, logs, destroy: the supervised story above
 def test_detached_apply_status_logs_and_destroy_of_running_tasks(
     fake: FakeKube, tmp_path: Path
 ) -> None:

@@ -360,3 +360,65 @@ def test_a_seed_without_keras_defers_it_and_a_task_that_wants_it_imports_it(
     seen = _first_line(request.log_path)
     assert seen == {"light": True, "heavy_before": [], "heavy_after": 42}
     backend.stop_seed(seed)
+
+
+# A library that imports pyplot at its own import for helpers it may never call, as Keras 3 does
+# (``keras.src.visualization``); pyplot says when its body runs.
+PLOTS = """
+try:
+    import matplotlib.pyplot as plt
+except ImportError:
+    plt = None
+"""
+PYPLOT = """
+import matplotlib
+matplotlib.PYPLOT_RAN = True
+def figure():
+    return "a figure"
+"""
+PLOTTING_TASK = r"""
+import json, sys
+import matplotlib
+before = getattr(matplotlib, "PYPLOT_RAN", False)
+import matplotlib.pyplot as plt
+imported = getattr(matplotlib, "PYPLOT_RAN", False)
+print(json.dumps({"loaded": "matplotlib.pyplot" in sys.modules, "ran_before": before,
+                  "ran_at_import": imported, "figure": plt.figure(),
+                  "ran_at_use": matplotlib.PYPLOT_RAN}), flush=True)
+"""
+
+
+def test_pyplot_that_the_seeds_imports_pull_in_loads_when_a_task_first_uses_it(
+    backend: ProcessBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keras 3 imports matplotlib.pyplot at its own import (0.6 s of a seed's 4.4 s of CPU):
+    the seed leaves it unloaded, and a forked task that imports it gets all of it then (an
+    import of a module already in sys.modules reads its ``__spec__``, which loads it)."""
+    lib = tmp_path / "lib"
+    (lib / "matplotlib").mkdir(parents=True)
+    (lib / "matplotlib" / "__init__.py").write_text("")
+    (lib / "matplotlib" / "pyplot.py").write_text(PYPLOT)
+    (lib / "plots.py").write_text(PLOTS)
+    monkeypatch.setattr(process_seeds, "PRELOAD", ("plots",))
+    folder = str(tmp_path / "_seed")
+    seed = process_seeds.start_seed(
+        backend.pool, "localhost", folder, PY, {"PYTHONPATH": str(lib)}, keras=True
+    )
+    STARTED.append(seed)
+    wait_until(lambda: backend.seed_ready(seed), 60, "the seed to be ready")
+    backend.use_seeds([seed])
+    script = tmp_path / "plots_something.py"
+    script.write_text("# stands for a tensorflow program: a seed forks those\n" + PLOTTING_TASK)
+    request = replace(
+        _request(tmp_path, "worker/0"), command=(PY, str(script)), env={"PYTHONPATH": str(lib)}
+    )
+    assert backend.launch(request, Allocation()).handle["forked"] is True
+    seen = _first_line(request.log_path)
+    assert seen == {
+        "loaded": True,  # the seed imported it, lazily: its body had not run
+        "ran_before": False,
+        "ran_at_import": True,
+        "figure": "a figure",
+        "ran_at_use": True,
+    }
+    backend.stop_seed(seed)

@@ -41,6 +41,7 @@ def _ports(ws: Path, experiment: str) -> set[int]:
     return {int(t["port"]) for t in state["tasks"] if t.get("port")}
 
 
+@pytest.mark.full  # the fast tier: plan -m's dry run; the keyword in plan: test_cli_plan
 def test_a_swept_model_keyword_means_the_factorys_keyword_as_in_plan_and_apply(
     ws: Path,
 ) -> None:
@@ -261,6 +262,7 @@ def test_concurrency_two_runs_two_clusters_at_once_on_their_own_ports(ws: Path) 
     assert [round(p["accuracy"], 6) for p in results] == [0.98, 0.99]  # 1 - |lr - 0.05|
 
 
+@pytest.mark.full  # the fast tier: Optuna end to end: test_optuna_records_the_points_tfplan_pruned_as_pruned_trials
 def test_optuna_sweeper_maximises_the_held_out_accuracy(ws: Path) -> None:
     """Hydra's sweeper plugins drive the points: Optuna samples algo.lr and gets back each
     point's held-out accuracy (the fake program reports 1 - |lr - 0.05|)."""
@@ -493,6 +495,7 @@ def test_points_fork_their_tasks_from_a_warm_seed_that_ends_with_the_sweep(ws: P
     assert not [t for t in state["tasks"] if t["handle"].get("forked")]
 
 
+@pytest.mark.full  # the fast tier: test_kill_matrix's forked ps/0 and the warm sweep above
 def test_a_ps_killed_in_a_warm_sweep_is_forked_again_and_the_point_goes_on(ws: Path) -> None:
     port = free_port_base(30)
     script = result_task(ws, tensorflow=True)

@@ -264,7 +264,10 @@ def test_bad_input_is_one_line_at_plan_time_and_starts_nothing(project: Path) ->
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("algo", ["hogwild", pytest.param("downpour", marks=pytest.mark.full)])
+# the fast tier: the split in-process (test_recipes_keras_model), rows read from real ps
+# (test_sparse_lookup), the plan (test_plan_tables)
+@pytest.mark.full
+@pytest.mark.parametrize("algo", ["hogwild", "downpour"])
 def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path, algo: str) -> None:
     """examples/wide_deep: the 50,000 x 16 table over model.partition_bytes is split by rows,
     one part per ps; the plan shows each part's ps, the chief reports the same split as
