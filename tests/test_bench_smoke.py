@@ -186,7 +186,7 @@ def test_bench_resize(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_sweep(tmp_path: Path) -> None:
     out = tmp_path / "bench_sweep.md"
-    args = ["--points", "2", "--prune-points", "3", "--steps", "100", "--prune-steps", "300"]
+    args = ["--points", "2", "--prune-points", "2", "--steps", "100", "--prune-steps", "300"]
     run_bench(
         "bench_sweep.py", *args, "--concurrency", "1", "--out", str(out), cwd=tmp_path, timeout=540
     )

@@ -29,6 +29,7 @@ a process forks from without inheriting locks held by threads that do not exist 
 
 from __future__ import annotations
 
+import gc
 import importlib.abc
 import importlib.util
 import json
@@ -310,6 +311,12 @@ def main() -> None:
     began = time.monotonic()
     seed = Seed(folder)
     _import(modules, deferred)
+    # Everything imported lives as long as the seed: out of the collector's reach (gc.freeze),
+    # a forked task's collections no longer write to each inherited object, which copied the
+    # pages they lie on. A TF1 training child here: 24,000 page faults -> 5,800, its CPU
+    # 0.43 s -> 0.21 s (Python's documented recipe for processes that fork without exec).
+    gc.collect()
+    gc.freeze()
     took = time.monotonic() - began
     without = f" without {', '.join(sorted(deferred))}" if deferred else ""
     print(
