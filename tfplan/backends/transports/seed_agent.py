@@ -256,16 +256,18 @@ class _LazyPyplot(importlib.abc.MetaPathFinder):
     """A finder that makes ``matplotlib.pyplot`` load on first use (:class:`importlib.util.LazyLoader`)
     while the seed imports: Keras 3 imports it at its own import when matplotlib is installed
     (``keras.src.visualization``, for its plotting helpers only), 0.6 s of the seed's 4.4 s of
-    CPU here. A forked task that uses pyplot gets the whole module at its first attribute."""
+    CPU here. A forked task that imports pyplot gets the whole module at that import (an import
+    of a module already in sys.modules reads its ``__spec__``, which loads it)."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "matplotlib.pyplot":
             return None
-        sys.meta_path.remove(self)  # the real spec, from the finders after this one
+        at = sys.meta_path.index(self)
+        sys.meta_path.remove(self)  # the real spec, from the other finders
         try:
             spec = importlib.util.find_spec(name)
         finally:
-            sys.meta_path.insert(0, self)
+            sys.meta_path.insert(at, self)  # where it was: the finders keep their order
         if spec is None or spec.loader is None:
             return None
         spec.loader = importlib.util.LazyLoader(spec.loader)
