@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,13 +166,11 @@ def test_resume_continues_from_the_last_checkpoint(topology: str, tmp_path: Path
     assert not glob.glob(str(out / "model.ckpt-121*"))
 
 
-def _kill_and_restart(
-    c: RecipeCluster, victim: str, min_ckpt: int, then: Callable[[int], dict[str, Any]]
-) -> dict[str, Any]:
+def _kill_and_restart(c: RecipeCluster, victim: str, min_ckpt: int, more: int) -> dict[str, Any]:
     """Kill ``victim`` once a checkpoint >= min_ckpt exists; the others must exit with 5 on
-    their own; then restart every task of the group with the same TF_CONFIG and the run config
-    ``then(last checkpoint)`` (the first run cannot end: the kill lands in training whatever
-    the machine's speed, and the restart trains only what the test needs)."""
+    their own; then restart every task of the group with the same TF_CONFIG, to train ``more``
+    steps past the last checkpoint (the first run cannot end: the kill lands in training
+    whatever the machine's speed, and the restart trains only what the test needs)."""
     c.wait_for(f"checkpoint >= {min_ckpt}", lambda: _latest_step(c) >= min_ckpt, timeout=150)
     killed_at = time.monotonic()
     c.kill(victim, signal.SIGKILL)
@@ -184,7 +181,7 @@ def _kill_and_restart(
     for n in survivors:
         assert "lost the collective group" in c.tasks[n].text, c.tasks[n].text
     last = _latest_step(c)
-    c.write_config(then(last))
+    c.write_config({**c.cfg, "trainer": {**c.cfg["trainer"], "max_steps": last + more}})
     restart_at = time.monotonic()
     for name in [*survivors, victim]:
         role, index = name.split("/")
@@ -208,16 +205,10 @@ def test_allreduce_killed_worker_the_group_restarts_from_the_checkpoint(
 ) -> None:
     trainer = {"checkpoint_steps": 100, "log_steps": 50}
     cfg = run_config(tmp_path / "out", ALLREDUCE, max_steps=10**9, trainer=trainer)
-    resumed: list[int] = []
-
-    def then(last: int) -> dict[str, Any]:
-        resumed.append(last + 300)
-        return run_config(tmp_path / "out", ALLREDUCE, max_steps=last + 300, trainer=trainer)
-
     with RecipeCluster(tmp_path, cfg, **TOPOLOGY["allreduce-2workers"]) as c:
         c.start_all()
-        t = _kill_and_restart(c, victim, min_ckpt=200, then=then)
-        max_steps = resumed[0]
+        t = _kill_and_restart(c, victim, min_ckpt=200, more=300)
+        max_steps = t["last"] + 300
         # Bounded: a reset gRPC connection fails the next all-reduce at once.
         assert t["exit_secs"] < 30, t
         codes = c.wait_all(timeout=180)
