@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,7 +17,7 @@ import pytest
 from apply_helpers import TENSORFLOW_PROGRAM, alive, wait_until
 
 import tfplan.backends.process.seeds as process_seeds
-from tfplan.backends.api import LaunchRequest, TaskPhase
+from tfplan.backends.api import Launched, LaunchRequest, TaskPhase
 from tfplan.backends.process import ProcessBackend
 from tfplan.backends.transports.seeds import (
     WarmSeed,
@@ -255,6 +256,63 @@ def test_without_a_ready_seed_tasks_start_the_usual_way(
     wait_until(lambda: backend.describe([record])["worker/0"].phase.ended, 60, "the task's end")
     assert backend.describe([record])["worker/0"].exit_code == 0
     assert os.path.exists(request.log_path)
+
+
+GATE = """
+import os, time
+while not os.path.exists(os.environ["GATE_FILE"]):
+    time.sleep(0.02)
+"""
+
+
+def test_a_seed_started_where_an_earlier_one_ran_is_ready_only_once_it_has_imported(
+    backend: ProcessBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed folder is the experiment's: every apply of it starts its seed there. The first
+    seed's ``ready`` must not pass the next one for ready (a request then signalled the seed
+    mid-import and waited 30 s for an answer that never came, and the task started cold)."""
+    first = _started_seed(backend, tmp_path)
+    backend.stop_seed(first)
+    # the next seed imports a module that waits for a file: it is not ready until the test says
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "gate.py").write_text(GATE)
+    gate = tmp_path / "open"
+    monkeypatch.setattr(process_seeds, "PRELOAD", ("json", "gate"))
+    env = {"PYTHONPATH": str(tmp_path / "mods"), "GATE_FILE": str(gate)}
+    second = backend.start_seed("localhost", str(tmp_path / "_seed"), PY, env)
+    STARTED.append(second)
+    assert not backend.seed_ready(second)  # the first seed's ready is gone
+    backend.use_seeds([second])
+    request = _request(tmp_path, "worker/0", "0")
+    threading.Timer(1.0, gate.touch).start()  # opened while the request waits for ready
+    launched = backend.launch(request, Allocation())
+    assert launched.handle.get("forked") is True, launched.handle
+    assert backend.seed_ready(second) and alive(second.pid)
+    record = _record(request, launched.handle)
+    wait_until(lambda: backend.describe([record])["worker/0"].phase.ended, 30, "the task's end")
+    assert backend.describe([record])["worker/0"].exit_code == 0
+
+
+def test_a_seed_that_dies_after_ready_is_not_waited_for(
+    backend: ProcessBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request sees the seed's group gone and the task starts cold, instead of waiting
+    out the answer's deadline (made an hour here: the launch ends long before it)."""
+    monkeypatch.setattr(process_seeds, "FORK_WAIT_SECS", 3600.0)
+    seed = _started_seed(backend, tmp_path)
+    os.killpg(seed.pgid, signal.SIGKILL)
+    wait_until(lambda: not alive(seed.pid), 30, "the seed's end")
+    request = _request(tmp_path, "worker/0", "0")
+    done: list[Launched] = []
+    threading.Thread(
+        target=lambda: done.append(backend.launch(request, Allocation())), daemon=True
+    ).start()
+    wait_until(lambda: done, 120, "the launch (started cold)")
+    launched = done[0]
+    assert "forked" not in launched.handle
+    record = _record(request, launched.handle)
+    wait_until(lambda: backend.describe([record])["worker/0"].phase.ended, 60, "the task's end")
+    assert backend.describe([record])["worker/0"].exit_code == 0
 
 
 EXITS_BY_ITSELF = r"""

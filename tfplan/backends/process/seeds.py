@@ -15,7 +15,7 @@ from tfplan.backends.api import Launched, LaunchRequest, Say
 from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.transports.pool import TransportPool
 from tfplan.backends.transports.scripts import exit_file as exit_file_of
-from tfplan.backends.transports.scripts import fork_script
+from tfplan.backends.transports.scripts import fork_script, q, write_file_script
 from tfplan.backends.transports.seeds import (
     AGENT_SOURCE,
     PRELOAD,
@@ -84,7 +84,15 @@ def start_seed(
     """
     transport = pool[host]
     seed = WarmSeed(host, 0, 0, folder, python, dict(env), keras)
-    transport.write_file(seed.agent_path, AGENT_SOURCE.encode())
+    # The folder is the experiment's: an earlier seed's ``ready`` would pass this one for ready
+    # (a fork request then signalled it mid-import and waited FORK_WAIT_SECS for nothing), and
+    # its unanswered requests are not this apply's. Cleared in the same call that writes.
+    clear = f"rm -rf {q(seed.ready_path)} {q(seed.requests)} && "
+    transport.run_script(
+        clear + write_file_script(seed.agent_path),
+        f"write the warm seed's agent {seed.agent_path}",
+        stdin=AGENT_SOURCE.encode(),
+    )
     deferred = () if keras else WITHOUT_KERAS
     started = transport.start(
         LaunchSpec(

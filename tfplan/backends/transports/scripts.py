@@ -457,9 +457,10 @@ def fork_script(requests: str, token: str, pgid: int, wait_secs: float, import_s
     reads what is waiting as soon as it is ready), and print its answer (a PID, or
     ``error: ...``) once it is there. Exits 3 when the seed's group is gone, 4 when it did not
     become ready within ``import_secs`` or did not answer within ``wait_secs`` of being ready.
-    While the seed imports it looks every 0.2 s, then every 10 ms. A seed still importing is
-    waited for rather than raced: a cold start would import the same modules beside it, and on
-    a loaded host both would take longer."""
+    While the seed imports it looks every 0.2 s, then every 10 ms, and whether the seed's group
+    is still there every half second (a seed that died after ready is not waited for). A seed
+    still importing is waited for rather than raced: a cold start would import the same modules
+    beside it, and on a loaded host both would take longer."""
     request = f"{requests}/{token}.json"
     answer = f"{requests}/{token}.pid"
     ready = f"{posixpath.dirname(requests)}/ready"
@@ -473,6 +474,7 @@ def fork_script(requests: str, token: str, pgid: int, wait_secs: float, import_s
         + f"if [ -e {q(ready)} ]; then "
         + f'[ "$i" -gt {tries} ] && {{ {late.format(f"did not answer within {wait_secs:.0f}s")} }}; '
         + f'[ "$s" = 0 ] && {{ kill -USR1 -{pgid} 2>/dev/null || {{ {gone} }}; s=1; }}; '
+        + f"[ $((i % 50)) = 49 ] && {{ kill -0 -{pgid} 2>/dev/null || {{ {gone} }}; }}; "
         + "i=$((i+1)); sleep 0.01; "
         + f'else [ "$j" -gt {looks} ] && {{ {late.format(f"was still importing after {import_secs:.0f}s")} }}; '
         + f"kill -0 -{pgid} 2>/dev/null || {{ {gone} }}; j=$((j+1)); sleep 0.2; fi; done; "
