@@ -10,9 +10,18 @@ apart by the ``global_step`` key: :func:`object_based`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-__all__ = ["GLOBAL_STEP", "MODEL_PREFIX", "OBJECT_SUFFIX", "model_name", "object_based", "stored"]
+__all__ = [
+    "GLOBAL_STEP",
+    "MODEL_PREFIX",
+    "OBJECT_SUFFIX",
+    "model_name",
+    "object_based",
+    "sliced_names",
+    "stored",
+]
 
 GLOBAL_STEP = "global_step"
 MODEL_PREFIX = "model/"
@@ -33,3 +42,20 @@ def stored(name: str, object_based: bool) -> str:
 def object_based(keys: Iterable[str]) -> bool:
     """Whether a checkpoint whose keys are ``keys`` is a TF2 object checkpoint."""
     return GLOBAL_STEP + OBJECT_SUFFIX in set(keys)
+
+
+def sliced_names(named: Mapping[str, Any]) -> dict[str, Any]:
+    """A Saver's ``var_list`` (checkpoint name -> variable) with the slices of each logical
+    variable (``recipes.keras_model``'s split tables) grouped under the logical name, in row order: the form in
+    which a Saver writes and reads one tensor in slices."""
+    out: dict[str, Any] = {}
+    slices: dict[str, list[Any]] = {}
+    for name, var in named.items():
+        info = getattr(var, "_save_slice_info", None)
+        if info is None:
+            out[name] = var
+        else:
+            slices.setdefault(info.full_name, []).append(var)
+    for full_name, parts in slices.items():
+        out[full_name] = sorted(parts, key=lambda v: v._save_slice_info.var_offset[0])
+    return out

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from recipes.checkpoint_names import GLOBAL_STEP, model_name, stored
+from recipes.checkpoint_names import GLOBAL_STEP, model_name, sliced_names, stored
 from recipes.config import RunConfig
 from recipes.reporting import append_eval_record, eval_line, read_result_step
 from recipes.workload import Workload
@@ -54,13 +54,13 @@ class CheckpointScorer:
             model_vars = {
                 model_name(k): v for k, v in [*self._params.items(), *self._state.items()]
             }
-            self._saver = v1.train.Saver(var_list={GLOBAL_STEP: self._step, **model_vars})
+            # A split table's parts as slices of its one name: a checkpoint of either format
+            # holds the table whole, in slices, whatever number of ps wrote it.
+            names = sliced_names({GLOBAL_STEP: self._step, **model_vars})
+            self._saver = v1.train.Saver(var_list=names)
             # The same variables under the TF2 strategies' object-checkpoint keys.
             self._tf2_saver = v1.train.Saver(
-                var_list={
-                    stored(GLOBAL_STEP, True): self._step,
-                    **{stored(name, True): v for name, v in model_vars.items()},
-                }
+                var_list={stored(name, True): v for name, v in names.items()}
             )
         self._splits: dict[str, tuple[Any, list[Any]]] = {}
         self._sess = v1.Session(graph=self.graph, config=config)

@@ -9,8 +9,9 @@ build it (``Workload.of``: your ``model._target_`` called with the ``model.*`` k
 name counter reset first, built on a batch shaped as the data's features when it has no
 ``keras.Input``), so every weight's ``path`` is the name its checkpoint entry was saved under.
 Every weight is read back, the non-trainable state too (a batch norm's moving statistics):
-from the TF1 recipes' name-based checkpoints or the TF2 strategies' object ones, a variable
-split over the parameter servers (``<path>/part_<i>``, row ranges) joined along axis 0.
+from the TF1 recipes' name-based checkpoints or the TF2 strategies' object ones. A variable split
+over the parameter servers is one entry of a TF1 checkpoint (its parts are slices of it, read
+whole); a TF2 one holds its parts (``<path>/part_<i>``, row ranges), joined along axis 0.
 
 The chief of a run that trains a ``model._target_`` writes ``output_dir/model.keras`` from its
 final checkpoint; a failed export is a warning there, never a failed run. The TF1 chief runs with

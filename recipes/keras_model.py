@@ -80,6 +80,19 @@ def _ids_per_example(layer: Any) -> Optional[int]:
     return total or None
 
 
+def _mark_slice(part: Any, rows: tuple[int, int], full_shape: Any) -> None:
+    """Mark ``part`` (op name ``<name>/part_<i>``) as rows ``rows`` of the logical variable
+    ``<name>`` of ``full_shape``: a Saver then writes the parts as slices of one tensor, and
+    restores any other split of it (:func:`recipes.checkpoint_names.sliced_names` groups
+    them for a Saver; its optimizer slots follow: TensorFlow's slot creator
+    gives a slot of a slice the same slice of ``<name>/<slot>``)."""
+    full = [int(d) for d in full_shape]
+    lo, hi = rows
+    name = part.op.name.rsplit("/part_", 1)[0]
+    info = tf.Variable.SaveSliceInfo(name, full, [lo] + [0] * (len(full) - 1), [hi - lo, *full[1:]])
+    part._set_save_slice_info(info)
+
+
 class KerasModel:
     """Parameter sets and forward passes for the Keras model ``factory(**kwargs)`` returns.
 
@@ -91,6 +104,10 @@ class KerasModel:
     ``partition_bytes`` (an embedding table, say) is split along its first axis into
     ``partitions`` parts, ``<path>/part_<i>``: separate variables, which the device setter (or
     ParameterServerStrategy) puts on separate parameter servers. A forward pass joins them.
+    In graph mode each part is marked as a slice of one logical variable (TensorFlow's
+    ``SaveSliceInfo``, as its own partitioned variables are): a checkpoint holds the table once,
+    as ``model/<path>``, in slices, and a run with another number of parts restores its rows
+    from it.
     """
 
     def __init__(
@@ -348,6 +365,8 @@ class KerasModel:
         if first and collections is None:
             return self._shared_params(model)
         params: Params = {}
+        rows_of = {k: r for w in model.trainable_variables for k, r in self._pieces(w)}
+        full_shapes = {w.path: w.shape for w in model.trainable_variables}
         with v1.variable_scope("model"):
             for key, shape in self.param_shapes():
                 if key in skip:
@@ -361,6 +380,9 @@ class KerasModel:
                     trainable=trainable,
                     use_resource=True,
                 )
+                rows = rows_of.get(key)
+                if rows is not None:
+                    _mark_slice(params[key], rows, full_shapes[key.rsplit("/part_", 1)[0]])
         return params
 
     def _dtypes(self, model: Any) -> dict[str, Any]:
@@ -384,6 +406,7 @@ class KerasModel:
                 params[key] = tf.Variable(
                     var.initial_value[lo:hi], name=f"model/{key}", trainable=True
                 )
+                _mark_slice(params[key], rows, var.shape)
             for name in (v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES):
                 ref = graph.get_collection_ref(name)
                 ref[:] = [v for v in ref if v is not var]

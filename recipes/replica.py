@@ -101,15 +101,16 @@ def placement_line(named: dict[str, Any], n_ps: int) -> str:
     1.4 KiB, ps/1 300 B`` (what the plan's preview predicted)."""
     per_ps = [0] * n_ps
     count = 0
-    for name, var in named.items():
+    for name, value in named.items():
         if not name.startswith("model/"):
             continue
-        task = tf.DeviceSpec.from_string(var.device).task or 0
-        size = var.dtype.base_dtype.size
-        for d in var.shape:
-            size *= int(d)
-        per_ps[min(task, n_ps - 1)] += size
-        count += 1
+        for var in value if isinstance(value, list) else [value]:  # a split table's slices
+            task = tf.DeviceSpec.from_string(var.device).task or 0
+            size = var.dtype.base_dtype.size
+            for d in var.shape:
+                size *= int(d)
+            per_ps[min(task, n_ps - 1)] += size
+            count += 1
     spread = ", ".join(f"ps/{k} {_size(b)}" for k, b in enumerate(per_ps))
     return f"model variables: {count} ({_size(sum(per_ps))}) on {spread}"
 

@@ -22,6 +22,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from recipes import inputs
+from recipes.checkpoint_names import sliced_names
 from recipes.config import RunConfig
 from recipes.inputs import InputSpec
 from recipes.models import build_model, objective_of
@@ -115,7 +116,9 @@ class Workload:
 
 def saver_names(global_step: Any, params: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint's name -> variable mapping (graph mode): ``global_step``, the model's
-    variables as ``model/<name>``, and every other global variable under its op name.
+    variables as ``model/<name>``, and every other global variable under its op name; the
+    parts of a split table, and of each of its optimizer slots, as one name whose value is the
+    list of its slices (a checkpoint holds the whole table, restorable into any other split).
 
     Raises:
         ObjectiveError: two model variables would share a checkpoint name.
@@ -130,4 +133,4 @@ def saver_names(global_step: Any, params: dict[str, Any], state: dict[str, Any])
     for var in v1.global_variables():
         if id(var) not in taken:
             named.setdefault(var.op.name, var)
-    return named
+    return sliced_names(named)  # a split table (and its slots) once, in slices

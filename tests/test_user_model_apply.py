@@ -79,9 +79,14 @@ def project(generated: Path, tmp_path: Path) -> Iterator[Path]:
 
 
 def _apply(
-    project: Path, algo: str, *overrides: str, package: str = "tabular", ps: int | None = None
+    project: Path,
+    algo: str,
+    *overrides: str,
+    package: str = "tabular",
+    ps: int | None = None,
+    steps: int | None = None,
 ) -> dict[str, object]:
-    steps = math.ceil(MINIBATCHES / minibatches_per_step(algo))
+    steps = steps or math.ceil(MINIBATCHES / minibatches_per_step(algo))
     proc = tfplan(
         project,
         "apply",
@@ -117,13 +122,18 @@ def _apply(
     return result
 
 
-def _checkpoint_names(project: Path, result: dict[str, object]) -> set[str]:
-    """The variable names stored in the final checkpoint (TF's own reader, in this process:
-    a subprocess per test paid TensorFlow's import each time)."""
+def _checkpoint_shapes(project: Path, result: dict[str, object]) -> dict[str, list[int]]:
+    """The variables stored in the final checkpoint and their shapes (TF's own reader, in this
+    process: a subprocess per test paid TensorFlow's import each time)."""
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(str(project / "out" / str(result["checkpoint"])))
-    return {name.split("/.ATTRIBUTES")[0] for name in reader.get_variable_to_shape_map()}
+    shapes = reader.get_variable_to_shape_map().items()
+    return {name.split("/.ATTRIBUTES")[0]: list(shape) for name, shape in shapes}
+
+
+def _checkpoint_names(project: Path, result: dict[str, object]) -> set[str]:
+    return set(_checkpoint_shapes(project, result))
 
 
 # Loads the chief's model.keras where neither tfplan nor the recipes can be imported (the
@@ -271,7 +281,7 @@ def test_bad_input_is_one_line_at_plan_time_and_starts_nothing(project: Path) ->
 def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path, algo: str) -> None:
     """examples/wide_deep: the 50,000 x 16 table over model.partition_bytes is split by rows,
     one part per ps; the plan shows each part's ps, the chief reports the same split as
-    placed, and the checkpoint holds the parts. A step moves only the batch's rows: the traffic
+    placed, and the checkpoint holds the table once (the parts are its slices). A step moves only the batch's rows: the traffic
     a worker measured with TensorFlow's step statistics (trainer.trace_step) is within the
     plan's bound for the tables' rows at this batch plus the dense variables (hogwild), or the
     rows alone (downpour's traced step is a local step of its window: the dense layers are the
@@ -305,12 +315,49 @@ def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path, a
             r"model variables: 9 \(3\.3 MiB\) on ps/0 ([\d.]+) MiB, ps/1 ([\d.]+) MiB", log
         )
         assert placed and min(float(placed[1]), float(placed[2])) >= 1.5, log[-2000:]
-        names = _checkpoint_names(project, result)
-        assert {f"model/item_embedding/embeddings/part_{i}" for i in (0, 1)} <= names
-        assert "model/item_embedding/embeddings" not in names  # never the whole table
+        # one logical table in the checkpoint, its parts written as slices of it
+        shapes = _checkpoint_shapes(project, result)
+        assert shapes["model/item_embedding/embeddings"] == [50000, 16], shapes
+        assert not [n for n in shapes if "/part_" in n], shapes
         _assert_only_rows_moved(sharding, project / "work", dense_moves=algo == "hogwild")
     finally:
         kill_groups(recorded_groups(project))
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "algo",
+    ["hogwild", pytest.param("pss", marks=pytest.mark.full)],  # TF1 / TF2 checkpoints
+)
+def test_a_split_model_resumes_on_another_number_of_parameter_servers(
+    project: Path, algo: str
+) -> None:
+    """Every variable over model.partition_bytes is split into one part per ps (the tables,
+    the kernels); the checkpoint holds each once, in slices, so the experiment resumes with 3
+    ps, then 1: each resume trains a step at algo.lr=1e-30 (the weights stay as restored) and
+    scores the held-out file exactly as the checkpoint of 2 ps did."""
+    split = (*TABULAR, *SHARDS, "model.partition_bytes=100")  # both tables, both kernels
+    first = _apply(project, algo, *split, "cluster.ps=2", ps=2)
+    step = int(first["global_step"])  # type: ignore[call-overload]
+    shapes = _checkpoint_shapes(project, first)
+    assert shapes["model/cat_embedding/embeddings"] == [10, 4], shapes
+    assert shapes["model/hidden/kernel"] == [8, 16], shapes
+    assert not [n for n in shapes if "/part_" in n], shapes  # never the parts' own names
+    chief = "chief-0" if algo == "pss" else "worker-0"
+    resumed = (
+        "resuming from the checkpoint of step={}" if algo == "pss" else "restoring model.ckpt-{}"
+    )
+    for n_ps in (3, 1):
+        again = _apply(
+            project, algo, *split, f"cluster.ps={n_ps}", "algo.lr=1e-30", ps=n_ps, steps=step + 1
+        )
+        log = (project / "work" / chief / "task.log").read_text()
+        assert resumed.format(step) in log, log[-3000:]
+        # one step more (each of the two asynchronous workers may take its own)
+        assert step < int(again["global_step"]) <= step + 2, again  # type: ignore[call-overload]
+        step = int(again["global_step"])  # type: ignore[call-overload]
+        for score in ("accuracy", "eval_loss"):
+            assert abs(float(again[score]) - float(first[score])) <= 1e-6, (n_ps, again, first)  # type: ignore[arg-type]
 
 
 def _assert_only_rows_moved(sharding: dict[str, Any], work: Path, dense_moves: bool) -> None:

@@ -5,6 +5,7 @@ says how their keys differ from the TF1 recipes')."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -18,6 +19,29 @@ __all__ = ["CKPT_NAME", "KEEP_CHECKPOINTS", "Checkpoints"]
 
 CKPT_NAME = "model.ckpt"
 KEEP_CHECKPOINTS = 5  # as tf.compat.v1.train.Saver's default max_to_keep
+
+
+_PART = re.compile(r"^(?P<whole>.+)/part_(?P<index>\d+)$")
+
+
+def _joined(flat: Params) -> Params:
+    """``flat`` with the parts of each split variable (``<path>/part_<i>``, rows in order, as
+    recipes/keras_model.py splits a table over the ps) as one ``ShardedVariable`` at ``<path>``:
+    TensorFlow's own container of a variable split by rows, which a checkpoint stores as one
+    tensor in slices and restores into any other number of parts (resharding, as the TF1
+    recipes' checkpoints do). Its parts stay where they were placed; nothing is copied."""
+    parts: dict[str, dict[int, Any]] = {}
+    out: Params = {}
+    for key, var in flat.items():
+        match = _PART.match(key)
+        if match is None:
+            out[key] = var
+        else:
+            parts.setdefault(match["whole"], {})[int(match["index"])] = var
+    for whole, by_index in parts.items():
+        ordered = [by_index[i] for i in sorted(by_index)]
+        out[whole] = tf.__internal__.distribute.ShardedVariable(ordered, name=whole)
+    return out
 
 
 def _tree(flat: Params) -> tf.Module:
@@ -41,7 +65,9 @@ class Checkpoints:
 
     Keys: ``global_step``, ``model/<param>`` (e.g. ``model/dense0/w``; the model's non-trainable
     state too, e.g. a batch norm's ``moving_mean``) and ``optimizer/<slot>/<param>``, each
-    followed by ``/.ATTRIBUTES/VARIABLE_VALUE``. Written with
+    followed by ``/.ATTRIBUTES/VARIABLE_VALUE``; a variable split over the ps is one key, its
+    parts stored as slices of it (:func:`_joined`), so a resume with another number of ps
+    restores it. Written with
     ``Checkpoint.write`` (no save counter: one more variable that TF would create lazily, and
     in a distribution scope on one task only).
     """
@@ -56,9 +82,9 @@ class Checkpoints:
         state: Optional[Params] = None,
     ) -> None:
         self.output_dir = output_dir
-        self._params = {**params, **(state or {})}
+        self._params = _joined({**params, **(state or {})})
         self._ckpt = tf.train.Checkpoint(
-            global_step=step, model=_tree(self._params), optimizer=_tree(slots)
+            global_step=step, model=_tree(self._params), optimizer=_tree(_joined(slots))
         )
         # Why: by default each variable's device does the file I/O, so pss's ps would write
         # (and read) their shards on their own hosts; every read and write of the checkpoint
