@@ -4,6 +4,7 @@ SSH (loopback sshd), SSH failure modes, and three hosts in network namespaces. N
 
 from __future__ import annotations
 
+import compileall
 import dataclasses
 import json
 import os
@@ -324,11 +325,19 @@ class TestConformance:
         (src / "pkg" / "__pycache__").mkdir(parents=True)
         (src / "pkg" / "__init__.py").write_text("X = 1\n")
         (src / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"junk")
+        # this interpreter's bytecode travels with its sources (their times kept: still valid)
+        compileall.compile_dir(src / "pkg", quiet=1)
         (src / "old.txt").write_text("old")
         remote = f"{tmp_path}/dst/code"
         transport.put_tree(src, remote)
         assert transport.read_file(f"{remote}/pkg/__init__.py")[0] == b"X = 1\n"
-        assert transport.read_log(f"{remote}/pkg/__pycache__/x.pyc")[0] == b""
+        assert transport.read_log(f"{remote}/pkg/__pycache__/x.pyc")[0] == b""  # not its tag
+        compiled = f"pkg/__pycache__/__init__.{sys.implementation.cache_tag}.pyc"
+        assert transport.read_file(f"{remote}/{compiled}")[0] == (src / compiled).read_bytes()
+        assert (
+            os.stat(f"{remote}/pkg/__init__.py").st_mtime
+            == (src / "pkg/__init__.py").stat().st_mtime
+        )
         (src / "old.txt").unlink()
         transport.put_tree(src, remote)
         assert sorted(os.listdir(remote)) == ["pkg"]

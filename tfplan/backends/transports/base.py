@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import sys
 import tarfile
 import threading
 import time
@@ -152,8 +153,9 @@ class Transport(ABC):
     def put_tree(self, local_dir: Path, remote_dir: str) -> None:
         """Make ``remote_dir`` hold exactly the files of the small folder ``local_dir``.
 
-        Sent as one gzipped tar over stdin (``__pycache__`` and ``*.pyc`` left out) and swapped
-        in with renames, so files deleted locally disappear remotely too.
+        Sent as one gzipped tar over stdin (of the bytecode in ``__pycache__``, only this
+        interpreter version's) and swapped in with renames, so files deleted locally disappear
+        remotely too.
 
         Raises:
             BackendError: ``remote_dir`` is not an absolute path below ``/``, or unpacking failed.
@@ -515,13 +517,21 @@ def _since(began: float) -> float:
     return time.monotonic() - began
 
 
+_PYC_SUFFIX = f".{sys.implementation.cache_tag}.pyc"
+
+
 def _tar_gz(local_dir: Path) -> bytes:
     if not local_dir.is_dir():
         raise BackendError(f"{local_dir} is not a folder: nothing to copy")
 
     def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        # bytecode of this interpreter's version only (what a task here would write itself,
+        # scripts/setup.sh compiles it): valid on the host while the source's time and size are
+        # those it was compiled from (the tar keeps the times), recompiled there otherwise
         parts = Path(info.name).parts
-        return None if "__pycache__" in parts or info.name.endswith(".pyc") else info
+        if "__pycache__" in parts or info.name.endswith(".pyc"):
+            return info if info.isdir() or info.name.endswith(_PYC_SUFFIX) else None
+        return info
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
