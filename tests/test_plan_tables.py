@@ -177,6 +177,24 @@ def test_the_plan_lists_each_table_and_warns_of_one_read_whole(project: Path) ->
     assert "user_emb') is read whole" not in text
 
 
+def test_a_table_over_64_mib_is_split_over_the_ps_without_a_key(project: Path) -> None:
+    """model.partition_bytes' default: 2,200,000 x 8 float32 (67.1 MB, over 64 MiB) is split
+    by rows into one part per ps; the table of 2 columns (17.6 MB) stays whole; null: never."""
+    big = ("cluster.ps=2", "algo=hogwild", "model.vocab=2200000")
+    code, out = _plan(project, *big)
+    assert code == 0, out
+    parts = [ln.split() for ln in out.splitlines() if "/part_" in ln]
+    assert [p[0] for p in parts] == [
+        "model/user_emb/embeddings/part_0",
+        "model/user_emb/embeddings/part_1",
+    ], out
+    assert {p[1] for p in parts} == {"1100000x8"} and {p[-1] for p in parts} == {"ps/0", "ps/1"}
+    assert "wrapped_emb/embeddings/part_" not in out
+    code, out = _plan(project, *big, "model.partition_bytes=null")
+    assert code == 0, out
+    assert "/part_" not in out
+
+
 def test_allreduce_over_the_limit_is_refused_before_anything_starts(project: Path) -> None:
     code, out = _plan(
         project, "cluster.ps=0", "algo=allreduce", "algo.replicated_table_limit_mb=0.01"

@@ -17,6 +17,7 @@ from omegaconf import MISSING
 __all__ = [
     "AlgoConfig",
     "AllreduceConfig",
+    "DEFAULT_PARTITION_BYTES",
     "ChiefMode",
     "ClusterConfig",
     "Config",
@@ -35,6 +36,12 @@ __all__ = [
     "SyncConfig",
     "TrainerConfig",
 ]
+
+
+# model.partition_bytes when not set: TensorFlow's own guide splits variables in shards of at
+# least 256 KiB (MinSizePartitioner); tfplan splits a variable into one part per ps, so only one
+# that a single ps should not carry alone (its optimizer slots beside it) is split unasked.
+DEFAULT_PARTITION_BYTES = 64 << 20
 
 
 class ChiefMode(str, Enum):
@@ -223,8 +230,9 @@ class ModelConfig:
     from_logits: bool = True  # the model outputs logits (no softmax/sigmoid in its last layer)
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])  # accuracy | mae | mse
     # your model's trainable variables over this many bytes (an embedding table) are split by
-    # rows into one part per parameter server; null: never (docs/your_model.md)
-    partition_bytes: int | None = None
+    # rows into one part per parameter server when there are two or more (default 64 MiB: a
+    # large table never sits whole on one ps unasked); null: never (docs/your_model.md)
+    partition_bytes: int | None = DEFAULT_PARTITION_BYTES
 
 
 @dataclass
