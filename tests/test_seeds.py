@@ -265,6 +265,7 @@ while not os.path.exists(os.environ["GATE_FILE"]):
 """
 
 
+@pytest.mark.full  # the fork and the cold fallback run in the fast tier (tests above)
 def test_a_seed_started_where_an_earlier_one_ran_is_ready_only_once_it_has_imported(
     backend: ProcessBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -293,6 +294,7 @@ def test_a_seed_started_where_an_earlier_one_ran_is_ready_only_once_it_has_impor
     assert backend.describe([record])["worker/0"].exit_code == 0
 
 
+@pytest.mark.full  # the fork and the cold fallback run in the fast tier (tests above)
 def test_a_seed_that_dies_after_ready_is_not_waited_for(
     backend: ProcessBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
