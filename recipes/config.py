@@ -107,6 +107,7 @@ class TrainerConf:
     max_steps: int = 1000
     checkpoint_steps: Optional[int] = 200
     checkpoint_secs: Optional[float] = None
+    keep_checkpoints: int = 5  # the newest checkpoints kept in output_dir
     summary_steps: int = 50
     log_steps: int = 100
     eval_secs: float = 2.0

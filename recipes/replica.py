@@ -337,7 +337,7 @@ def run_replica(
     scaffold = v1.train.Scaffold(
         local_init_op=g.local_init_op,
         summary_op=g.summary_op,
-        saver=chief_saver(g.saver_names),
+        saver=chief_saver(g.saver_names, cfg.trainer.keep_checkpoints),
         local_init_feed_dict=graph_feeds() or None,  # an in-memory shard, fed at the init
     )
     creator = RoleSessionCreator(

@@ -178,7 +178,7 @@ def make_server(task: TaskInfo, joining: bool = False) -> Any:
     )
 
 
-def chief_saver(var_list: Optional[dict[str, Any]] = None) -> Any:
+def chief_saver(var_list: Optional[dict[str, Any]] = None, keep: int = 5) -> Any:
     """A saver of every global variable whose save and restore ops run on the chief.
 
     Why: ``Scaffold``'s default saver is sharded: each ps saves its own variables on its own
@@ -189,7 +189,7 @@ def chief_saver(var_list: Optional[dict[str, Any]] = None) -> Any:
     the session places them on the chief: it pulls the variables and writes (and reads) whole
     checkpoints on its own host. Create it once the graph is complete; the files are the same
     V2 format (a checkpoint an older, sharded save wrote restores through it)."""
-    return v1.train.Saver(var_list=var_list, sharded=False, allow_empty=True, max_to_keep=5)
+    return v1.train.Saver(var_list=var_list, sharded=False, allow_empty=True, max_to_keep=keep)
 
 
 # Not the number of replicas: replicas that join a running job build the same shared queue

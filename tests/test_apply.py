@@ -53,9 +53,15 @@ def test_apply_trains_builtin_recipe_to_the_last_step_and_leaves_nothing(ws: Pat
         "trainer.max_steps=120",
         "trainer.log_steps=40",
         "trainer.checkpoint_steps=60",
+        "trainer.keep_checkpoints=2",
     ]
     planned = tfplan(ws, "plan", *overrides, check=True)
     assert "Plan: 3 to add, 0 to change, 0 to destroy." in planned.stdout
+    # the default MLP's 9,610 floats and the step: 38,448 bytes, two kept
+    assert (
+        "Checkpoints: at least 37.5 KiB each (the variables), 2 kept "
+        f"(trainer.keep_checkpoints): 75.1 KiB in {ws / 'out'}" in " ".join(planned.stdout.split())
+    ), planned.stdout
     applied = tfplan(ws, "apply", check=True)  # the saved plan, exactly
     out = applied.stdout
     assert "Apply complete! Tasks: 3 started" in out
@@ -69,6 +75,9 @@ def test_apply_trains_builtin_recipe_to_the_last_step_and_leaves_nothing(ws: Pat
     assert statuses["worker/0"] == "succeeded"
     assert statuses["ps/0"] in ("succeeded", "stopped")
     assert not [pid for pid in _pids(state) if alive(pid)]
+    # checkpoints at steps 0, 60 and 120: the newest two are kept
+    kept = sorted(int(p.name.split("-")[1].split(".")[0]) for p in (ws / "out").glob("*.index"))
+    assert kept[-1] >= 120 and len(kept) == 2, kept
     # The saved plan was used up: applying it again is refused as stale.
     again = tfplan(ws, "apply")
     assert again.returncode == 1
@@ -269,6 +278,24 @@ def test_port_taken_fails_preflight_and_starts_nothing(ws: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1
     assert "preflight failed" in proc.stderr and str(port + 1) in proc.stderr
+    state_file = ws / ".tfplan" / "t" / "state.json"
+    assert not state_file.exists() or json.loads(state_file.read_text())["tasks"] == []
+
+
+def test_an_output_disk_without_room_for_the_kept_checkpoints_starts_nothing(ws: Path) -> None:
+    """The disk of cluster.output_dir must hold trainer.keep_checkpoints checkpoints of the
+    model (a trillion of 37.5 KiB here): refused in one line naming the keys, before any task
+    or warm seed starts."""
+    args = [*base_overrides(ws, free_port_base()), "trainer.keep_checkpoints=1000000000000"]
+    proc = tfplan(ws, "apply", "--auto-approve", *args)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "cluster.output_dir: 1000000000000 checkpoint(s) of at least 37.5 KiB" in proc.stderr
+    assert f"but {ws / 'out'} on localhost has" in proc.stderr
+    assert "set cluster.output_dir to a larger disk, or keep fewer (trainer.keep_checkpoints=" in (
+        proc.stderr
+    )
+    assert not recorded_groups(ws)  # no task, no seed
     state_file = ws / ".tfplan" / "t" / "state.json"
     assert not state_file.exists() or json.loads(state_file.read_text())["tasks"] == []
 

@@ -244,7 +244,7 @@ def test_a_full_disk_names_the_output_folder_the_fix_and_asks_for_its_free_space
     assert found is not None and found.id == "disk-full"
     assert found.cause == "worker/1 could not write to /out: its disk is full"
     assert found.free_space_of == "/out"
-    assert "cluster.output_dir" in found.fix and "last 5 checkpoints" in found.fix
+    assert "cluster.output_dir" in found.fix and "trainer.keep_checkpoints" in found.fix
     found = explain(evidence(checkpoint, free_bytes=3 * 2**10))
     assert found is not None and found.free_space_of is None
     assert found.cause == "worker/1 could not write to /out: its disk is full (3 KiB free now)"

@@ -64,7 +64,14 @@ def test_checkpoints_keys_retention_and_restore(tmp_path: Path) -> None:
         step.assign(s * 10)
         ckpts.write(s * 10)
     kept = sorted(p.name for p in tmp_path.glob("model.ckpt-*.index"))
-    assert kept == [f"model.ckpt-{s}.index" for s in (30, 40, 50, 60, 70)]
+    assert kept == [f"model.ckpt-{s}.index" for s in (30, 40, 50, 60, 70)]  # 5 by default
+    fewer = tmp_path / "fewer"
+    for s in range(1, 4):  # trainer.keep_checkpoints=2
+        Checkpoints(str(fewer), step, params, slots, keep=2).write(s * 10)
+    assert sorted(p.name for p in fewer.glob("model.ckpt-*.index")) == [
+        "model.ckpt-20.index",
+        "model.ckpt-30.index",
+    ]
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-70")
     assert 'model_checkpoint_path: "model.ckpt-70"' in (tmp_path / "checkpoint").read_text()
     keys = set(

@@ -398,6 +398,14 @@ class TestConformance:
         assert f"port {port} is in use" in text
         assert "a-file/sub is not writable" in text
         assert "tensorflow 2.21.0 found, 1.15 wanted" in text
+        assert "memory" not in text  # no parameter server planned here: not checked
+        # parameter servers that hold more than the host has available (read from
+        # /proc/meminfo there): 1 PiB; what a plain ps of the default model holds passes
+        huge = PreflightRequest(ps_names=("ps/0", "ps/2"), ps_bytes=1 << 50)
+        (problem,) = transport.preflight(huge).problems
+        assert problem.startswith("ps/0, ps/2 need(s) at least 1048576.0 GiB of memory"), problem
+        assert "add parameter servers (cluster.ps)" in problem
+        assert transport.preflight(PreflightRequest(ps_names=("ps/0",), ps_bytes=38_408)).ok
         with pytest.raises(
             PreflightError, match=f"preflight failed on 1 host.*{transport.target.name}"
         ):

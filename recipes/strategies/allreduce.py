@@ -197,7 +197,9 @@ def run_allreduce(cfg: RunConfig, task: TaskInfo, process_start: float, log: Log
         model_state = model.create_state_variables()
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         slots = opt.create_slots(params)
-    state = Checkpoints(cfg.output_dir, step, params, slots, task, model_state)
+    state = Checkpoints(
+        cfg.output_dir, step, params, slots, task, model_state, cfg.trainer.keep_checkpoints
+    )
     names = list(params)
     metric_names = work.metric_names()
     train_vars = [params[k] for k in names]

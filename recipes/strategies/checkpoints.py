@@ -15,10 +15,9 @@ from recipes.config import TaskInfo
 from recipes.errors import ConfigError
 from recipes.models import Params
 
-__all__ = ["CKPT_NAME", "KEEP_CHECKPOINTS", "Checkpoints"]
+__all__ = ["CKPT_NAME", "Checkpoints"]
 
 CKPT_NAME = "model.ckpt"
-KEEP_CHECKPOINTS = 5  # as tf.compat.v1.train.Saver's default max_to_keep
 
 
 _PART = re.compile(r"^(?P<whole>.+)/part_(?P<index>\d+)$")
@@ -59,7 +58,7 @@ def _tree(flat: Params) -> tf.Module:
 
 
 class Checkpoints:
-    """``output_dir/model.ckpt-<step>`` in TF2's object format, the last 5 kept, listed in
+    """``output_dir/model.ckpt-<step>`` in TF2's object format, the last ``keep`` kept, listed in
     ``output_dir/checkpoint`` (so ``tf.train.latest_checkpoint`` and the evaluator find them),
     written and read by the task that owns this object (the chief), on its own host.
 
@@ -80,8 +79,10 @@ class Checkpoints:
         slots: Params,
         task: Optional[TaskInfo] = None,
         state: Optional[Params] = None,
+        keep: int = 5,
     ) -> None:
         self.output_dir = output_dir
+        self._keep = keep  # the newest kept (trainer.keep_checkpoints)
         self._params = _joined({**params, **(state or {})})
         self._ckpt = tf.train.Checkpoint(
             global_step=step, model=_tree(self._params), optimizer=_tree(_joined(slots))
@@ -107,10 +108,10 @@ class Checkpoints:
         path = str(self._ckpt.write(prefix, options=self._options))
         kept = [p for p in self._kept() if os.path.basename(p) != os.path.basename(path)]
         kept.append(path)
-        for old in kept[:-KEEP_CHECKPOINTS]:
+        for old in kept[: -self._keep]:
             for f in tf.io.gfile.glob(old + ".*"):
                 tf.io.gfile.remove(f)
-        kept = kept[-KEEP_CHECKPOINTS:]
+        kept = kept[-self._keep :]
         tf.compat.v1.train.update_checkpoint_state(
             self.output_dir,
             os.path.basename(path),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
 from tfplan.planning.costs import job_cost
+from tfplan.planning.footprint import checkpoint_size
 from tfplan.planning.plan import Action, Change, Plan, Task
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT
 
@@ -303,6 +304,7 @@ def _footer(plan: Plan) -> list[Line]:
             if len(sharding.variables) > len(shown):
                 lines.append(("", f"    ... {len(sharding.variables) - len(shown)} more"))
     lines += _table_lines(plan)
+    lines += _checkpoint_lines(plan)
     for code in plan.user_code:
         lines.append(
             (
@@ -320,6 +322,25 @@ def _footer(plan: Plan) -> list[Line]:
     if plan.targets:
         lines += targeting_warning(plan)
     return lines
+
+
+def _checkpoint_lines(plan: Plan) -> list[Line]:
+    """What keeping the chief's checkpoints takes (tfplan.planning.footprint.py)."""
+    trainer = plan.run_config.get("trainer") or {}
+    algo = plan.run_config.get("algo") or {}
+    optimizer = str(algo.get("optimizer") or "sgd")
+    size = checkpoint_size(plan.sharding, optimizer, int(trainer.get("keep_checkpoints", 5)))
+    if size is None:
+        return []
+    slots = f" and {size.slots} {optimizer} slot(s) each" if size.slots else ""
+    return [
+        (
+            "",
+            f"Checkpoints: at least {format_bytes(size.each)} each (the variables{slots}), "
+            f"{size.kept} kept (trainer.keep_checkpoints): {format_bytes(size.total)} in "
+            f"{plan.output_dir}",
+        )
+    ]
 
 
 _READS = {

@@ -285,6 +285,9 @@ class TrainerConfig:
     max_steps: int = 1000
     checkpoint_steps: int | None = 200
     checkpoint_secs: float | None = None
+    # the newest checkpoints kept in output_dir (older ones are deleted as new ones are written);
+    # the plan shows their size, and apply refuses an output folder without room for them
+    keep_checkpoints: int = 5
     summary_steps: int = 50
     log_steps: int = 100
     eval_secs: float = 2.0  # how often the evaluator looks for a new checkpoint

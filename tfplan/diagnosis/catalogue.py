@@ -90,8 +90,8 @@ CATALOGUE: list[KnownFailure] = [
         ),
         free_space_of="{folder}",
         cause="{task} could not write to {folder}: its disk is full{free_now}",
-        fix="free space there, or set cluster.output_dir to a folder on a larger disk (the "
-        "built-in recipes keep the last 5 checkpoints; no key keeps fewer)",
+        fix="free space there, set cluster.output_dir to a folder on a larger disk, or keep "
+        "fewer checkpoints (the built-in recipes keep trainer.keep_checkpoints, 5 by default)",
         reproduce="an output folder on a tmpfs too small for the chief's first checkpoint",
     ),
     KnownFailure(

@@ -25,7 +25,8 @@ from tfplan.engine.resizing import (
     told_max_steps,
 )
 from tfplan.engine.store import StateStore
-from tfplan.errors import ApplyError, TfplanError
+from tfplan.errors import ApplyError, PreflightError, TfplanError
+from tfplan.planning.footprint import checkpoint_size, room_problem
 from tfplan.planning.plan import Action, Plan, Task
 from tfplan.planning.state import (
     Allocation,
@@ -121,6 +122,7 @@ def apply_plan(
     if to_start:
         for line in readiness_lines(backend.preflight(plan, to_start)):
             say(line)
+        _check_checkpoint_room(plan, to_start, backend)
         state = _start_all(plan, to_start, state, store, backend, say, progress)
     return ApplyResult(
         state=state,
@@ -128,6 +130,27 @@ def apply_plan(
         stopped=tuple(t.name for t in to_stop),
         updated=tuple(updated),
     )
+
+
+def _check_checkpoint_room(plan: Plan, tasks: Sequence[Task], backend: Backend) -> None:
+    """When the chief starts: the disk of ``output_dir`` on its host has room for the kept
+    checkpoints (tfplan.planning.footprint.py; a backend that cannot look says nothing).
+
+    Raises:
+        PreflightError: it has not; nothing was started.
+    """
+    chief = next((t for t in tasks if t.is_chief), None)
+    trainer = plan.run_config.get("trainer") or {}
+    algo = plan.run_config.get("algo") or {}
+    size = checkpoint_size(
+        plan.sharding, str(algo.get("optimizer") or "sgd"), int(trainer.get("keep_checkpoints", 5))
+    )
+    if chief is None or size is None:
+        return
+    free = backend.free_bytes(chief.host, plan.output_dir)
+    problem = None if free is None else room_problem(size, free, plan.output_dir, chief.host)
+    if problem is not None:
+        raise PreflightError({chief.host: problem})
 
 
 def _abandon(tasks: list[TaskRecord], state: State, say: Say) -> State:

@@ -482,6 +482,12 @@ def _check_trainer(cfg: Config, counts: RoleCounts) -> None:
         _require(
             t.checkpoint_secs > 0, "trainer.checkpoint_secs", "not positive", "use e.g. 60, or null"
         )
+    _require(
+        t.keep_checkpoints >= 1,
+        "trainer.keep_checkpoints",
+        f"{t.keep_checkpoints} < 1",
+        "use e.g. 5",
+    )
     _require(t.summary_steps >= 1, "trainer.summary_steps", f"{t.summary_steps} < 1", "use e.g. 50")
     _require(t.log_steps >= 1, "trainer.log_steps", f"{t.log_steps} < 1", "use e.g. 100")
     _require(t.eval_secs > 0, "trainer.eval_secs", "not positive", "use e.g. 2")

@@ -38,6 +38,7 @@ from tfplan.backends.transports.scripts import handle_exit_file, standby_exit_fi
 from tfplan.backends.transports.seeds import WarmSeed, forkable, worth_a_seed
 from tfplan.backends.transports.specs import HostTarget, LaunchSpec
 from tfplan.errors import BackendError
+from tfplan.planning.footprint import ps_bytes
 from tfplan.planning.plan import BackendRef, Plan, Task
 from tfplan.planning.state import Allocation, TaskRecord
 from tfplan.planning.topology import Target
@@ -126,15 +127,20 @@ class ProcessBackend(Backend):
             PreflightError: every host's problems, in one line.
         """
         self.locate_output(plan, tasks)
+        algo = plan.run_config.get("algo") or {}
+        held = ps_bytes(plan.sharding, str(algo.get("optimizer") or "sgd"))
 
         def check(name: str) -> PreflightResult:
             mine = [t for t in tasks if t.host == name]
+            ps = [t for t in mine if t.role.value == "ps" and t.index < len(held)]
             request = PreflightRequest(
                 tf_version=plan.tf_version if plan.builtin_recipes else None,
                 ports=tuple(t.port for t in mine if t.port is not None),
                 writable_dirs=(*(t.workdir for t in mine), plan.code_dir, plan.output_dir),
                 legacy_keras=any(t.env.get("TF_USE_LEGACY_KERAS") == "1" for t in mine),
                 gpus=len({d for t in mine for d in t.devices}),
+                ps_names=tuple(t.name for t in ps),
+                ps_bytes=sum(held[t.index] for t in ps),
             )
             result = self.pool[name].preflight(request)
             if self.firewall:

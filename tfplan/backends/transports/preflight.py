@@ -44,6 +44,11 @@ class PreflightRequest:
     import_tensorflow: bool = False  # True: really import it (seconds); False: find it + version
     legacy_keras: bool = False  # recipe.legacy_keras: tf_keras must match TensorFlow's version
     gpus: int = 0  # GPUs the plan assigns on this host: TensorFlow must see as many (imports it)
+    # the parameter servers planned on this host and the bytes they hold at least (their
+    # variables and optimizer slots, tfplan/planning/footprint.py): the host's available memory
+    # (MemAvailable, Linux) must exceed it; none: not checked
+    ps_names: tuple[str, ...] = ()
+    ps_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,27 @@ for port in req["ports"]:
             % (port, exc.strerror))
     finally:
         s.close()
+def available_memory():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+def size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return "%d B" % n if unit == "B" else "%.1f %s" % (n, unit)
+        n = n / 1024.0
+if req.get("ps_bytes"):
+    avail = available_memory()
+    if avail is not None and req["ps_bytes"] > avail:
+        bad("%s need(s) at least %s of memory here (variables and optimizer slots) but the host"
+            " has %s available: add parameter servers (cluster.ps), place them on larger hosts,"
+            " or use an optimizer with fewer slots (algo.optimizer)"
+            % (", ".join(req["ps_names"]), size(req["ps_bytes"]), size(avail)))
 for d in req["writable_dirs"]:
     try:
         # exist_ok: hosts sharing the folder (NFS) run this at the same time, and a check-then-
@@ -187,6 +213,8 @@ def request_json(req: PreflightRequest) -> str:
             "import_tensorflow": req.import_tensorflow,
             "legacy_keras": req.legacy_keras,
             "gpus": req.gpus,
+            "ps_names": list(req.ps_names),
+            "ps_bytes": req.ps_bytes,
         }
     )
 

@@ -1,0 +1,85 @@
+"""Pure: what the model takes on the parameter servers (memory) and in the chief's checkpoints
+(disk), from the plan's sharding preview.
+
+A parameter server holds the variables placed on it (``round_robin``, what the recipes use) and
+the optimizer's slots beside the model's (``algo.optimizer``: sgd none, momentum and adagrad
+one, adam two); a checkpoint holds every variable and every slot. Algorithms that keep more on
+the parameter servers (the windowed ones' center copy, ``sync``'s accumulators) hold and write
+more, and a checkpoint has its graph file besides: the figures are lower bounds, which is what a
+refusal needs. ``trainer.keep_checkpoints`` checkpoints are kept in ``output_dir``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfplan.planning.plan import ShardingPreview
+from tfplan.planning.tables import SLOTS_PER_ROW
+
+__all__ = ["CheckpointSize", "checkpoint_size", "ps_bytes", "room_problem"]
+
+
+@dataclass(frozen=True)
+class CheckpointSize:
+    each: int  # bytes of one checkpoint, at least
+    kept: int  # trainer.keep_checkpoints
+    slots: int  # the optimizer's slots per trainable variable
+    optimizer: str
+
+    @property
+    def total(self) -> int:
+        return self.each * self.kept
+
+
+def checkpoint_size(sharding: ShardingPreview, optimizer: str, keep: int) -> CheckpointSize | None:
+    """The checkpoints of a plan whose variables are known (None: a ``recipe=command``
+    program's, or a plan without parameter servers' preview)."""
+    if not sharding.variables:
+        return None
+    slots = SLOTS_PER_ROW.get(optimizer.lower(), 0)
+    model = sum(v.bytes for v in sharding.variables if v.name.startswith("model/"))
+    each = sharding.total_bytes + slots * model
+    return CheckpointSize(each=each, kept=keep, slots=slots, optimizer=optimizer)
+
+
+def ps_bytes(sharding: ShardingPreview, optimizer: str) -> tuple[int, ...]:
+    """The bytes each parameter server holds at least: its variables as placed (the preview's
+    first placement, round-robin) and the optimizer's slots of its model variables; empty when
+    the variables are not known or there is no ps."""
+    if not sharding.variables or not sharding.placements:
+        return ()
+    slots = SLOTS_PER_ROW.get(optimizer.lower(), 0)
+    placement = sharding.placements[0]
+    held = list(placement.bytes_per_ps)
+    for var in sharding.variables:
+        if var.name.startswith("model/") and var.name in placement.assignment:
+            held[placement.assignment[var.name]] += slots * var.bytes
+    return tuple(held)
+
+
+def room_problem(size: CheckpointSize, free: int, output_dir: str, host: str) -> str | None:
+    """One line naming the key and the fix when ``free`` bytes on ``host``'s disk of
+    ``output_dir`` cannot hold the kept checkpoints; None when they fit."""
+    if free >= size.total:
+        return None
+    fewer = max(1, free // size.each) if size.each else 1
+    keep_fix = (
+        f"keep fewer (trainer.keep_checkpoints={fewer})"
+        if free >= size.each and fewer < size.kept
+        else "shrink the model"
+    )
+    return (
+        f"cluster.output_dir: {size.kept} checkpoint(s) of at least {_size(size.each)} each "
+        f"(trainer.keep_checkpoints={size.kept}) need {_size(size.total)}, but {output_dir} on "
+        f"{host} has {_size(free)} free: free space there, set cluster.output_dir to a larger "
+        f"disk, or {keep_fix}"
+    )
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
