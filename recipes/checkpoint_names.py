@@ -10,6 +10,7 @@ apart by the ``global_step`` key: :func:`object_based`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ GLOBAL_STEP = "global_step"
 MODEL_PREFIX = "model/"
 # A TF2 object checkpoint stores variable "model/dense0/w" under "model/dense0/w" + this suffix.
 OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+_PART = re.compile(r"/part_\d+$")  # a split variable's part (recipes/keras_model.py)
 
 
 def model_name(path: str) -> str:
@@ -46,16 +48,19 @@ def object_based(keys: Iterable[str]) -> bool:
 
 def sliced_names(named: Mapping[str, Any]) -> dict[str, Any]:
     """A Saver's ``var_list`` (checkpoint name -> variable) with the slices of each logical
-    variable (``recipes.keras_model``'s split tables) grouped under the logical name, in row order: the form in
-    which a Saver writes and reads one tensor in slices."""
+    variable (``recipes.keras_model``'s split tables, and their optimizer slots) grouped under
+    one name, in row order: the form in which a Saver writes and reads one tensor in slices.
+    A part named ``<name>/part_<i>`` goes under ``<name>``; any other slice (a slot, named by
+    its op) under its logical variable's name (TensorFlow's ``SaveSliceInfo.full_name``)."""
     out: dict[str, Any] = {}
     slices: dict[str, list[Any]] = {}
     for name, var in named.items():
         info = getattr(var, "_save_slice_info", None)
         if info is None:
             out[name] = var
-        else:
-            slices.setdefault(info.full_name, []).append(var)
-    for full_name, parts in slices.items():
-        out[full_name] = sorted(parts, key=lambda v: v._save_slice_info.var_offset[0])
+            continue
+        part = _PART.search(name)
+        slices.setdefault(name[: part.start()] if part else info.full_name, []).append(var)
+    for whole, parts in slices.items():
+        out[whole] = sorted(parts, key=lambda v: v._save_slice_info.var_offset[0])
     return out

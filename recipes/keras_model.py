@@ -80,15 +80,14 @@ def _ids_per_example(layer: Any) -> Optional[int]:
     return total or None
 
 
-def _mark_slice(part: Any, rows: tuple[int, int], full_shape: Any) -> None:
-    """Mark ``part`` (op name ``<name>/part_<i>``) as rows ``rows`` of the logical variable
-    ``<name>`` of ``full_shape``: a Saver then writes the parts as slices of one tensor, and
-    restores any other split of it (:func:`recipes.checkpoint_names.sliced_names` groups
-    them for a Saver; its optimizer slots follow: TensorFlow's slot creator
-    gives a slot of a slice the same slice of ``<name>/<slot>``)."""
+def _mark_slice(part: Any, rows: tuple[int, int], full_shape: Any, name: str) -> None:
+    """Mark ``part`` as rows ``rows`` of the logical variable ``name`` of ``full_shape``: a
+    Saver then writes the parts as slices of one tensor and restores any other split of it
+    (:func:`recipes.checkpoint_names.sliced_names` groups them for a Saver). ``name`` is the op
+    name the variable has unsplit, because TensorFlow's slot creator names a slice's slot
+    ``<name>/<slot>``: an optimizer's slots are then saved under the same names split or not."""
     full = [int(d) for d in full_shape]
     lo, hi = rows
-    name = part.op.name.rsplit("/part_", 1)[0]
     info = tf.Variable.SaveSliceInfo(name, full, [lo] + [0] * (len(full) - 1), [hi - lo, *full[1:]])
     part._set_save_slice_info(info)
 
@@ -382,7 +381,8 @@ class KerasModel:
                 )
                 rows = rows_of.get(key)
                 if rows is not None:
-                    _mark_slice(params[key], rows, full_shapes[key.rsplit("/part_", 1)[0]])
+                    whole = params[key].op.name.rsplit("/part_", 1)[0]  # its name unsplit
+                    _mark_slice(params[key], rows, full_shapes[key.rsplit("/part_", 1)[0]], whole)
         return params
 
     def _dtypes(self, model: Any) -> dict[str, Any]:
@@ -406,7 +406,7 @@ class KerasModel:
                 params[key] = tf.Variable(
                     var.initial_value[lo:hi], name=f"model/{key}", trainable=True
                 )
-                _mark_slice(params[key], rows, var.shape)
+                _mark_slice(params[key], rows, var.shape, var.op.name)
             for name in (v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES):
                 ref = graph.get_collection_ref(name)
                 ref[:] = [v for v in ref if v is not var]

@@ -88,6 +88,37 @@ def test_checkpoints_keys_retention_and_restore(tmp_path: Path) -> None:
     np.testing.assert_array_equal(params2["dense0/w"].numpy(), saved)
 
 
+def _split(full: np.ndarray, parts: int, name: str = "emb") -> dict[str, tf.Variable]:
+    """``full`` as recipes/keras_model.py splits a table over ``parts`` ps: row ranges."""
+    bounds = [len(full) * i // parts for i in range(parts + 1)]
+    return {f"{name}/part_{i}": tf.Variable(full[bounds[i] : bounds[i + 1]]) for i in range(parts)}
+
+
+def test_a_split_variable_and_its_slots_restore_into_another_split(tmp_path: Path) -> None:
+    """pss's checkpoint holds a split table (and each of its slots) as one tensor in slices
+    (TensorFlow's ShardedVariable): written from 2 parts, read back into 3 parts and into 1
+    (then it is not split), every row where it belongs."""
+    rng = np.random.RandomState(0)
+    table = rng.randn(10, 4).astype(np.float32)
+    moment = rng.randn(10, 4).astype(np.float32)
+    step = tf.Variable(40, dtype=tf.int64)
+    two = _split(table, 2)
+    slots = {f"momentum/{k}": v for k, v in _split(moment, 2).items()}
+    Checkpoints(str(tmp_path), step, two, slots).write(40)
+    keys = tf.train.load_checkpoint(str(tmp_path / "model.ckpt-40")).get_variable_to_shape_map()
+    assert keys["model/emb" + CKPT_KEY_SUFFIX] == [10, 4]  # once, whole
+    assert keys["optimizer/momentum/emb" + CKPT_KEY_SUFFIX] == [10, 4]
+    assert not [k for k in keys if "/part_" in k]
+    for parts in (3, 1):
+        zeros = np.zeros_like(table)
+        params = _split(zeros, parts) if parts > 1 else {"emb": tf.Variable(zeros)}
+        again = {f"momentum/{k}": tf.Variable(tf.zeros_like(v)) for k, v in params.items()}
+        restored = tf.Variable(0, dtype=tf.int64)
+        assert Checkpoints(str(tmp_path), restored, params, again).restore_latest() == 40
+        np.testing.assert_array_equal(np.concatenate([v.numpy() for v in params.values()]), table)
+        np.testing.assert_array_equal(np.concatenate([v.numpy() for v in again.values()]), moment)
+
+
 def test_the_checkpoint_scorer_restores_a_tf2_checkpoint_in_an_eager_process(
     tmp_path: Path,
 ) -> None:
