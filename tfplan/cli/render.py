@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
 from tfplan.planning.costs import job_cost
-from tfplan.planning.footprint import checkpoint_size
+from tfplan.planning.footprint import plan_checkpoints
 from tfplan.planning.plan import Action, Change, Plan, Task
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT
 
@@ -325,14 +325,11 @@ def _footer(plan: Plan) -> list[Line]:
 
 
 def _checkpoint_lines(plan: Plan) -> list[Line]:
-    """What keeping the chief's checkpoints takes (tfplan.planning.footprint.py)."""
-    trainer = plan.run_config.get("trainer") or {}
-    algo = plan.run_config.get("algo") or {}
-    optimizer = str(algo.get("optimizer") or "sgd")
-    size = checkpoint_size(plan.sharding, optimizer, int(trainer.get("keep_checkpoints", 5)))
+    """What keeping the chief's checkpoints takes (tfplan/planning/footprint.py)."""
+    size = plan_checkpoints(plan)
     if size is None:
         return []
-    slots = f" and {size.slots} {optimizer} slot(s) each" if size.slots else ""
+    slots = f" and {size.slots} {size.optimizer} slot(s) each" if size.slots else ""
     return [
         (
             "",

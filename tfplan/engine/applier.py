@@ -26,7 +26,7 @@ from tfplan.engine.resizing import (
 )
 from tfplan.engine.store import StateStore
 from tfplan.errors import ApplyError, PreflightError, TfplanError
-from tfplan.planning.footprint import checkpoint_size, room_problem
+from tfplan.planning.footprint import plan_checkpoints, room_problem
 from tfplan.planning.plan import Action, Plan, Task
 from tfplan.planning.state import (
     Allocation,
@@ -134,17 +134,13 @@ def apply_plan(
 
 def _check_checkpoint_room(plan: Plan, tasks: Sequence[Task], backend: Backend) -> None:
     """When the chief starts: the disk of ``output_dir`` on its host has room for the kept
-    checkpoints (tfplan.planning.footprint.py; a backend that cannot look says nothing).
+    checkpoints (tfplan/planning/footprint.py; a backend that cannot look says nothing).
 
     Raises:
         PreflightError: it has not; nothing was started.
     """
     chief = next((t for t in tasks if t.is_chief), None)
-    trainer = plan.run_config.get("trainer") or {}
-    algo = plan.run_config.get("algo") or {}
-    size = checkpoint_size(
-        plan.sharding, str(algo.get("optimizer") or "sgd"), int(trainer.get("keep_checkpoints", 5))
-    )
+    size = plan_checkpoints(plan)
     if chief is None or size is None:
         return
     free = backend.free_bytes(chief.host, plan.output_dir)

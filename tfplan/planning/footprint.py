@@ -13,10 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfplan.planning.plan import ShardingPreview
+from tfplan.planning.plan import Plan, ShardingPreview
 from tfplan.planning.tables import SLOTS_PER_ROW
 
-__all__ = ["CheckpointSize", "checkpoint_size", "ps_bytes", "room_problem"]
+__all__ = [
+    "CheckpointSize",
+    "checkpoint_size",
+    "plan_checkpoints",
+    "plan_ps_bytes",
+    "ps_bytes",
+    "room_problem",
+]
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,21 @@ def ps_bytes(sharding: ShardingPreview, optimizer: str) -> tuple[int, ...]:
         if var.name.startswith("model/") and var.name in placement.assignment:
             held[placement.assignment[var.name]] += slots * var.bytes
     return tuple(held)
+
+
+def _optimizer(plan: Plan) -> str:
+    return str((plan.run_config.get("algo") or {}).get("optimizer") or "sgd")
+
+
+def plan_checkpoints(plan: Plan) -> CheckpointSize | None:
+    """:func:`checkpoint_size` of ``plan`` (its optimizer, its ``trainer.keep_checkpoints``)."""
+    keep = int((plan.run_config.get("trainer") or {}).get("keep_checkpoints", 5))
+    return checkpoint_size(plan.sharding, _optimizer(plan), keep)
+
+
+def plan_ps_bytes(plan: Plan) -> tuple[int, ...]:
+    """:func:`ps_bytes` of ``plan`` (its optimizer)."""
+    return ps_bytes(plan.sharding, _optimizer(plan))
 
 
 def room_problem(size: CheckpointSize, free: int, output_dir: str, host: str) -> str | None:

@@ -38,7 +38,7 @@ from tfplan.backends.transports.scripts import handle_exit_file, standby_exit_fi
 from tfplan.backends.transports.seeds import WarmSeed, forkable, worth_a_seed
 from tfplan.backends.transports.specs import HostTarget, LaunchSpec
 from tfplan.errors import BackendError
-from tfplan.planning.footprint import ps_bytes
+from tfplan.planning.footprint import plan_ps_bytes
 from tfplan.planning.plan import BackendRef, Plan, Task
 from tfplan.planning.state import Allocation, TaskRecord
 from tfplan.planning.topology import Target
@@ -127,8 +127,7 @@ class ProcessBackend(Backend):
             PreflightError: every host's problems, in one line.
         """
         self.locate_output(plan, tasks)
-        algo = plan.run_config.get("algo") or {}
-        held = ps_bytes(plan.sharding, str(algo.get("optimizer") or "sgd"))
+        held = plan_ps_bytes(plan)  # what each ps holds at least (its memory is checked)
 
         def check(name: str) -> PreflightResult:
             mine = [t for t in tasks if t.host == name]
