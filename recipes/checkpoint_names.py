@@ -18,6 +18,7 @@ __all__ = [
     "GLOBAL_STEP",
     "MODEL_PREFIX",
     "OBJECT_SUFFIX",
+    "PART",
     "model_name",
     "object_based",
     "sliced_names",
@@ -28,7 +29,8 @@ GLOBAL_STEP = "global_step"
 MODEL_PREFIX = "model/"
 # A TF2 object checkpoint stores variable "model/dense0/w" under "model/dense0/w" + this suffix.
 OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-_PART = re.compile(r"/part_\d+$")  # a split variable's part (recipes/keras_model.py)
+# A part of a split variable, ``<name>/part_<i>`` (recipes/keras_model.py splits by rows).
+PART = re.compile(r"/part_(\d+)$")
 
 
 def model_name(path: str) -> str:
@@ -59,7 +61,7 @@ def sliced_names(named: Mapping[str, Any]) -> dict[str, Any]:
         if info is None:
             out[name] = var
             continue
-        part = _PART.search(name)
+        part = PART.search(name)
         slices.setdefault(name[: part.start()] if part else info.full_name, []).append(var)
     for whole, parts in slices.items():
         out[whole] = sorted(parts, key=lambda v: v._save_slice_info.var_offset[0])

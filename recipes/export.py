@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import select
 import signal
 import subprocess
@@ -41,7 +40,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from recipes.checkpoint_names import MODEL_PREFIX, OBJECT_SUFFIX, model_name, object_based
+from recipes.checkpoint_names import MODEL_PREFIX, OBJECT_SUFFIX, PART, model_name, object_based
 from recipes.config import load_run_config
 from recipes.errors import ConfigError, RecipeError, report_failure
 
@@ -142,9 +141,6 @@ def _checkpoint_path(checkpoint: str) -> str:
     return checkpoint
 
 
-_PART = re.compile(r"/part_(\d+)$")
-
-
 class _Entries:
     """The model's entries of one checkpoint, by name (``model/<path>``), whichever its format
     (read one at a time: a large embedding is read once, when its weight asks)."""
@@ -177,7 +173,7 @@ class _Entries:
             parts = sorted(
                 (int(m.group(1)), key)
                 for n, key in self._keys.items()
-                if (m := _PART.search(n)) and n[: m.start()] == name
+                if (m := PART.search(n)) and n[: m.start()] == name
             )
             value = None
             if parts and [i for i, _ in parts] == list(range(len(parts))):

@@ -5,12 +5,11 @@ says how their keys differ from the TF1 recipes')."""
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Optional
 
 import tensorflow as tf
 
-from recipes.checkpoint_names import GLOBAL_STEP, model_name, stored
+from recipes.checkpoint_names import GLOBAL_STEP, PART, model_name, stored
 from recipes.config import TaskInfo
 from recipes.errors import ConfigError
 from recipes.models import Params
@@ -18,9 +17,6 @@ from recipes.models import Params
 __all__ = ["CKPT_NAME", "Checkpoints"]
 
 CKPT_NAME = "model.ckpt"
-
-
-_PART = re.compile(r"^(?P<whole>.+)/part_(?P<index>\d+)$")
 
 
 def _joined(flat: Params) -> Params:
@@ -32,11 +28,11 @@ def _joined(flat: Params) -> Params:
     parts: dict[str, dict[int, Any]] = {}
     out: Params = {}
     for key, var in flat.items():
-        match = _PART.match(key)
+        match = PART.search(key)
         if match is None:
             out[key] = var
         else:
-            parts.setdefault(match["whole"], {})[int(match["index"])] = var
+            parts.setdefault(key[: match.start()], {})[int(match[1])] = var
     for whole, by_index in parts.items():
         ordered = [by_index[i] for i in sorted(by_index)]
         out[whole] = tf.__internal__.distribute.ShardedVariable(ordered, name=whole)
