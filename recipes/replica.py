@@ -217,6 +217,37 @@ class _SaveTimer(v1.train.CheckpointSaverListener):  # type: ignore[name-defined
         self.progress.pause(time.monotonic() - self.began)
 
 
+class _StepRateHook(v1.train.StepCounterHook):  # type: ignore[name-defined]
+    """TensorFlow's ``global_step/sec`` summary, also written once at the end when the chief saw
+    too few steps for the usual two triggers ``every_n_steps`` apart: a short run, or a chief
+    that a faster worker outpaced (downpour on a busy machine: the chief's session observed the
+    global step only a few times), still records the rate it trained at."""
+
+    def begin(self) -> None:
+        super().begin()
+        self._first: tuple[float, int] | None = None
+        self._wrote = False
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        if self._first is None:
+            self._first = (time.monotonic(), int(run_values.results))
+        super().after_run(run_context, run_values)
+
+    def _log_and_record(self, elapsed_steps: int, elapsed_time: float, global_step: int) -> None:
+        self._wrote = True
+        super()._log_and_record(elapsed_steps, elapsed_time, global_step)
+
+    def end(self, session: Any) -> None:
+        if self._wrote or self._first is None or self._summary_writer is None:
+            return
+        started, first_step = self._first
+        step = int(session.run(self._global_step_tensor))
+        elapsed = time.monotonic() - started
+        if step > first_step and elapsed > 0:
+            self._log_and_record(step - first_step, elapsed, step)
+            self._summary_writer.flush()
+
+
 def _hooks(
     cfg: RunConfig,
     g: ReplicaGraph,
@@ -244,7 +275,7 @@ def _hooks(
             v1.train.SummarySaverHook(
                 save_steps=t.summary_steps, output_dir=cfg.output_dir, summary_op=g.summary_op
             ),
-            v1.train.StepCounterHook(every_n_steps=t.summary_steps, output_dir=cfg.output_dir),
+            _StepRateHook(every_n_steps=t.summary_steps, output_dir=cfg.output_dir),
         ]
     return hooks
 

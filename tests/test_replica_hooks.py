@@ -1,0 +1,56 @@
+"""The chief's hooks (recipes/replica.py) in a local graph: what a run writes beside its
+checkpoints whatever the speed of its workers."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import tensorflow as tf
+
+from recipes.replica import _StepRateHook
+
+v1 = tf.compat.v1
+
+
+def _rates(folder: Path) -> list[tuple[int, float]]:
+    rates = []
+    for path in glob.glob(str(folder / "events.out.tfevents.*")):
+        for event in v1.train.summary_iterator(path):
+            rates += [
+                (event.step, v.simple_value)
+                for v in event.summary.value
+                if v.tag == "global_step/sec"
+            ]
+    return rates
+
+
+def _train(folder: Path, steps: int, every: int, step_by: int = 1) -> list[tuple[int, float]]:
+    with tf.Graph().as_default():
+        gs = v1.train.get_or_create_global_step()
+        train = v1.assign_add(gs, step_by)
+        hook = _StepRateHook(every_n_steps=every, output_dir=str(folder))
+        with v1.train.MonitoredSession(hooks=[hook]) as sess:
+            for _ in range(steps):
+                sess.run(train)
+    v1.summary.FileWriterCache.clear()
+    return _rates(folder)
+
+
+def test_a_chief_that_saw_fewer_steps_than_the_summary_interval_still_records_its_rate(
+    tmp_path: Path,
+) -> None:
+    """Three of the chief's runs in which the global step moved 30 (other workers' steps): the
+    usual hook needs two triggers 50 steps apart and writes nothing; the rate is written once
+    at the end, at the last global step."""
+    rates = _train(tmp_path, steps=3, every=50, step_by=10)
+    assert len(rates) == 1, rates
+    step, rate = rates[0]
+    assert step == 30 and rate > 0
+
+
+def test_a_long_enough_run_records_its_rate_as_tensorflow_does_and_nothing_more(
+    tmp_path: Path,
+) -> None:
+    rates = _train(tmp_path, steps=25, every=10)
+    assert [s for s, _ in rates] == [11, 21], rates
