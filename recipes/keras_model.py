@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from recipes.errors import ModelError, UserCodeError
+from recipes.part_init import layer_initializers, rows_initializer
 from recipes.sparse_lookup import Piece, fed_by, sparse_call, sparse_capable, tables_in_use
 
 __all__ = ["KerasModel", "ModelError"]
@@ -390,8 +391,8 @@ class KerasModel:
 
     def _shared_params(self, model: Any) -> Params:
         """The first set of a graph: the model's own variables, except that a partitioned one
-        is replaced by its parts (new variables, in creation order, initialised from the rows of
-        its initial value; the whole variable leaves the collections, so it is never
+        is replaced by its parts (new variables, in creation order, each initialised on its own
+        device by :meth:`_part_value`; the whole variable leaves the collections, so it is never
         initialised, saved or placed in memory)."""
         params: Params = {}
         graph = v1.get_default_graph()
@@ -402,15 +403,34 @@ class KerasModel:
                 continue
             for key, rows in self._pieces(w):
                 assert rows is not None  # a partitioned variable's pieces have row ranges
-                lo, hi = rows
                 params[key] = tf.Variable(
-                    var.initial_value[lo:hi], name=f"model/{key}", trainable=True
+                    self._part_value(model, w, rows), name=f"model/{key}", trainable=True
                 )
                 _mark_slice(params[key], rows, var.shape, var.op.name)
             for name in (v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES):
                 ref = graph.get_collection_ref(name)
                 ref[:] = [v for v in ref if v is not var]
         return params
+
+    def _part_value(self, model: Any, w: Any, rows: tuple[int, int]) -> Any:
+        """The initial value of rows ``rows`` of ``w`` as a function that ``tf.Variable`` calls
+        where it creates the part (on the part's parameter server, beside its variable): its
+        layer's initializer at the part's shape (recipes/part_init.py), so no process computes
+        the whole table. An initializer with no row-wise form: the rows of ``w``'s whole
+        initial value (computed once, whole)."""
+        full = [int(d) for d in w.shape]
+        lo, hi = rows
+        shape = [hi - lo, *full[1:]]
+        init = layer_initializers(model).get(w.path)
+        index = self.parts[w.path].index(rows)
+        part_init = None if init is None else rows_initializer(init, full, shape, index)
+        dtype = w.dtype
+        if part_init is None:
+            whole = _tf_variable(w)
+            if tf.executing_eagerly():
+                return lambda: tf.identity(whole[lo:hi])
+            return lambda: whole.initial_value[lo:hi]
+        return lambda: tf.convert_to_tensor(part_init(shape, dtype=dtype))
 
     def state_variables(self) -> Params:
         """The model's non-trainable variables (graph mode: of the current graph's model)."""
@@ -425,14 +445,15 @@ class KerasModel:
 
     def create_variables(self) -> Params:
         """TF2: the parameters as new ``tf.Variable`` objects in the current (strategy) scope,
-        holding the initial values of the eager build (:meth:`prepare`)."""
+        holding the initial values of the eager build (:meth:`prepare`); a split variable's
+        parts are initialised where the strategy places them (:meth:`_part_value`), not copied
+        from the eager build."""
         model = self.template()
         params: Params = {}
         for w in model.trainable_variables:
-            value = w.numpy()
             for key, rows in self._pieces(w):
-                part = value if rows is None else value[rows[0] : rows[1]]
-                params[key] = tf.Variable(part, name=f"model/{key}", trainable=True)
+                value = w.numpy() if rows is None else self._part_value(model, w, rows)
+                params[key] = tf.Variable(value, name=f"model/{key}", trainable=True)
         return params
 
     def create_state_variables(self) -> Params:
