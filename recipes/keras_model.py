@@ -417,7 +417,8 @@ class KerasModel:
         where it creates the part (on the part's parameter server, beside its variable): its
         layer's initializer at the part's shape (recipes/part_init.py), so no process computes
         the whole table. An initializer with no row-wise form: the rows of ``w``'s whole
-        initial value (computed once, whole)."""
+        initial value, a tensor computed once, whole, where the graph's non-variable ops run
+        (the chief's process under the device setter)."""
         full = [int(d) for d in w.shape]
         lo, hi = rows
         shape = [hi - lo, *full[1:]]
@@ -425,11 +426,9 @@ class KerasModel:
         index = self.parts[w.path].index(rows)
         part_init = None if init is None else rows_initializer(init, full, shape, index)
         dtype = w.dtype
-        if part_init is None:
+        if part_init is None:  # computed where the graph is built (as before item 1)
             whole = _tf_variable(w)
-            if tf.executing_eagerly():
-                return lambda: tf.identity(whole[lo:hi])
-            return lambda: whole.initial_value[lo:hi]
+            return whole[lo:hi] if tf.executing_eagerly() else whole.initial_value[lo:hi]
         return lambda: tf.convert_to_tensor(part_init(shape, dtype=dtype))
 
     def state_variables(self) -> Params:

@@ -49,6 +49,7 @@ REPORTS = [
         "bench_streaming.md",
         "bench_strategies.md",
         "bench_sweep.md",
+        "bench_table_init.md",
         "bench_table_rules.md",
         "bench_training.md",
         "bench_user_model.md",
@@ -140,6 +141,18 @@ def test_bench_embeddings(tmp_path: Path) -> None:
     assert figure(text, "| hogwild | now |", column=1) > 0  # the largest
     for row in ("| Keras fit | one process |", "| TF ParameterServerStrategy | tf_keras fit |"):
         assert figure(text, row, column=0) > 0  # the smallest
+
+
+@pytest.mark.timeout(300)
+def test_bench_table_init(tmp_path: Path) -> None:
+    out = tmp_path / "bench_table_init.md"
+    args = ["--rows", "20000", "--dim", "8", "--repeats", "1"]
+    run_bench("bench_table_init.py", *args, "--out", str(out), cwd=tmp_path, timeout=240)
+    text = out.read_text()
+    for process in ("| ps/0 |", "| ps/1 |", "| chief |"):
+        assert figure(text, process, column=0) > 0  # row-wise: RSS before the initialiser
+        assert figure(text, process, column=1) > 0  # whole
+    assert figure(text, "| initialiser wall time (s) |", column=0) > 0
 
 
 @pytest.mark.timeout(600)

@@ -1,0 +1,197 @@
+"""Where a split table's initial value is computed: the memory of each process at initialisation.
+
+Usage: ``.venv/bin/python bench/bench_table_init.py [--rows 2000000] [--dim 64] [--repeats 3]
+[--out docs/bench_table_init.md]``
+
+A TF1 cluster on loopback: 2 parameter servers (``tf.distribute.Server`` processes) and the
+process that builds the graph and runs the initialiser (the chief's role), with a model whose
+``Embedding`` table (``rows`` x ``dim`` float32) is split into one part per ps by
+recipes/keras_model.py, as the recipes build it under the ``replica_device_setter``. Two
+initializers side by side, in alternating runs:
+
+- ``row-wise``: Keras' ``RandomUniform`` (the Embedding's default): each part is initialised on
+  its own ps at the part's shape (issue 35 item 1);
+- ``whole``: the same uniform values from an initializer with no row-wise form (a user's own
+  class): the parts are sliced from the whole table's initial value, computed once, as every
+  split table was before.
+
+Figures: the peak RSS (``VmHWM``) of each ps and of the chief's process, before and after the
+initialiser ran; medians of the repeats. Nothing but loopback is contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = ("row-wise", "whole")
+
+# One run: started as its own interpreter (graph mode and the servers are process-wide).
+RUN = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.path.insert(0, {repo!r})
+    spec, mode, rows, dim = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    server_code = (
+        "import os, sys, json; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\\n"
+        "import tensorflow as tf\\n"
+        "tf.distribute.Server(tf.train.ClusterSpec(json.loads(sys.argv[1])), job_name='ps',"
+        " task_index=int(sys.argv[2])).join()\\n"
+    )
+    servers = [
+        subprocess.Popen([sys.executable, "-c", server_code, json.dumps(spec), str(i)])
+        for i in range(len(spec["ps"]))
+    ]
+    try:
+        import keras
+        import tensorflow as tf
+        from recipes.keras_model import KerasModel
+
+        v1 = tf.compat.v1
+        v1.disable_eager_execution()
+        cluster = tf.train.ClusterSpec(spec)
+        me = tf.distribute.Server(cluster, job_name="worker", task_index=0)
+
+        class Uniform(keras.initializers.Initializer):  # no row-wise form: sliced from the whole
+            def __call__(self, shape, dtype=None):
+                return keras.random.uniform(shape, -0.05, 0.05, seed=1, dtype=dtype)
+
+        def model():
+            init = "uniform" if mode == "row-wise" else Uniform()
+            ids = keras.Input((), dtype="int64", name="ids")
+            h = keras.layers.Embedding(rows, dim, embeddings_initializer=init, name="table")(ids)
+            return keras.Model(ids, keras.layers.Dense(1, name="out")(h))
+
+        def hwm(pid):
+            for line in open(f"/proc/{{pid}}/status"):
+                if line.startswith("VmHWM"):
+                    return int(line.split()[1]) * 1024
+            raise RuntimeError("no VmHWM")
+
+        with tf.Graph().as_default():
+            km = KerasModel(model, {{}}, partitions=len(spec["ps"]), partition_bytes=1024)
+            setter = v1.train.replica_device_setter(worker_device="/job:worker/task:0", cluster=cluster)
+            with v1.device(setter):
+                params = km.create_params(None)
+            assert [k for k in params if k.startswith("table/")] == [
+                f"table/embeddings/part_{{i}}" for i in range(len(spec["ps"]))
+            ], sorted(params)
+            with v1.Session(me.target) as sess:
+                sess.run(v1.report_uninitialized_variables())  # every ps answers
+                before = [hwm(p.pid) for p in servers] + [hwm(os.getpid())]
+                started = time.monotonic()
+                sess.run(v1.global_variables_initializer())
+                took = time.monotonic() - started
+                after = [hwm(p.pid) for p in servers] + [hwm(os.getpid())]
+        print("RESULT " + json.dumps({{"before": before, "after": after, "secs": took}}))
+    finally:
+        for p in servers:
+            p.kill()
+            p.wait()
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one_run(mode: str, rows: int, dim: int, n_ps: int) -> dict[str, object]:
+    spec = {
+        "ps": [f"127.0.0.1:{free_port()}" for _ in range(n_ps)],
+        "worker": [f"127.0.0.1:{free_port()}"],
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RUN.format(repo=str(REPO)),
+            json.dumps(spec),
+            mode,
+            str(rows),
+            str(dim),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = [s for s in proc.stdout.splitlines() if s.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"run {mode} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    result: dict[str, object] = json.loads(lines[-1].removeprefix("RESULT "))
+    return result
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.0f}"
+
+
+def report(runs: dict[str, list[dict[str, object]]], args: argparse.Namespace) -> str:
+    n_ps = args.ps
+    names = [f"ps/{i}" for i in range(n_ps)] + ["chief"]
+    table_bytes = args.rows * args.dim * 4
+    lines = [
+        "# Where a split table is initialised (bench/bench_table_init.py)",
+        "",
+        f"`.venv/bin/python bench/bench_table_init.py --rows {args.rows} --dim {args.dim} "
+        f"--repeats {args.repeats}` on {platform.node()} ({os.cpu_count()} cores), "
+        f"{time.strftime('%Y-%m-%d')}. A table of {args.rows:,} x {args.dim} float32 "
+        f"({mib(table_bytes)} MiB) split over {n_ps} ps ({mib(table_bytes / n_ps)} MiB each) "
+        "by recipes/keras_model.py under the replica_device_setter; the chief's process builds "
+        "the graph and runs the initialiser over gRPC on loopback. `row-wise`: Keras' RandomUniform, each part "
+        "initialised on its own ps at its shape; `whole`: the same values from an initializer "
+        "with no row-wise form, the parts sliced from the whole initial value (what every split "
+        f"table did before). Peak RSS (VmHWM) in MiB, median of {args.repeats} alternating runs.",
+        "",
+        "| process | " + " | ".join(f"{m}: before init -> peak" for m in MODES) + " |",
+        "|---|" + "---|" * len(MODES),
+    ]
+    for i, name in enumerate(names):
+        cells = []
+        for mode in MODES:
+            before = statistics.median(r["before"][i] for r in runs[mode])  # type: ignore[index]
+            after = statistics.median(r["after"][i] for r in runs[mode])  # type: ignore[index]
+            cells.append(f"{mib(before)} -> {mib(after)} (+{mib(after - before)})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    secs = {m: statistics.median(float(r["secs"]) for r in runs[m]) for m in MODES}  # type: ignore[arg-type]
+    lines += [
+        "| initialiser wall time (s) | " + " | ".join(f"{secs[m]:.2f}" for m in MODES) + " |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--ps", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_table_init.md")
+    args = parser.parse_args()
+    runs: dict[str, list[dict[str, object]]] = {m: [] for m in MODES}
+    for r in range(args.repeats):
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            runs[mode].append(one_run(mode, args.rows, args.dim, args.ps))
+            print(f"round {r + 1}: {mode} done", flush=True)
+    text = report(runs, args)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
