@@ -114,6 +114,9 @@ class TrainerConf:
     seed: int = 0
     peer_wait_secs: float = 300.0
     export_model: bool = True  # output_dir/model.keras at the end, for a user's Keras model
+    # a model larger than this is exported as parts (recipes/export_parts.py); None: half the
+    # exporting host's available memory
+    export_join_bytes: Optional[int] = None
     trace_step: int = 0  # TF1: a worker logs its N-th step's traffic (recipes/traffic.py)
 
 

@@ -24,6 +24,11 @@ priority, then waits for the final checkpoint's path on its stdin (:func:`finish
 chief's exit for any reason closes that pipe and the exporter ends without writing. The eager TF2 strategies export in-process (:func:`export_final`). ``tfplan export model``
 runs this module for any checkpoint of an experiment.
 
+A model whose weights exceed ``trainer.export_join_bytes`` (default: half the available memory)
+cannot be joined in one process: it is written as its parts, ``<name>.parts/`` beside where
+``<name>.keras`` would be, with a ``model.json`` and an ``assemble.py`` that joins them
+(recipes/export_parts.py); its layout comes from a build that makes no value.
+
 Exit codes as ``recipes/train.py``: 0 written; 2 the config, the checkpoint or ``--out`` is
 wrong (one line naming it and the fix); 1 the user's code raised, or a bug.
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from recipes.checkpoint_names import MODEL_PREFIX, OBJECT_SUFFIX, PART, model_name, object_based
 from recipes.config import load_run_config
 from recipes.errors import ConfigError, RecipeError, report_failure
+from recipes.export_parts import join_limit, parts_folder, stateless_layout, write_parts
 
 if TYPE_CHECKING:
     from recipes.config import RunConfig
@@ -68,10 +75,20 @@ Log = Callable[[str], None]
 
 
 # -- the export itself (eager TensorFlow) -----------------------------------------------------
-def export_model(cfg: RunConfig, checkpoint: str, out: str, model: Any = None) -> str:
+def export_model(
+    cfg: RunConfig,
+    checkpoint: str,
+    out: str,
+    model: Any = None,
+    join_bytes: Optional[int] = None,
+) -> str:
     """Build the run's Keras model, load every weight from ``checkpoint`` (a prefix such as
     ``output_dir/model.ckpt-60``, or a folder: its latest) and save it as ``out`` (a
-    ``.keras`` file, written atomically). Returns ``out``.
+    ``.keras`` file, written atomically). Returns ``out``. A model whose weights exceed
+    :func:`recipes.export_parts.join_limit` (``join_bytes``, else
+    ``trainer.export_join_bytes``, else half the available memory) is written as its parts
+    instead, and the parts folder is returned (recipes/export_parts.py); ``model`` (built
+    already) means joined.
 
     Raises:
         ConfigError: a built-in model (not a Keras one), no such checkpoint, ``out`` not a
@@ -89,11 +106,16 @@ def export_model(cfg: RunConfig, checkpoint: str, out: str, model: Any = None) -
         raise ConfigError(f"--out {out}: Keras saves a model as a .keras file: end it in .keras")
     path = _checkpoint_path(checkpoint)
     entries = _Entries(path)
-    model = model if model is not None else build_model(cfg)
+    if model is None:
+        layout = _too_large(cfg, join_bytes)
+        if layout is not None:
+            return write_parts(layout, entries.rows, os.path.abspath(out), path)
+        model = build_model(cfg)
     for weight in [*model.trainable_variables, *model.non_trainable_variables]:
         weight.assign(entries.value(weight.path, tuple(int(d) for d in weight.shape)))
     out = os.path.abspath(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
+    shutil.rmtree(parts_folder(out), ignore_errors=True)  # an earlier export as parts
     # Atomic: a reader (a copy back, a user's script) never opens half a zip. "*.tmp.*": what
     # tfplan's copy of per-host outputs leaves behind.
     tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp.{os.getpid()}.keras")
@@ -104,6 +126,12 @@ def export_model(cfg: RunConfig, checkpoint: str, out: str, model: Any = None) -
         if os.path.exists(tmp):
             os.remove(tmp)
     return out
+
+
+def _too_large(cfg: RunConfig, join_bytes: Optional[int]) -> Any:
+    """The model's layout when its weights are too large to join in this process, else None."""
+    layout = stateless_layout(cfg)
+    return layout if layout.bytes > join_limit(cfg, join_bytes) else None
 
 
 def build_model(cfg: RunConfig) -> Any:
@@ -150,7 +178,9 @@ class _Entries:
 
         self.path = path
         self._reader = tf.train.load_checkpoint(path)
-        keys = list(self._reader.get_variable_to_shape_map())
+        self._shapes = self._reader.get_variable_to_shape_map()
+        self._dtypes = self._reader.get_variable_to_dtype_map()
+        keys = list(self._shapes)
         tf2 = object_based(keys)
         self._keys = {
             key.removesuffix(OBJECT_SUFFIX) if tf2 else key: key
@@ -170,25 +200,80 @@ class _Entries:
         if name in self._keys:
             value = self._reader.get_tensor(self._keys[name])
         else:
-            parts = sorted(
-                (int(m.group(1)), key)
-                for n, key in self._keys.items()
-                if (m := PART.search(n)) and n[: m.start()] == name
-            )
+            parts = self._old_parts(name)
             value = None
-            if parts and [i for i, _ in parts] == list(range(len(parts))):
-                value = np.concatenate([self._reader.get_tensor(k) for _, k in parts], axis=0)
-        fix = "export with the run.yaml of the run that wrote it (the same model._target_, model.*)"
+            if parts:
+                value = np.concatenate([self._reader.get_tensor(k) for k, _, _ in parts], axis=0)
         if value is None:
             raise ConfigError(
-                f"checkpoint {self.path} holds no {name}, a weight of this model: {fix}"
+                f"checkpoint {self.path} holds no {name}, a weight of this model: {_FIX}"
             )
-        if tuple(value.shape) != shape:
-            raise ConfigError(
-                f"checkpoint {self.path} holds {name} as {list(value.shape)}, but this model's "
-                f"is {list(shape)}: {fix}"
-            )
+        self._check(name, tuple(value.shape), shape)
         return value
+
+    def rows(self, path: str, shape: tuple[int, ...], lo: int, hi: int) -> Any:
+        """Rows ``[lo, hi)`` of the weight at ``path`` (of ``shape``), read alone: a slice of
+        its entry (TensorFlow's RestoreV2 with a slice spec reads those rows from any split
+        the checkpoint holds), or of the parts of an older checkpoint that cover them.
+
+        Raises:
+            ConfigError: the checkpoint has no such weight, or holds it in another shape.
+        """
+        import numpy as np
+        import tensorflow as tf
+
+        name = model_name(path)
+        if name in self._keys:
+            key = self._keys[name]
+            self._check(name, tuple(int(d) for d in self._shapes[key]), shape)
+            if not shape:
+                return self._reader.get_tensor(key)
+            dims = " ".join(str(d) for d in shape)
+            spec = f"{dims} " + ":".join([f"{lo},{hi - lo}"] + ["-"] * (len(shape) - 1))
+            dtype = self._dtypes[key]
+            return tf.raw_ops.RestoreV2(
+                prefix=self.path, tensor_names=[key], shape_and_slices=[spec], dtypes=[dtype]
+            )[0].numpy()
+        parts = self._old_parts(name)
+        if not parts:
+            raise ConfigError(
+                f"checkpoint {self.path} holds no {name}, a weight of this model: {_FIX}"
+            )
+        whole = (parts[-1][2], *tuple(int(d) for d in self._shapes[parts[0][0]])[1:])
+        self._check(name, whole, shape)
+        pieces = [
+            self._reader.get_tensor(key)[max(lo, first) - first : min(hi, end) - first]
+            for key, first, end in parts
+            if first < hi and end > lo
+        ]
+        return np.concatenate(pieces, axis=0)
+
+    def _old_parts(self, name: str) -> list[tuple[str, int, int]]:
+        """The parts ``<name>/part_<i>`` an older checkpoint holds instead of ``name``, in
+        order, with the rows each covers; empty when it holds none (or not all)."""
+        numbered = sorted(
+            (int(m.group(1)), key)
+            for n, key in self._keys.items()
+            if (m := PART.search(n)) and n[: m.start()] == name
+        )
+        if not numbered or [i for i, _ in numbered] != list(range(len(numbered))):
+            return []
+        parts, first = [], 0
+        for _, key in numbered:
+            rows = int(self._shapes[key][0])
+            parts.append((key, first, first + rows))
+            first += rows
+        return parts
+
+    def _check(self, name: str, stored: tuple[int, ...], shape: tuple[int, ...]) -> None:
+        if stored != shape:
+            raise ConfigError(
+                f"checkpoint {self.path} holds {name} as {list(stored)}, but this model's "
+                f"is {list(shape)}: {_FIX}"
+            )
+
+
+_FIX = "export with the run.yaml of the run that wrote it (the same model._target_, model.*)"
 
 
 # -- at the end of training (the chief) ---------------------------------------------------------
@@ -201,6 +286,15 @@ def final_model_path(cfg: RunConfig) -> Optional[str]:
 
 
 def _exported(out: str) -> str:
+    """The line that says where the model went: ``out``, or its parts folder when the model
+    was too large to join (the one of the two that exists: each export removes the other)."""
+    folder = parts_folder(out)
+    if not os.path.exists(out) and os.path.isdir(folder):
+        return (
+            f"exported the trained model as parts to {folder} (too large to join in one "
+            f"process: trainer.export_join_bytes); python {folder}/assemble.py OUT.keras joins "
+            "them where memory allows, its model.json says how they fit"
+        )
     return f"exported the trained model to {out} (keras.saving.load_model opens it)"
 
 
@@ -429,7 +523,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         "'-': build the model now, then read the checkpoint's path from stdin (a chief's "
         "exporter; nothing is written when stdin ends without one)",
     )
-    parser.add_argument("--out", required=True, help="the .keras file to write")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="the .keras file to write (a model too large to join: the folder <name>.parts "
+        "beside it, recipes/export_parts.py)",
+    )
+    parser.add_argument(
+        "--join-bytes",
+        type=int,
+        help="the most bytes of weights joined into one .keras file (default: the run's "
+        "trainer.export_join_bytes, else half the available memory); larger: written as parts",
+    )
     args = parser.parse_args(argv)
     try:
         cfg = load_run_config(args.config)
@@ -439,13 +544,17 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         tf.get_logger().setLevel("ERROR")
         if args.checkpoint != "-":
-            print(export_model(cfg, args.checkpoint, args.out), flush=True)
+            print(
+                export_model(cfg, args.checkpoint, args.out, join_bytes=args.join_bytes), flush=True
+            )
             return 0
-        model = build_model(cfg)  # while the cluster trains
+        # while the cluster trains: the model, unless it is too large to join (then nothing:
+        # its parts are read from the checkpoint one range at a time)
+        model = None if _too_large(cfg, args.join_bytes) is not None else build_model(cfg)
         checkpoint = sys.stdin.readline().strip()
         if not checkpoint:
             return 0  # the chief ended without a final checkpoint: nothing to export
-        print(export_model(cfg, checkpoint, args.out, model), flush=True)
+        print(export_model(cfg, checkpoint, args.out, model, args.join_bytes), flush=True)
         return 0
     except KeyboardInterrupt:
         return 130

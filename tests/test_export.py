@@ -12,6 +12,7 @@ written to a folder of its own and put on ``sys.path``, as a user's would be imp
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -93,6 +94,13 @@ MODELS = textwrap.dedent(
 
     def net(units=6):
         return Net(units)
+
+
+    def tabled(rows=1000, dim=4):
+        ids = keras.Input((2,), dtype="int64", name="ids")
+        h = keras.layers.Embedding(rows, dim, name="table")(ids)
+        h = keras.layers.Flatten(name="flat")(h)
+        return keras.Model(ids, keras.layers.Dense(3, name="out")(h))
 
 
     def doubled(units=4):
@@ -533,3 +541,101 @@ def test_the_cli_exports_the_latest_or_a_given_step(
     )
     assert code == 0 and str(mine) in printed, err
     _same_weights(_load(str(mine)), older, order)
+    # --join-bytes below the model's size: its parts, and the line says how to join them
+    code, printed, err = _cli(capsys, "-e", "exp", "--join-bytes", "10", "--workspace", str(ws))
+    folder = out / "model-60.parts"
+    assert code == 0, err
+    assert f"Exported step 60 of experiment exp as parts to {folder}" in " ".join(printed.split())
+    assert (folder / "model.json").is_file() and not (out / "model-60.keras").exists()
+    code, printed, err = _cli(capsys, "-e", "exp", "--join-bytes", "0", "--workspace", str(ws))
+    assert code != 0 and "--join-bytes 0: give a positive number of bytes" in err
+
+
+def _write_tf1_sliced(folder: Path, values: dict[str, np.ndarray], path: str, parts: int) -> str:
+    """A TF1 recipes' checkpoint of today: ``path`` split in ``parts`` variables marked as
+    slices of ``model/<path>`` (recipes/keras_model.py), saved as one tensor in slices."""
+    from recipes.checkpoint_names import sliced_names
+    from recipes.keras_model import _mark_slice
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        named: dict[str, Any] = {"global_step": v1.Variable(60, dtype=tf.int64, name="gs")}
+        for i, (key, value) in enumerate(values.items()):
+            if key != path:
+                named[model_name(key)] = v1.Variable(value, name=f"v{i}")
+                continue
+            rows = value.shape[0]
+            bounds = [rows * j // parts for j in range(parts + 1)]
+            for j in range(parts):
+                lo, hi = bounds[j], bounds[j + 1]
+                part = v1.Variable(value[lo:hi], name=f"t{j}")
+                _mark_slice(part, (lo, hi), value.shape, model_name(path))
+                named[f"{model_name(path)}/part_{j}"] = part
+        saver = v1.train.Saver(var_list=sliced_names(named))
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            return str(saver.save(sess, str(folder / "model.ckpt"), global_step=60))
+
+
+@pytest.mark.parametrize("fmt", ["tf1", "tf2", "tf1-parts-named"])
+def test_a_model_too_large_to_join_is_exported_as_parts_that_assemble_to_the_same_model(
+    fmt: str, code_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35 item 5, at both sizes: under the join limit one .keras file; over it (here
+    ``join_bytes`` below the model's 16 KiB) the weights as files of rows (at most 4,000 bytes
+    each here: the table in 4 ranges, read from the checkpoint's slices one range at a time),
+    a model.json and an assemble.py that joins them, run as a user would, into a .keras file
+    whose weights and predictions are the joined export's."""
+    import keras
+
+    from recipes import export_parts
+
+    monkeypatch.setattr(export_parts, "CHUNK_BYTES", 4000)
+    cfg = _cfg(tmp_path, "tabled")
+    values, order, trainable = _trained(cfg)
+    assert values["table/embeddings"].shape == (1000, 4)
+    if fmt == "tf1":
+        ckpt = _write_tf1_sliced(tmp_path, values, "table/embeddings", 3)
+    elif fmt == "tf2":
+        ckpt = _write_tf2(tmp_path, _split(values, "table/embeddings", 3), 60, trainable)
+    else:  # a checkpoint of an older tfplan: the parts under their own names
+        ckpt = _write_tf1(tmp_path, _split(values, "table/embeddings", 3), 60)
+    joined = export_model(cfg, ckpt, str(tmp_path / "joined.keras"))
+    out = str(tmp_path / "big.keras")
+    folder = export_model(cfg, ckpt, out, join_bytes=100)
+    assert folder == str(tmp_path / "big.parts") and not os.path.exists(out)
+    manifest = json.loads((tmp_path / "big.parts" / "model.json").read_text())
+    assert [w["path"] for w in manifest["weights"]] == order
+    table = next(w for w in manifest["weights"] if w["path"] == "table/embeddings")
+    assert [f["rows"] for f in table["files"]] == [[0, 250], [250, 500], [500, 750], [750, 1000]]
+    assert manifest["bytes"] == sum(v.nbytes for v in values.values())
+    # the user's side: the folder's own assemble.py, no tfplan on the path
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "big.parts" / "assemble.py"), str(tmp_path / "a.keras")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assembled = _load(str(tmp_path / "a.keras"))
+    _same_weights(assembled, values, order)
+    ids = np.array([[0, 999], [250, 749], [3, 500]], dtype=np.int64)
+    np.testing.assert_allclose(
+        assembled.predict(ids, verbose=0), _load(joined).predict(ids, verbose=0)
+    )
+    # served by rows: memory-mapped ranges, no join
+    spec = importlib.util.spec_from_file_location(
+        "assemble", tmp_path / "big.parts" / "assemble.py"
+    )
+    assemble = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(assemble)  # type: ignore[union-attr]
+    ranges = assemble.parts(str(tmp_path / "big.parts"), "table/embeddings")
+    assert all(isinstance(rows, np.memmap) for _, _, rows in ranges)
+    np.testing.assert_array_equal(ranges[2][2][10], values["table/embeddings"][510])
+    # a later joined export of the same name replaces the parts: one form of the model
+    assert export_model(cfg, ckpt, out) == out and not os.path.exists(tmp_path / "big.parts")
+    assert isinstance(_load(out), keras.Model)
+    assert not list(tmp_path.glob(".*.tmp.*"))

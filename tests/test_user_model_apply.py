@@ -298,6 +298,8 @@ def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path, a
         "cluster.ps=2",
         "data.batch_size=32",
         "trainer.trace_step=2",
+        # downpour's chief exports the 3.3 MiB model as parts (issue 35 item 5); hogwild joins it
+        *(["trainer.export_join_bytes=1000000"] if algo == "downpour" else []),
     )
     try:
         plan = tfplan(project, "plan", *base_overrides(project, free_port_base()), *args)
@@ -320,6 +322,15 @@ def test_a_large_embedding_is_split_over_two_parameter_servers(tmp_path: Path, a
         assert shapes["model/item_embedding/embeddings"] == [50000, 16], shapes
         assert not [n for n in shapes if "/part_" in n], shapes
         _assert_only_rows_moved(sharding, project / "work", dense_moves=algo == "hogwild")
+        out, chief_log = project / "out", (project / "work" / "worker-0" / "task.log").read_text()
+        if algo == "hogwild":
+            assert (out / "model.keras").is_file() and not (out / "model.parts").exists()
+        else:
+            assert f"exported the trained model as parts to {out / 'model.parts'}" in chief_log
+            assert not (out / "model.keras").exists()
+            manifest = json.loads((out / "model.parts" / "model.json").read_text())
+            table = next(w for w in manifest["weights"] if w["path"] == "item_embedding/embeddings")
+            assert table["shape"] == [50000, 16] and table["files"][-1]["rows"][1] == 50000
     finally:
         kill_groups(recorded_groups(project))
 

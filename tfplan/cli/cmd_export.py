@@ -48,6 +48,13 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     export.add_argument(
         "--step", type=int, help="model: the checkpoint of this global step (default: the latest)"
     )
+    export.add_argument(
+        "--join-bytes",
+        type=int,
+        help="model: the most bytes of weights joined into one .keras file (default: the run's "
+        "trainer.export_join_bytes, else half the available memory); a larger model is written "
+        "as its parts in <name>.parts/ beside --out, with a model.json and an assemble.py",
+    )
     export.add_argument("--workspace", help="workspace folder (default: .tfplan)")
     export.set_defaults(func=run_export)
 
@@ -55,8 +62,10 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 def run_export(args: argparse.Namespace) -> int:
     if args.target == "model":
         return _export_model(args)
-    if args.experiment or args.step is not None:
-        raise TfplanError("-e and --step are for `tfplan export model`, not kubernetes")
+    if args.experiment or args.step is not None or args.join_bytes is not None:
+        raise TfplanError(
+            "-e, --step and --join-bytes are for `tfplan export model`, not kubernetes"
+        )
     from tfplan.backends.kubernetes.export import export_manifests, file_name, to_yaml
 
     plan = workspace_from(args.workspace).load_plan(Path(args.file) if args.file else None)
@@ -80,8 +89,17 @@ def _export_model(args: argparse.Namespace) -> int:
         raise TfplanError(
             f"`tfplan export model` takes no plan file ({args.file}): name the experiment with -e ID"
         )
-    job = plan_export(workspace_from(args.workspace), args.experiment, args.step, args.out)
+    job = plan_export(
+        workspace_from(args.workspace), args.experiment, args.step, args.out, args.join_bytes
+    )
     written = run_export(job)
+    if written.is_dir():
+        console().print(
+            f"Exported step {job.step} of experiment {job.experiment} as parts to {written} "
+            f"(too large to join in one process): python {written}/assemble.py OUT.keras joins "
+            "them where memory allows; its model.json says how they fit"
+        )
+        return 0
     console().print(
         f"Exported step {job.step} of experiment {job.experiment} to {written} "
         "(keras.saving.load_model opens it)"

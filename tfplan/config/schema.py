@@ -298,6 +298,10 @@ class TrainerConfig:
     # the chief writes output_dir/model.keras at the end when the run trains your Keras model
     # (model._target_; docs/your_model.md "Your model back"); false: the checkpoints only
     export_model: bool = True
+    # a model whose weights exceed this many bytes is exported as its parts (files of rows)
+    # beside a model.json that says how to assemble them, not joined into one .keras file;
+    # null: half the exporting host's available memory (docs/your_model.md "Your model back")
+    export_join_bytes: int | None = None
     # TF1 algorithms: each worker measures its N-th step's traffic with TensorFlow's step
     # statistics and logs one line (bytes received from / sent to the ps); 0: never
     trace_step: int = 0

@@ -52,9 +52,10 @@ class ModelExport:
     run_yaml: str  # the run config's text (run.yaml), written to a temporary file to run
     python: str
     env: dict[str, str]
+    join_bytes: int | None = None  # --join-bytes: larger models are written as parts
 
     def command(self, run_yaml_path: str) -> list[str]:
-        return [
+        command = [
             self.python,
             "-m",
             "recipes.export",
@@ -65,6 +66,9 @@ class ModelExport:
             "--out",
             str(self.out),
         ]
+        if self.join_bytes is not None:
+            command += ["--join-bytes", str(self.join_bytes)]
+        return command
 
 
 def checkpoint_steps(folder: Path) -> dict[int, str]:
@@ -193,7 +197,11 @@ def _not_here(state: State, chief: _Chief | None, output_dir: Path) -> str:
 
 
 def plan_export(
-    workspace: Workspace, experiment: str | None, step: int | None, out: str | None
+    workspace: Workspace,
+    experiment: str | None,
+    step: int | None,
+    out: str | None,
+    join_bytes: int | None = None,
 ) -> ModelExport:
     """What ``tfplan export model`` will run, every refusal checked first.
 
@@ -242,11 +250,15 @@ def plan_export(
         "CUDA_VISIBLE_DEVICES": "",  # reading a checkpoint and saving a model needs no GPU
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
-    return ModelExport(name, step, steps[step], target, text, _interpreter(chief), env)
+    if join_bytes is not None and join_bytes < 1:
+        raise TfplanError(f"--join-bytes {join_bytes}: give a positive number of bytes")
+    python = _interpreter(chief)
+    return ModelExport(name, step, steps[step], target, text, python, env, join_bytes)
 
 
 def run_export(job: ModelExport, timeout: float = EXPORT_TIMEOUT_SECS) -> Path:
-    """Run the export; returns the file written.
+    """Run the export; returns what it wrote: the ``.keras`` file, or the folder of parts of
+    a model too large to join (recipes/export_parts.py).
 
     Raises:
         TfplanError: the export failed (its own one line, which names the fix).
@@ -282,4 +294,5 @@ def run_export(job: ModelExport, timeout: float = EXPORT_TIMEOUT_SECS) -> Path:
             f"exporting step {job.step} of experiment {job.experiment!r} failed: "
             f"{why.removeprefix('error: ').strip()}"
         )
-    return job.out
+    said = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    return Path(said[-1]) if said and Path(said[-1]).exists() else job.out

@@ -1,0 +1,200 @@
+"""A trained model too large for one process, exported as its parts (issue 35 item 5).
+
+:func:`recipes.export.export_model` joins every weight into one ``.keras`` file, which needs the
+whole model in the exporting process's memory. When the model's weights exceed
+``trainer.export_join_bytes`` (default: half the host's available memory, :func:`join_limit`),
+it writes ``<name>.parts/`` beside where ``<name>.keras`` would be instead:
+
+- ``weights/<path>.<first row>-<end row>.npy``: each weight in ranges of rows of at most
+  ``chunk_bytes`` (a small weight: one file), each range read from the checkpoint alone
+  (TensorFlow's RestoreV2 with a slice spec: a split table's slices, or rows of a whole
+  tensor), so the exporter holds one range at a time;
+- ``model.json``: the architecture (``model.to_json()``, when the model has a config), the
+  factory and keys that build it, and every weight in ``model.weights`` order with its shape,
+  dtype and files;
+- ``assemble.py`` (recipes/assemble_parts.py): joins them into one ``.keras`` file where memory
+  allows, or serves a table's rows memory-mapped; it needs NumPy and Keras only.
+
+The layout comes from a build inside ``keras.StatelessScope``: Keras creates no variable's value
+there, so learning the shapes allocates nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+from recipes import assemble_parts
+
+if TYPE_CHECKING:
+    from recipes.config import RunConfig
+
+__all__ = [
+    "CHUNK_BYTES",
+    "Layout",
+    "WeightSpec",
+    "join_limit",
+    "parts_folder",
+    "stateless_layout",
+    "write_parts",
+]
+
+CHUNK_BYTES = 64 << 20  # the largest file of rows written (model.partition_bytes' default)
+# Rows of a weight: (first row, end row) -> their values, read from the checkpoint.
+ReadRows = Callable[[str, tuple[int, ...], int, int], Any]
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    trainable: bool
+
+    @property
+    def bytes(self) -> int:
+        import numpy as np
+
+        size = int(np.dtype(self.dtype).itemsize)
+        for d in self.shape:
+            size *= d
+        return size
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a model's export needs to know without its values."""
+
+    weights: tuple[WeightSpec, ...]  # model.weights' order
+    architecture: Optional[dict[str, Any]]  # Keras' JSON config; None: the model has none
+    target: str
+    kwargs: dict[str, Any]
+
+    @property
+    def bytes(self) -> int:
+        return sum(w.bytes for w in self.weights)
+
+
+def stateless_layout(cfg: RunConfig) -> Layout:
+    """The run's model built as the tasks build it, inside ``keras.StatelessScope`` (no weight's
+    value is made): its weights' paths, shapes and dtypes, and its architecture."""
+    import keras
+
+    from recipes.workload import Workload
+
+    with keras.StatelessScope():
+        model = Workload.of(cfg).model.template()
+        weights = tuple(
+            WeightSpec(
+                w.path,
+                tuple(int(d) for d in w.shape),
+                str(keras.backend.standardize_dtype(w.dtype)),
+                bool(w.trainable),
+            )
+            for w in model.weights
+        )
+        try:
+            architecture: Optional[dict[str, Any]] = json.loads(model.to_json())
+        except (NotImplementedError, TypeError, ValueError):
+            architecture = None  # a subclassed model without get_config: its factory builds it
+    return Layout(weights, architecture, cfg.model.target or "", dict(cfg.model.kwargs))
+
+
+def join_limit(cfg: RunConfig, override: Optional[int] = None) -> int:
+    """The most bytes of weights joined into one ``.keras`` file: ``override``, else
+    ``trainer.export_join_bytes``, else half this host's available memory."""
+    if override is not None:
+        return override
+    if cfg.trainer.export_join_bytes is not None:
+        return int(cfg.trainer.export_join_bytes)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")) // 2
+
+
+def parts_folder(out: str) -> str:
+    """Where the parts of ``out`` (a ``.keras`` path) go: ``<name>.parts`` beside it."""
+    return out.removesuffix(".keras") + ".parts"
+
+
+def _ranges(spec: WeightSpec, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    if not spec.shape:
+        yield 0, 1
+        return
+    rows = spec.shape[0]
+    per_row = max(1, spec.bytes // max(1, rows))
+    step = max(1, chunk_bytes // per_row)
+    for lo in range(0, max(rows, 1), step):
+        yield lo, min(rows, lo + step)
+
+
+def write_parts(
+    layout: Layout,
+    read_rows: ReadRows,
+    out: str,
+    checkpoint: str,
+    chunk_bytes: Optional[int] = None,
+) -> str:
+    """Write ``layout``'s weights (their rows from ``read_rows(path, shape, lo, hi)``) as the
+    parts folder of ``out``, in files of at most ``chunk_bytes`` (default :data:`CHUNK_BYTES`);
+    returns the folder. Written into a temporary folder that replaces
+    the old one whole, and a stale ``out`` (an earlier joined export) is removed: the output
+    folder holds one form of the model, the current one."""
+    import numpy as np
+
+    chunk = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    folder = parts_folder(out)
+    parent = os.path.dirname(folder) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(folder)}.tmp.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.join(tmp, "weights"))
+    try:
+        specs = []
+        for spec in layout.weights:
+            files = []
+            for lo, hi in _ranges(spec, chunk):
+                values = np.asarray(read_rows(spec.path, spec.shape, lo, hi))
+                if not spec.shape:
+                    values = values.reshape(())
+                name = f"weights/{spec.path.replace('/', '.')}.{lo}-{hi}.npy"
+                np.save(os.path.join(tmp, name), values, allow_pickle=False)
+                files.append({"file": name, "rows": [lo, hi]})
+            specs.append(
+                {
+                    "path": spec.path,
+                    "shape": list(spec.shape),
+                    "dtype": spec.dtype,
+                    "trainable": spec.trainable,
+                    "files": files,
+                }
+            )
+        data = {
+            "format": assemble_parts.FORMAT,
+            "checkpoint": checkpoint,
+            "bytes": layout.bytes,
+            "architecture": layout.architecture,
+            "factory": {"target": layout.target, "kwargs": layout.kwargs},
+            "weights": specs,
+            "assemble": "python assemble.py OUT.keras joins every weight into one .keras file "
+            "(the whole model's memory); in code, assemble.parts(folder, path) gives a "
+            "weight's row ranges memory-mapped, assemble.load(folder) the model",
+        }
+        with open(os.path.join(tmp, assemble_parts.MANIFEST), "w") as f:
+            json.dump(data, f, indent=1, default=str)
+        shutil.copyfile(assemble_parts.__file__, os.path.join(tmp, "assemble.py"))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if os.path.exists(out):
+        os.remove(out)  # an earlier joined export of another checkpoint
+    return folder
