@@ -85,21 +85,22 @@ def stateless_layout(cfg: RunConfig) -> Layout:
 
     from recipes.workload import Workload
 
-    with keras.StatelessScope():
-        model = Workload.of(cfg).model.template()
-        weights = tuple(
-            WeightSpec(
-                w.path,
-                tuple(int(d) for d in w.shape),
-                str(keras.backend.standardize_dtype(w.dtype)),
-                bool(w.trainable),
-            )
-            for w in model.weights
+    built = Workload.of(cfg).model
+    built.prepare()  # a build that makes no value (recipes/keras_model.py)
+    model = built.template()
+    weights = tuple(
+        WeightSpec(
+            w.path,
+            tuple(int(d) for d in w.shape),
+            str(keras.backend.standardize_dtype(w.dtype)),
+            bool(w.trainable),
         )
-        try:
-            architecture: Optional[dict[str, Any]] = json.loads(model.to_json())
-        except (NotImplementedError, TypeError, ValueError):
-            architecture = None  # a subclassed model without get_config: its factory builds it
+        for w in model.weights
+    )
+    try:
+        architecture: Optional[dict[str, Any]] = json.loads(model.to_json())
+    except (NotImplementedError, TypeError, ValueError):
+        architecture = None  # a subclassed model without get_config: its factory builds it
     return Layout(weights, architecture, cfg.model.target or "", dict(cfg.model.kwargs))
 
 

@@ -20,9 +20,13 @@ such as EAMSGD's look-ahead point or multi_gpu's per-tower reads). ``tf_keras`` 
 - Non-trainable state (BatchNormalization's moving statistics, dropout's seed) stays with the model's
   own variables (on the parameter servers in graph mode): a training forward pass reads them and
   assigns the values Keras returns, so every replica updates one shared copy.
-- TF2 (``create_variables``): the model is built eagerly outside any strategy scope, only to learn
-  shapes and initial values; the parameters are new ``tf.Variable`` objects created in the caller's
-  scope (a strategy places or mirrors them).
+- TF2 (``create_variables``): the model is built eagerly outside any strategy scope, inside
+  ``keras.StatelessScope`` (``prepare``), only to learn shapes and initializers: no weight gets a
+  value there, so the coordinator never holds a table; the parameters are new ``tf.Variable``
+  objects created in the caller's scope from those initializers (a strategy places or mirrors
+  them, and runs each initializer where it creates the variable).
+- A split variable's parts are initialised each on its own device, by its layer's initializer at
+  the part's shape (recipes/part_init.py): no process computes a whole table's initial value.
 """
 
 from __future__ import annotations
@@ -59,6 +63,30 @@ def _tf_variable(kv: Any) -> Any:
     """The ``tf.Variable`` behind a Keras variable (what savers, device setters and
     collections know)."""
     return getattr(kv, "value", kv)
+
+
+def _deferred_initializer(kv: Any) -> Optional[Callable[..., Any]]:
+    """The initializer of a Keras variable made inside ``keras.StatelessScope`` that has no
+    value yet (Keras keeps it to make the value later); None for a variable with a value."""
+    if getattr(kv, "_value", None) is not None:
+        return None
+    init = getattr(kv, "_initializer", None)
+    return init if callable(init) else None
+
+
+def _without_values(build: Callable[[], Any]) -> Any:
+    """``build()`` inside ``keras.StatelessScope``: its variables get shapes and initializers
+    but no value. Keras would make every value when the scope ends, or at the end of any later
+    scope (``stateless_call`` opens one): they are left out of its list of variables to
+    initialise, as nothing ever reads them (forward passes get their values)."""
+    import keras
+    from keras.src.backend.common import global_state
+
+    waiting = list(global_state.get_global_attribute("uninitialized_variables", []) or [])
+    with keras.StatelessScope(initialize_variables=False):
+        built = build()
+    global_state.set_global_attribute("uninitialized_variables", waiting)
+    return built
 
 
 def _ids_per_example(layer: Any) -> Optional[int]:
@@ -422,14 +450,28 @@ class KerasModel:
         full = [int(d) for d in w.shape]
         lo, hi = rows
         shape = [hi - lo, *full[1:]]
-        init = layer_initializers(model).get(w.path)
+        init = layer_initializers(model).get(w.path) or _deferred_initializer(w)
         index = self.parts[w.path].index(rows)
         part_init = None if init is None else rows_initializer(init, full, shape, index)
         dtype = w.dtype
-        if part_init is None:  # computed where the graph is built (as before item 1)
-            whole = _tf_variable(w)
-            return whole[lo:hi] if tf.executing_eagerly() else whole.initial_value[lo:hi]
-        return lambda: tf.convert_to_tensor(part_init(shape, dtype=dtype))
+        if part_init is not None:
+            return lambda: tf.convert_to_tensor(part_init(shape, dtype=dtype))
+        # computed whole where the graph is built, or eagerly here (as before item 1)
+        whole_init = _deferred_initializer(w)
+        if whole_init is not None:  # a stateless build (prepare): the variable has no value
+            return lambda: tf.convert_to_tensor(whole_init(full, dtype=dtype))[lo:hi]
+        whole = _tf_variable(w)
+        return whole[lo:hi] if tf.executing_eagerly() else whole.initial_value[lo:hi]
+
+    def _initial_value(self, w: Any) -> Any:
+        """TF2: the initial value of a whole variable of the eager build: its initializer, run
+        where the strategy creates the variable, when the build made no value (:meth:`prepare`);
+        else its value."""
+        init = _deferred_initializer(w)
+        if init is None:
+            return w.numpy()
+        shape, dtype = [int(d) for d in w.shape], w.dtype
+        return lambda: tf.convert_to_tensor(init(shape, dtype=dtype))
 
     def state_variables(self) -> Params:
         """The model's non-trainable variables (graph mode: of the current graph's model)."""
@@ -437,10 +479,13 @@ class KerasModel:
         return {w.path: _tf_variable(w) for w in model.non_trainable_variables}
 
     def prepare(self) -> None:
-        """TF2: build the model eagerly now, outside any strategy's scope (its variables only
-        carry shapes and initial values: they must not be distributed). Call before entering
-        the strategy's scope; :meth:`create_variables` then copies from it."""
-        self.template()
+        """TF2: build the model eagerly now, outside any strategy's scope, inside
+        ``keras.StatelessScope``: its variables carry shapes and initializers but no value (they
+        must not be distributed, and the coordinator must not hold a table that the parameter
+        servers serve). Call before entering the strategy's scope; :meth:`create_variables`
+        then makes each variable where the strategy places it, from its initializer."""
+        if self._eager is None:
+            self._eager = _without_values(self._build)
 
     def create_variables(self) -> Params:
         """TF2: the parameters as new ``tf.Variable`` objects in the current (strategy) scope,
@@ -451,7 +496,7 @@ class KerasModel:
         params: Params = {}
         for w in model.trainable_variables:
             for key, rows in self._pieces(w):
-                value = w.numpy() if rows is None else self._part_value(model, w, rows)
+                value = self._initial_value(w) if rows is None else self._part_value(model, w, rows)
                 params[key] = tf.Variable(value, name=f"model/{key}", trainable=True)
         return params
 
@@ -462,7 +507,7 @@ class KerasModel:
         # for statistics (a batch norm's), the first replica's value for integers (a seed).
         return {
             w.path: tf.Variable(
-                w.numpy(),
+                self._initial_value(w),
                 name=f"model/{w.path}",
                 trainable=False,
                 aggregation=tf.VariableAggregation.MEAN

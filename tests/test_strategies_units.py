@@ -163,3 +163,41 @@ def test_first_line_skips_tensorflows_generic_lines() -> None:
     )
     assert first_line(RuntimeError(message)) == "(0) UNAVAILABLE: Connection reset by peer"
     assert first_line(RuntimeError("")) == "RuntimeError"
+
+
+def test_the_coordinators_build_makes_no_value_and_each_variable_gets_its_initializer() -> None:
+    """Issue 35 item 1 for pss: ``prepare`` builds the user's model only for its shapes and
+    initializers (keras.StatelessScope): no weight of that build has a value, not even after a
+    forward pass (Keras would make every pending value when a later stateless scope ends);
+    ``create_variables`` makes each variable from its initializer, where the strategy creates
+    it, and a split table's parts from its layer's initializer at their shape."""
+    import keras
+
+    from recipes.keras_model import KerasModel
+
+    def model() -> keras.Model:
+        ids = keras.Input((), dtype="int64", name="ids")
+        h = keras.layers.Embedding(3000, 8, name="table")(ids)
+        h = keras.layers.Dense(4, name="hidden")(h)
+        h = keras.layers.BatchNormalization(name="norm")(h)
+        return keras.Model(ids, keras.layers.Dense(1, name="out")(h))
+
+    built = KerasModel(model, {}, partitions=2, partition_bytes=10_000)
+    built.prepare()
+    template = built.template()
+    assert all(getattr(w, "_value", None) is None for w in template.weights)
+    params, state = built.create_variables(), built.create_state_variables()
+    assert sorted(params) == [
+        "hidden/bias", "hidden/kernel", "norm/beta", "norm/gamma", "out/bias", "out/kernel",
+        "table/embeddings/part_0", "table/embeddings/part_1",
+    ]  # fmt: skip
+    parts = [params[f"table/embeddings/part_{i}"].numpy() for i in range(2)]
+    assert [p.shape for p in parts] == [(1500, 8), (1500, 8)]
+    assert not np.allclose(parts[0], parts[1]) and 0.045 < np.abs(parts).max() <= 0.05
+    limit = (6 / (8 + 4)) ** 0.5  # Glorot uniform of the whole (8, 4) kernel
+    assert 0 < np.abs(params["hidden/kernel"].numpy()).max() <= limit
+    np.testing.assert_array_equal(params["norm/gamma"].numpy(), np.ones(4))
+    np.testing.assert_array_equal(state["norm/moving_variance"].numpy(), np.ones(4))
+    out = built.forward(params, tf.constant([0, 1499, 2999], tf.int64), training=True, state=state)
+    assert out.shape == (3, 1) and np.isfinite(out.numpy()).all()
+    assert all(getattr(w, "_value", None) is None for w in template.weights)
