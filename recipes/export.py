@@ -109,7 +109,7 @@ def export_model(
     if model is None:
         layout = _too_large(cfg, join_bytes)
         if layout is not None:
-            return write_parts(layout, entries.rows, os.path.abspath(out), path)
+            return write_parts(layout, entries.stored, entries.rows, os.path.abspath(out), path)
         model = build_model(cfg)
     for weight in [*model.trainable_variables, *model.non_trainable_variables]:
         weight.assign(entries.value(weight.path, tuple(int(d) for d in weight.shape)))
@@ -247,6 +247,33 @@ class _Entries:
             if first < hi and end > lo
         ]
         return np.concatenate(pieces, axis=0)
+
+    def stored(self, path: str, shape: tuple[int, ...]) -> list[tuple[int, int]]:
+        """The row ranges in which the checkpoint stores the weight at ``path``, in order: the
+        slices its parameter servers saved (or an older checkpoint's parts), else all its rows
+        at once. Why: TensorFlow's bundle reader reads a stored slice whole to give any rows of
+        it, so rows are best read one stored slice at a time (:meth:`rows` of exactly one)."""
+        import re
+
+        rows = shape[0] if shape else 1
+        name = model_name(path)
+        if name not in self._keys:
+            return [(lo, hi) for _, lo, hi in self._old_parts(name)] or [(0, rows)]
+        # The bundle's listing names each slice entry by TensorFlow's ordered code of the
+        # tensor's name and the slice: b"\x00" + name + b"\x00\x01" + dims and (start, length)
+        # pairs, then " (DT_...) [shape]"; entries sort by start.
+        prefix = re.escape(b"\x00" + self._keys[name].encode() + b"\x00\x01")
+        listing = self._reader.debug_string()
+        sizes = [
+            int(m.group(1).split(b",")[0])
+            for m in re.finditer(prefix + rb".*? \(DT_\w+\) \[([\d,]+)\]\n", listing, re.S)
+        ]
+        if not sizes or sum(sizes) != rows:
+            return [(0, rows)]
+        bounds = [0]
+        for size in sizes:
+            bounds.append(bounds[-1] + size)
+        return list(zip(bounds[:-1], bounds[1:], strict=True))
 
     def _old_parts(self, name: str) -> list[tuple[str, int, int]]:
         """The parts ``<name>/part_<i>`` an older checkpoint holds instead of ``name``, in

@@ -6,9 +6,10 @@ whole model in the exporting process's memory. When the model's weights exceed
 it writes ``<name>.parts/`` beside where ``<name>.keras`` would be instead:
 
 - ``weights/<path>.<first row>-<end row>.npy``: each weight in ranges of rows of at most
-  ``chunk_bytes`` (a small weight: one file), each range read from the checkpoint alone
-  (TensorFlow's RestoreV2 with a slice spec: a split table's slices, or rows of a whole
-  tensor), so the exporter holds one range at a time;
+  ``chunk_bytes`` (a small weight: one file). A table is read one stored slice at a time (the
+  part one parameter server saved, which one process held already: TensorFlow's bundle reader
+  reads a stored slice whole to give any of its rows), so the exporter holds at most one
+  ps's part of a table, never the table;
 - ``model.json``: the architecture (``model.to_json()``, when the model has a config), the
   factory and keys that build it, and every weight in ``model.weights`` order with its shape,
   dtype and files;
@@ -43,8 +44,10 @@ __all__ = [
 ]
 
 CHUNK_BYTES = 64 << 20  # the largest file of rows written (model.partition_bytes' default)
-# Rows of a weight: (first row, end row) -> their values, read from the checkpoint.
+# Rows of a weight: (path, shape, first row, end row) -> their values, read from the checkpoint.
 ReadRows = Callable[[str, tuple[int, ...], int, int], Any]
+# The row ranges in which the checkpoint stores a weight: (path, shape) -> [(first, end)].
+StoredRanges = Callable[[str, tuple[int, ...]], list[tuple[int, int]]]
 
 
 @dataclass(frozen=True)
@@ -126,25 +129,24 @@ def parts_folder(out: str) -> str:
     return out.removesuffix(".keras") + ".parts"
 
 
-def _ranges(spec: WeightSpec, chunk_bytes: int) -> Iterator[tuple[int, int]]:
-    if not spec.shape:
-        yield 0, 1
-        return
-    rows = spec.shape[0]
-    per_row = max(1, spec.bytes // max(1, rows))
-    step = max(1, chunk_bytes // per_row)
-    for lo in range(0, max(rows, 1), step):
-        yield lo, min(rows, lo + step)
+def _chunks(spec: WeightSpec, lo: int, hi: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    """Rows ``[lo, hi)`` of ``spec`` in ranges of at most ``chunk_bytes`` (one row at least)."""
+    per_row = max(1, spec.bytes // max(1, spec.shape[0])) if spec.shape else spec.bytes
+    step = max(1, chunk_bytes // max(1, per_row))
+    for first in range(lo, max(hi, lo + 1), step):
+        yield first, min(hi, first + step) if spec.shape else 1
 
 
 def write_parts(
     layout: Layout,
+    stored: StoredRanges,
     read_rows: ReadRows,
     out: str,
     checkpoint: str,
     chunk_bytes: Optional[int] = None,
 ) -> str:
-    """Write ``layout``'s weights (their rows from ``read_rows(path, shape, lo, hi)``) as the
+    """Write ``layout``'s weights (each stored range of ``stored(path, shape)`` read once by
+    ``read_rows(path, shape, lo, hi)``) as the
     parts folder of ``out``, in files of at most ``chunk_bytes`` (default :data:`CHUNK_BYTES`);
     returns the folder. Written into a temporary folder that replaces
     the old one whole, and a stale ``out`` (an earlier joined export) is removed: the output
@@ -162,13 +164,15 @@ def write_parts(
         specs = []
         for spec in layout.weights:
             files = []
-            for lo, hi in _ranges(spec, chunk):
-                values = np.asarray(read_rows(spec.path, spec.shape, lo, hi))
-                if not spec.shape:
-                    values = values.reshape(())
-                name = f"weights/{spec.path.replace('/', '.')}.{lo}-{hi}.npy"
-                np.save(os.path.join(tmp, name), values, allow_pickle=False)
-                files.append({"file": name, "rows": [lo, hi]})
+            ranges = stored(spec.path, spec.shape) if spec.shape else [(0, 1)]
+            for first, end in ranges:  # one stored slice read at a time
+                block = np.asarray(read_rows(spec.path, spec.shape, first, end))
+                for lo, hi in _chunks(spec, first, end, chunk):
+                    values = block[lo - first : hi - first] if spec.shape else block.reshape(())
+                    name = f"weights/{spec.path.replace('/', '.')}.{lo}-{hi}.npy"
+                    np.save(os.path.join(tmp, name), values, allow_pickle=False)
+                    files.append({"file": name, "rows": [lo, hi]})
+                del block
             specs.append(
                 {
                     "path": spec.path,
