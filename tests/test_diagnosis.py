@@ -264,3 +264,21 @@ def test_a_full_disk_elsewhere_names_that_folder() -> None:
     found = explain(evidence("OSError: [Errno 28] No space left on device\n"))
     assert found is not None and found.free_space_of == "/out"
     assert bytes_text(5 * 2**30) == "5.0 GiB" and bytes_text(512) == "512 bytes"
+
+
+def test_a_table_resumed_with_another_shape_names_the_variable_both_shapes_and_the_fix() -> None:
+    """What TensorFlow's restore of a split table says when the model's table has other rows
+    than the checkpoint's (the slices' spec carries the model's full shape)."""
+    output = (
+        "tensorflow.python.framework.errors_impl.InvalidArgumentError: Restoring from checkpoint "
+        "failed. [...] tensor_name = model/item_embedding/embeddings; shape in shape_and_slice "
+        "spec [60000,16] does not match the shape stored in checkpoint: [50000,16]\n"
+    )
+    found = explain(evidence(output))
+    assert found is not None and found.id == "checkpoint-shape"
+    assert found.cause == (
+        "the checkpoints in /out hold model/item_embedding/embeddings as [50000,16], but the "
+        "model's is [60000,16] (a table's rows or a layer's width changed since they were "
+        "written)"
+    )
+    assert "new experiment.id" in found.fix and "input_dim" in found.fix

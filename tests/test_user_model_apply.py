@@ -375,6 +375,28 @@ def test_a_split_model_resumes_on_another_number_of_parameter_servers(project: P
         step = int(again["global_step"])  # type: ignore[call-overload]
         for score in ("accuracy", "eval_loss"):
             assert abs(float(again[score]) - float(first[score])) <= 1e-6, (n_ps, again, first)  # type: ignore[arg-type]
+    # a table of other rows than the checkpoint's is not a re-shard: the chief's restore fails,
+    # explained with the variable, both shapes and the fix (checkpoint-shape)
+    refused = tfplan(
+        project,
+        "apply",
+        "--auto-approve",
+        *base_overrides(project, free_port_base()),
+        "algo=hogwild",
+        *topology("hogwild"),
+        f"trainer.max_steps={step + 1}",
+        *split,
+        "cluster.ps=2",
+        "model.vocab=12",
+        timeout=240,
+    )
+    said = [ln for ln in refused.stdout.splitlines() if "worker/0 failed: " in ln]
+    assert refused.returncode != 0 and said, refused.stdout[-3000:]
+    shapes_said = (
+        r"hold model/cat_(embedding|bias)/embeddings as \[10,[34]\], but the model's is \[12,"
+    )
+    assert re.search(shapes_said, said[-1]), said[-1]
+    assert not [t["name"] for t in state_of(project)["tasks"] if alive(int(t["handle"]["pid"]))]
 
 
 def _assert_only_rows_moved(sharding: dict[str, Any], work: Path, dense_moves: bool) -> None:

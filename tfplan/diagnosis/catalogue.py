@@ -134,6 +134,20 @@ CATALOGUE: list[KnownFailure] = [
         reproduce="an Estimator program (train_and_evaluate) under TensorFlow 2.16 or later",
     ),
     KnownFailure(
+        id="checkpoint-shape",
+        title="A checkpoint holds a variable in another shape than the model's",
+        patterns=(
+            r"tensor_name = (?P<key>\S+); shape in shape_and_slice spec (?P<ours>\[[\d,]*\]) "
+            r"does not match the shape stored in checkpoint: (?P<theirs>\[[\d,]*\])",
+        ),
+        cause="the checkpoints in {output_dir} hold {key} as {theirs}, but the model's is {ours} "
+        "(a table's rows or a layer's width changed since they were written)",
+        fix="resume with the model they were written with (the same model.* keys: a table's "
+        "input_dim too), or train the new shape under a new experiment.id; another number of "
+        "parameter servers is not the cause (a split table restores into any split)",
+        reproduce="an experiment trained, then applied again with a larger embedding table",
+    ),
+    KnownFailure(
         id="foreign-checkpoint",
         title="The output folder holds another model's checkpoints",
         patterns=(
