@@ -1,4 +1,4 @@
-"""Where a split table's initial value is computed: the memory of each process at initialisation.
+"""Where a split table is initialised and saved: each process's memory, and the save's time.
 
 Usage: ``.venv/bin/python bench/bench_table_init.py [--rows 2000000] [--dim 64] [--repeats 3]
 [--out docs/bench_table_init.md]``
@@ -6,8 +6,9 @@ Usage: ``.venv/bin/python bench/bench_table_init.py [--rows 2000000] [--dim 64] 
 A TF1 cluster on loopback: 2 parameter servers (``tf.distribute.Server`` processes) and the
 process that builds the graph and runs the initialiser (the chief's role), with a model whose
 ``Embedding`` table (``rows`` x ``dim`` float32) is split into one part per ps by
-recipes/keras_model.py, as the recipes build it under the ``replica_device_setter``. Two
-initializers side by side, in alternating runs:
+recipes/keras_model.py, as the recipes build it under the ``replica_device_setter``.
+
+Initialisation, two initializers side by side in alternating runs:
 
 - ``row-wise``: Keras' ``RandomUniform`` (the Embedding's default): each part is initialised on
   its own ps at the part's shape (issue 35 item 1);
@@ -15,8 +16,17 @@ initializers side by side, in alternating runs:
   class): the parts are sliced from the whole table's initial value, computed once, as every
   split table was before.
 
-Figures: the peak RSS (``VmHWM``) of each ps and of the chief's process, before and after the
-initialiser ran; medians of the repeats. Nothing but loopback is contacted.
+Saving, in runs of their own (a row-wise initialisation, then one checkpoint by the recipes'
+chief saver, recipes/runtime.py ``chief_saver``):
+
+- ``gathered``: the chief pulls every variable and writes the checkpoint (what every save did
+  before, and still does where a ps does not see the output folder);
+- ``on-ps``: sharded, each ps writes its own variables and one merges the parts
+  (recipes/ps_saving.py, where every ps sees the output folder; issue 35 item 3).
+
+Figures: the peak RSS (``VmHWM``) of each ps and of the chief's process before and after the
+initialiser and the save, the save's wall time and the checkpoint's bytes; medians of the
+repeats. Nothing but loopback is contacted.
 """
 
 from __future__ import annotations
@@ -29,12 +39,16 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("row-wise", "whole")
+SAVES = ("gathered", "on-ps")
+SAVE_LABELS = {"gathered": "gathered by the chief", "on-ps": "on each ps (sharded)"}
 
 # One run: started as its own interpreter (graph mode and the servers are process-wide).
 RUN = textwrap.dedent(
@@ -43,6 +57,7 @@ RUN = textwrap.dedent(
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     sys.path.insert(0, {repo!r})
     spec, mode, rows, dim = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    save, folder = sys.argv[5], sys.argv[6]
     server_code = (
         "import os, sys, json; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\\n"
         "import tensorflow as tf\\n"
@@ -56,7 +71,9 @@ RUN = textwrap.dedent(
     try:
         import keras
         import tensorflow as tf
+        from recipes.checkpoint_names import sliced_names
         from recipes.keras_model import KerasModel
+        from recipes.runtime import chief_saver
 
         v1 = tf.compat.v1
         v1.disable_eager_execution()
@@ -79,22 +96,42 @@ RUN = textwrap.dedent(
                     return int(line.split()[1]) * 1024
             raise RuntimeError("no VmHWM")
 
+        def peaks():
+            return [hwm(p.pid) for p in servers] + [hwm(os.getpid())]
+
         with tf.Graph().as_default():
             km = KerasModel(model, {{}}, partitions=len(spec["ps"]), partition_bytes=1024)
             setter = v1.train.replica_device_setter(worker_device="/job:worker/task:0", cluster=cluster)
             with v1.device(setter):
                 params = km.create_params(None)
+                step = v1.train.get_or_create_global_step()
             assert [k for k in params if k.startswith("table/")] == [
                 f"table/embeddings/part_{{i}}" for i in range(len(spec["ps"]))
             ], sorted(params)
+            named = {{"global_step": step, **{{"model/" + k: v for k, v in params.items()}}}}
+            saver = chief_saver(sliced_names(named), 1, sharded=(save == "on-ps"))
             with v1.Session(me.target) as sess:
                 sess.run(v1.report_uninitialized_variables())  # every ps answers
-                before = [hwm(p.pid) for p in servers] + [hwm(os.getpid())]
+                before = peaks()
                 started = time.monotonic()
                 sess.run(v1.global_variables_initializer())
                 took = time.monotonic() - started
-                after = [hwm(p.pid) for p in servers] + [hwm(os.getpid())]
-        print("RESULT " + json.dumps({{"before": before, "after": after, "secs": took}}))
+                after = peaks()
+                saved = {{}}
+                if save != "none":
+                    started = time.monotonic()
+                    prefix = saver.save(sess, os.path.join(folder, "model.ckpt"), global_step=0)
+                    saved["secs"] = time.monotonic() - started
+                    saved["after"] = peaks()
+                    name = os.path.basename(prefix)
+                    saved["bytes"] = sum(
+                        os.path.getsize(os.path.join(folder, f))
+                        for f in os.listdir(folder)
+                        if f.startswith(name + ".")
+                    )
+        print("RESULT " + json.dumps(
+            {{"before": before, "after": after, "secs": took, "save": saved}}
+        ))
     finally:
         for p in servers:
             p.kill()
@@ -109,30 +146,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_run(mode: str, rows: int, dim: int, n_ps: int) -> dict[str, object]:
+def one_run(mode: str, rows: int, dim: int, n_ps: int, save: str = "none") -> dict[str, Any]:
     spec = {
         "ps": [f"127.0.0.1:{free_port()}" for _ in range(n_ps)],
         "worker": [f"127.0.0.1:{free_port()}"],
     }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            RUN.format(repo=str(REPO)),
-            json.dumps(spec),
-            mode,
-            str(rows),
-            str(dim),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    with tempfile.TemporaryDirectory(prefix="bench-table-") as folder:
+        command = [sys.executable, "-c", RUN.format(repo=str(REPO)), json.dumps(spec), mode]
+        proc = subprocess.run(
+            [*command, str(rows), str(dim), save, folder],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     lines = [s for s in proc.stdout.splitlines() if s.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise SystemExit(f"run {mode} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    result: dict[str, object] = json.loads(lines[-1].removeprefix("RESULT "))
+        raise SystemExit(f"run {mode}/{save} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
     return result
 
 
@@ -140,36 +171,71 @@ def mib(n: float) -> str:
     return f"{n / 2**20:,.0f}"
 
 
-def report(runs: dict[str, list[dict[str, object]]], args: argparse.Namespace) -> str:
+def _median(runs: list[dict[str, Any]], *path: Any) -> float:
+    values = []
+    for run in runs:
+        value: Any = run
+        for key in path:
+            value = value[key]
+        values.append(float(value))
+    return statistics.median(values)
+
+
+def _rss_cells(runs: list[dict[str, Any]], before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    low, high = _median(runs, *before), _median(runs, *after)
+    return f"{mib(low)} -> {mib(high)} (+{mib(high - low)})"
+
+
+def report(
+    runs: dict[str, list[dict[str, Any]]],
+    saves: dict[str, list[dict[str, Any]]],
+    args: argparse.Namespace,
+) -> str:
     n_ps = args.ps
     names = [f"ps/{i}" for i in range(n_ps)] + ["chief"]
     table_bytes = args.rows * args.dim * 4
     lines = [
-        "# Where a split table is initialised (bench/bench_table_init.py)",
+        "# Where a split table is initialised and saved (bench/bench_table_init.py)",
         "",
         f"`.venv/bin/python bench/bench_table_init.py --rows {args.rows} --dim {args.dim} "
         f"--repeats {args.repeats}` on {platform.node()} ({os.cpu_count()} cores), "
         f"{time.strftime('%Y-%m-%d')}. A table of {args.rows:,} x {args.dim} float32 "
         f"({mib(table_bytes)} MiB) split over {n_ps} ps ({mib(table_bytes / n_ps)} MiB each) "
         "by recipes/keras_model.py under the replica_device_setter; the chief's process builds "
-        "the graph and runs the initialiser over gRPC on loopback. `row-wise`: Keras' RandomUniform, each part "
-        "initialised on its own ps at its shape; `whole`: the same values from an initializer "
-        "with no row-wise form, the parts sliced from the whole initial value (what every split "
-        f"table did before). Peak RSS (VmHWM) in MiB, median of {args.repeats} alternating runs.",
+        "the graph, runs the initialiser and saves over gRPC on loopback. Peak RSS (VmHWM) in "
+        f"MiB, medians of {args.repeats} alternating runs.",
+        "",
+        "Initialisation. `row-wise`: Keras' RandomUniform, each part initialised on its own ps at "
+        "its shape; `whole`: the same values from an initializer with no row-wise form, the "
+        "parts sliced from the whole initial value (what every split table did before).",
         "",
         "| process | " + " | ".join(f"{m}: before init -> peak" for m in MODES) + " |",
         "|---|" + "---|" * len(MODES),
     ]
     for i, name in enumerate(names):
-        cells = []
-        for mode in MODES:
-            before = statistics.median(r["before"][i] for r in runs[mode])  # type: ignore[index]
-            after = statistics.median(r["after"][i] for r in runs[mode])  # type: ignore[index]
-            cells.append(f"{mib(before)} -> {mib(after)} (+{mib(after - before)})")
+        cells = [_rss_cells(runs[m], ("before", i), ("after", i)) for m in MODES]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    secs = {m: statistics.median(float(r["secs"]) for r in runs[m]) for m in MODES}  # type: ignore[arg-type]
+    secs = [f"{_median(runs[m], 'secs'):.2f}" for m in MODES]
     lines += [
-        "| initialiser wall time (s) | " + " | ".join(f"{secs[m]:.2f}" for m in MODES) + " |",
+        "| initialiser wall time (s) | " + " | ".join(secs) + " |",
+        "",
+        "One checkpoint of a row-wise run by the recipes' chief saver (recipes/runtime.py "
+        "`chief_saver`): `gathered by the chief`, the chief pulls every variable and writes the "
+        "checkpoint (what every save did before, and still does where a ps does not see the "
+        "output folder); `on each ps`, sharded: each ps writes its own variables and one merges "
+        "the parts (recipes/ps_saving.py). Peak RSS after the initialiser -> after the save.",
+        "",
+        "| process | " + " | ".join(SAVE_LABELS[m] for m in SAVES) + " |",
+        "|---|" + "---|" * len(SAVES),
+    ]
+    for i, name in enumerate(names):
+        cells = [_rss_cells(saves[m], ("after", i), ("save", "after", i)) for m in SAVES]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    seconds = [f"{_median(saves[m], 'save', 'secs'):.2f}" for m in SAVES]
+    sizes = [mib(_median(saves[m], "save", "bytes")) for m in SAVES]
+    lines += [
+        "| save wall time (s) | " + " | ".join(seconds) + " |",
+        "| checkpoint (MiB) | " + " | ".join(sizes) + " |",
         "",
     ]
     return "\n".join(lines)
@@ -183,12 +249,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench_table_init.md")
     args = parser.parse_args()
-    runs: dict[str, list[dict[str, object]]] = {m: [] for m in MODES}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    saves: dict[str, list[dict[str, Any]]] = {m: [] for m in SAVES}
     for r in range(args.repeats):
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
             runs[mode].append(one_run(mode, args.rows, args.dim, args.ps))
             print(f"round {r + 1}: {mode} done", flush=True)
-    text = report(runs, args)
+        for save in SAVES if r % 2 == 0 else SAVES[::-1]:
+            saves[save].append(one_run("row-wise", args.rows, args.dim, args.ps, save))
+            print(f"round {r + 1}: save {save} done", flush=True)
+    text = report(runs, saves, args)
     args.out.write_text(text)
     print(text)
 

@@ -33,6 +33,7 @@ from recipes.export import Exporter, finish_export
 from recipes.failures import input_failure
 from recipes.inputs import graph_feeds
 from recipes.live import Live
+from recipes.ps_saving import ps_see_output
 from recipes.reporting import ProgressLog, result_record, write_result
 from recipes.runtime import (
     RoleSessionCreator,
@@ -113,6 +114,16 @@ def placement_line(named: dict[str, Any], n_ps: int) -> str:
             count += 1
     spread = ", ".join(f"ps/{k} {_size(b)}" for k, b in enumerate(per_ps))
     return f"model variables: {count} ({_size(sum(per_ps))}) on {spread}"
+
+
+def saving_line(on_ps: bool, output_dir: str) -> str:
+    """The chief's line on who writes the checkpoints (recipes/ps_saving.py)."""
+    if on_ps:
+        return f"checkpoints: each ps saves its own variables into {output_dir} (every ps sees it)"
+    return (
+        f"checkpoints: the chief gathers and saves every variable (a ps does not see {output_dir}:"
+        " no shared output folder)"
+    )
 
 
 def _size(n: float) -> str:
@@ -365,15 +376,6 @@ def run_replica(
     g = build_replica_graph(cfg, task, work)
     if task.is_chief and task.n_ps:
         log(placement_line(g.saver_names, task.n_ps))
-    scaffold = v1.train.Scaffold(
-        local_init_op=g.local_init_op,
-        summary_op=g.summary_op,
-        saver=chief_saver(g.saver_names, cfg.trainer.keep_checkpoints),
-        local_init_feed_dict=graph_feeds() or None,  # an in-memory shard, fed at the init
-    )
-    creator = RoleSessionCreator(
-        scaffold, server.target, config, task.is_chief, cfg.output_dir, g.probe, log=log
-    )
     ops, n_ops = g.train.step_ops, len(g.train.step_ops)
     # Which runs of the window touch no ps: those run on the raw session, past the hooks.
     local = [not touches_ps([op, g.train.loss]) for op in ops]
@@ -389,6 +391,19 @@ def run_replica(
     trace_at, traced = int(cfg.trainer.trace_step or 0), False
     # after everything that can fail here (the data, the graph): that is said at once
     wait_for_peers(task, cfg.trainer.peer_wait_secs, log)
+    on_ps = False
+    if task.is_chief and task.n_ps:  # each ps saves its own rows where it sees the folder
+        on_ps = ps_see_output(server.target, cfg.output_dir, task.n_ps, config)
+        log(saving_line(on_ps, cfg.output_dir))
+    scaffold = v1.train.Scaffold(
+        local_init_op=g.local_init_op,
+        summary_op=g.summary_op,
+        saver=chief_saver(g.saver_names, cfg.trainer.keep_checkpoints, sharded=on_ps),
+        local_init_feed_dict=graph_feeds() or None,  # an in-memory shard, fed at the init
+    )
+    creator = RoleSessionCreator(
+        scaffold, server.target, config, task.is_chief, cfg.output_dir, g.probe, log=log
+    )
     try:
         hooks = _hooks(cfg, g, scaffold, task.is_chief, max_steps, progress)
         stop_hook = next(h for h in hooks if isinstance(h, v1.train.StopAtStepHook))

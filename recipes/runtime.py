@@ -12,9 +12,10 @@ Fixes for the TF 2.21 pitfalls measured in ../shared/TENSORFLOW.md (the shared m
   ``UnknownError`` ("Connection reset by peer", gRPC status 14), which MonitoredSession does
   not recover from: :class:`PeerLossIsUnavailable` gives it as the ``UnavailableError`` a
   fixed cluster's session raises, so a ps restart is survived the same way;
-- checkpoints are written (and read) by the chief itself: Scaffold's default saver is sharded,
-  so each ps would write its shard on its own host's disk, which fails, or scatters the
-  checkpoint, where the hosts share no output folder (:func:`chief_saver`).
+- checkpoints are written (and read) by each ps where every ps sees the output folder, else by
+  the chief itself: a sharded saver's ps write their shards on their own hosts' disks, which
+  fails, or scatters the checkpoint, where the hosts share no output folder (:func:`chief_saver`,
+  recipes/ps_saving.py).
 """
 
 from __future__ import annotations
@@ -178,8 +179,13 @@ def make_server(task: TaskInfo, joining: bool = False) -> Any:
     )
 
 
-def chief_saver(var_list: Optional[dict[str, Any]] = None, keep: int = 5) -> Any:
-    """A saver of every global variable whose save and restore ops run on the chief.
+def chief_saver(
+    var_list: Optional[dict[str, Any]] = None, keep: int = 5, sharded: bool = False
+) -> Any:
+    """The chief's saver. ``sharded``: TensorFlow's sharded saver, each ps saving and restoring
+    its own variables where they live (only where every ps sees the output folder:
+    recipes/ps_saving.py). Else a saver of every global variable whose save and restore ops
+    run on the chief.
 
     Why: ``Scaffold``'s default saver is sharded: each ps saves its own variables on its own
     file system and one ps merges the shards, so on hosts that share no output folder the
@@ -189,7 +195,7 @@ def chief_saver(var_list: Optional[dict[str, Any]] = None, keep: int = 5) -> Any
     the session places them on the chief: it pulls the variables and writes (and reads) whole
     checkpoints on its own host. Create it once the graph is complete; the files are the same
     V2 format (a checkpoint an older, sharded save wrote restores through it)."""
-    return v1.train.Saver(var_list=var_list, sharded=False, allow_empty=True, max_to_keep=keep)
+    return v1.train.Saver(var_list=var_list, sharded=sharded, allow_empty=True, max_to_keep=keep)
 
 
 # Not the number of replicas: replicas that join a running job build the same shared queue

@@ -153,6 +153,9 @@ def test_bench_table_init(tmp_path: Path) -> None:
         assert figure(text, process, column=0) > 0  # row-wise: RSS before the initialiser
         assert figure(text, process, column=1) > 0  # whole
     assert figure(text, "| initialiser wall time (s) |", column=0) > 0
+    for column in (0, 1):  # gathered by the chief, on each ps
+        assert figure(text, "| save wall time (s) |", column=column) > 0
+        assert figure(text, "| checkpoint (MiB) |", column=column) >= 0
 
 
 @pytest.mark.timeout(600)

@@ -132,6 +132,8 @@ def test_tf1_per_host_output_keeps_checkpoints_on_the_chief_and_copies_results_b
     assert run.finish(timeout=300) == 0, run.text()[-4000:]
     text = run.text()
     assert "Training complete" in text
+    # no ps sees the chief's folder: the chief gathers and saves (recipes/ps_saving.py)
+    assert "checkpoints: the chief gathers and saves every variable" in text, text[-3000:]
     steps_after = [s for name, s in run.steps(recovered + 1) if name == "worker/0"]
     assert steps_after and min(steps_after) >= last_ckpt, (steps_after[:3], last_ckpt)
 

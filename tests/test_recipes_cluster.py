@@ -64,6 +64,8 @@ def test_algorithm_trains_and_every_task_exits(algo: str, tmp_path: Path) -> Non
         assert final_checkpoint_step(out) == result["global_step"]
         assert {"loss", "accuracy", "learning_rate", "global_step/sec"} <= summary_tags(out)
         assert "ps/0 done: 2 of 2 replicas finished" in c.tasks["ps/0"].text
+        # the ps sees this output folder: it saved its own variables (recipes/ps_saving.py)
+        assert "checkpoints: each ps saves its own variables into" in c.tasks["worker/0"].text
         if "evaluator/0" in c.tasks:
             lines = [json.loads(s) for s in (out / "eval/metrics.jsonl").read_text().splitlines()]
             assert lines[-1]["global_step"] == result["global_step"]
