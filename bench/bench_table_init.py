@@ -3,7 +3,8 @@
 Usage: ``.venv/bin/python bench/bench_table_init.py [--rows 2000000] [--dim 64] [--repeats 3]
 [--out docs/bench_table_init.md]``
 
-A TF1 cluster on loopback: 2 parameter servers (``tf.distribute.Server`` processes) and the
+A TF1 cluster on loopback: 2 parameter servers (``tf.distribute.Server`` processes, forked from
+the run's process after its TensorFlow import, as tfplan's warm seeds fork tasks) and the
 process that builds the graph and runs the initialiser (the chief's role), with a model whose
 ``Embedding`` table (``rows`` x ``dim`` float32) is split into one part per ps by
 recipes/keras_model.py, as the recipes build it under the ``replica_device_setter``.
@@ -53,24 +54,25 @@ SAVE_LABELS = {"gathered": "gathered by the chief", "on-ps": "on each ps (sharde
 # One run: started as its own interpreter (graph mode and the servers are process-wide).
 RUN = textwrap.dedent(
     """
-    import json, os, subprocess, sys, time
+    import json, os, sys, time
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     sys.path.insert(0, {repo!r})
     spec, mode, rows, dim = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     save, folder = sys.argv[5], sys.argv[6]
-    server_code = (
-        "import os, sys, json; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\\n"
-        "import tensorflow as tf\\n"
-        "tf.distribute.Server(tf.train.ClusterSpec(json.loads(sys.argv[1])), job_name='ps',"
-        " task_index=int(sys.argv[2])).join()\\n"
-    )
-    servers = [
-        subprocess.Popen([sys.executable, "-c", server_code, json.dumps(spec), str(i)])
-        for i in range(len(spec["ps"]))
-    ]
+    import signal
+    import tensorflow as tf
+
+    # each ps forked from here once TensorFlow is imported and before its runtime starts (as
+    # tfplan's warm seeds fork tasks): one import per run, not three
+    servers = []
+    for i in range(len(spec["ps"])):
+        pid = os.fork()
+        if pid == 0:
+            tf.distribute.Server(tf.train.ClusterSpec(spec), job_name="ps", task_index=i).join()
+            os._exit(0)
+        servers.append(pid)
     try:
         import keras
-        import tensorflow as tf
         from recipes.checkpoint_names import sliced_names
         from recipes.keras_model import KerasModel
         from recipes.runtime import chief_saver
@@ -97,7 +99,7 @@ RUN = textwrap.dedent(
             raise RuntimeError("no VmHWM")
 
         def peaks():
-            return [hwm(p.pid) for p in servers] + [hwm(os.getpid())]
+            return [hwm(pid) for pid in servers] + [hwm(os.getpid())]
 
         with tf.Graph().as_default():
             km = KerasModel(model, {{}}, partitions=len(spec["ps"]), partition_bytes=1024)
@@ -133,9 +135,9 @@ RUN = textwrap.dedent(
             {{"before": before, "after": after, "secs": took, "save": saved}}
         ))
     finally:
-        for p in servers:
-            p.kill()
-            p.wait()
+        for pid in servers:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
     """
 )
 

@@ -612,6 +612,13 @@ def test_a_model_too_large_to_join_is_exported_as_parts_that_assemble_to_the_sam
         [0, 250], [250, 333], [333, 583], [583, 666], [666, 916], [916, 1000],
     ]  # fmt: skip
     assert manifest["bytes"] == sum(v.nbytes for v in values.values())
+    from recipes import assemble_parts
+
+    for path in order:  # every weight's files join to the checkpoint's value
+        joined_value = assemble_parts.weight(str(tmp_path / "big.parts"), path)
+        np.testing.assert_array_equal(joined_value, values[path], err_msg=path)
+    if fmt != "tf1":  # the user's side, once (the same files for every format)
+        return
     # the user's side: the folder's own assemble.py, no tfplan on the path
     proc = subprocess.run(
         [sys.executable, str(tmp_path / "big.parts" / "assemble.py"), str(tmp_path / "a.keras")],

@@ -325,26 +325,3 @@ def test_each_part_of_a_split_variable_is_initialised_on_its_ps_without_the_whol
         """
     )
     assert out.startswith("ok")
-
-
-def test_a_variance_scaling_part_is_drawn_with_the_whole_variables_spread() -> None:
-    """Glorot's limit is sqrt(6 / (fan_in + fan_out)) of the whole kernel: a part of a third of
-    the rows must not get its own, wider, limit."""
-    out = _run(
-        """
-        from recipes.part_init import rows_initializer
-        full, part = (3000, 100), (1000, 100)
-        init = rows_initializer(keras.initializers.GlorotUniform(seed=1), full, part, 0)
-        with tf.Graph().as_default(), v1.Session() as sess:
-            values = sess.run(tf.convert_to_tensor(init(part, dtype="float32")))
-        limit = (6 / (3000 + 100)) ** 0.5
-        assert values.shape == part
-        assert 0.97 * limit < np.abs(values).max() <= limit, (np.abs(values).max(), limit)
-        he = rows_initializer(keras.initializers.HeNormal(), full, part, 1)
-        with tf.Graph().as_default(), v1.Session() as sess:
-            std = sess.run(tf.convert_to_tensor(he(part, dtype="float32"))).std()
-        assert abs(std / (2 / 3000) ** 0.5 - 1) < 0.05, std  # fan_in of the whole kernel
-        print("ok")
-        """
-    )
-    assert out.startswith("ok")
