@@ -47,7 +47,7 @@ def ps_see_output(target: str, output_dir: str, n_ps: int, config: Any = None) -
             with v1.Session(target, config=config) as sess:
                 got = sess.run(reads, options=v1.RunOptions(timeout_in_ms=PROBE_TIMEOUT_MS))
         return all(value == token.encode() for value in got)
-    except (tf.errors.NotFoundError, tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
+    except tf.errors.OpError:  # not found, not allowed, too slow, gone: not relied on
         return False
     finally:
         os.remove(marker)

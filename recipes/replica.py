@@ -252,7 +252,10 @@ class _StepRateHook(v1.train.StepCounterHook):  # type: ignore[name-defined]
         if self._wrote or self._first is None or self._summary_writer is None:
             return
         started, first_step = self._first
-        step = int(session.run(self._global_step_tensor))
+        try:
+            step = int(session.run(self._global_step_tensor))
+        except tf.errors.OpError:  # a ps already gone: no rate rather than a failed end
+            return
         elapsed = time.monotonic() - started
         if step > first_step and elapsed > 0:
             self._log_and_record(step - first_step, elapsed, step)
