@@ -212,9 +212,10 @@ class _Entries:
         return value
 
     def rows(self, path: str, shape: tuple[int, ...], lo: int, hi: int) -> Any:
-        """Rows ``[lo, hi)`` of the weight at ``path`` (of ``shape``), read alone: a slice of
-        its entry (TensorFlow's RestoreV2 with a slice spec reads those rows from any split
-        the checkpoint holds), or of the parts of an older checkpoint that cover them.
+        """Rows ``[lo, hi)`` of the weight at ``path`` (of ``shape``): a slice of its entry
+        (TensorFlow's RestoreV2 with a slice spec, from any split the checkpoint holds; it reads
+        each stored slice the rows touch whole, so ask for one stored slice at a time:
+        :meth:`stored`), or of the parts of an older checkpoint that cover them.
 
         Raises:
             ConfigError: the checkpoint has no such weight, or holds it in another shape.
