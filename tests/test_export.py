@@ -535,18 +535,18 @@ def test_the_cli_exports_the_latest_or_a_given_step(
     assert code == 0, err
     assert f"Exported step 60 of experiment exp to {out / 'model-60.keras'}" in printed
     _same_weights(_load(str(out / "model-60.keras")), values, order)
+    # another step, with --join-bytes below the model's size: its parts, and the line says so
     mine = tmp_path / "mine" / "older.keras"
-    code, printed, err = _cli(
-        capsys, "-e", "exp", "--step", "30", "--out", str(mine), "--workspace", str(ws)
-    )
-    assert code == 0 and str(mine) in printed, err
-    _same_weights(_load(str(mine)), older, order)
-    # --join-bytes below the model's size: its parts, and the line says how to join them
-    code, printed, err = _cli(capsys, "-e", "exp", "--join-bytes", "10", "--workspace", str(ws))
-    folder = out / "model-60.parts"
+    args = ("--step", "30", "--out", str(mine), "--join-bytes", "10", "--workspace", str(ws))
+    code, printed, err = _cli(capsys, "-e", "exp", *args)
+    folder = tmp_path / "mine" / "older.parts"
     assert code == 0, err
-    assert f"Exported step 60 of experiment exp as parts to {folder}" in " ".join(printed.split())
-    assert (folder / "model.json").is_file() and not (out / "model-60.keras").exists()
+    assert f"Exported step 30 of experiment exp as parts to {folder}" in " ".join(printed.split())
+    assert (folder / "model.json").is_file() and not mine.exists()
+    from recipes import assemble_parts
+
+    for path in order:
+        np.testing.assert_array_equal(assemble_parts.weight(str(folder), path), older[path])
     code, printed, err = _cli(capsys, "-e", "exp", "--join-bytes", "0", "--workspace", str(ws))
     assert code != 0 and "--join-bytes 0: give a positive number of bytes" in err
 
