@@ -180,6 +180,7 @@ class _Entries:
         self._reader = tf.train.load_checkpoint(path)
         self._shapes = self._reader.get_variable_to_shape_map()
         self._dtypes = self._reader.get_variable_to_dtype_map()
+        self._listing: Optional[bytes] = None  # the bundle's entries (:meth:`stored`)
         keys = list(self._shapes)
         tf2 = object_based(keys)
         self._keys = {
@@ -264,7 +265,9 @@ class _Entries:
         # tensor's name and the slice: b"\x00" + name + b"\x00\x01" + dims and (start, length)
         # pairs, then " (DT_...) [shape]"; entries sort by start.
         prefix = re.escape(b"\x00" + self._keys[name].encode() + b"\x00\x01")
-        listing = self._reader.debug_string()
+        if self._listing is None:  # one line per entry: read once, not per weight
+            self._listing = self._reader.debug_string()
+        listing = self._listing
         sizes = [
             int(m.group(1).split(b",")[0])
             for m in re.finditer(prefix + rb".*? \(DT_\w+\) \[([\d,]+)\]\n", listing, re.S)

@@ -169,6 +169,8 @@ class KerasModel:
         # the trainable tables of plain Embedding layers, read row by row in graph mode
         # (recipes/sparse_lookup.py), with their number of rows
         self.sparse_tables: dict[str, int] = {}
+        # id(built model) -> its layers' initializers by variable path (:meth:`_part_value`)
+        self._initializers: dict[int, dict[str, Any]] = {}
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> Any:
@@ -450,7 +452,9 @@ class KerasModel:
         full = [int(d) for d in w.shape]
         lo, hi = rows
         shape = [hi - lo, *full[1:]]
-        init = layer_initializers(model).get(w.path) or _deferred_initializer(w)
+        if id(model) not in self._initializers:  # one walk of the layers per model
+            self._initializers[id(model)] = layer_initializers(model)
+        init = self._initializers[id(model)].get(w.path) or _deferred_initializer(w)
         index = self.parts[w.path].index(rows)
         part_init = None if init is None else rows_initializer(init, full, shape, index)
         dtype = w.dtype
