@@ -49,7 +49,15 @@ def _spec(folder: str, path: str) -> dict[str, Any]:
 
 def parts(folder: str, path: str) -> list[tuple[int, int, np.ndarray]]:
     """The row ranges of the weight at ``path``: (first row, end row, rows memory-mapped)."""
-    spec = _spec(folder, path)
+    return _ranges(folder, _spec(folder, path))
+
+
+def weight(folder: str, path: str) -> np.ndarray:
+    """The weight at ``path``, its parts joined along the first axis."""
+    return _joined(folder, _spec(folder, path))
+
+
+def _ranges(folder: str, spec: dict[str, Any]) -> list[tuple[int, int, np.ndarray]]:
     return [
         (
             int(f["rows"][0]),
@@ -60,13 +68,13 @@ def parts(folder: str, path: str) -> list[tuple[int, int, np.ndarray]]:
     ]
 
 
-def weight(folder: str, path: str) -> np.ndarray:
-    """The weight at ``path``, its parts joined along the first axis."""
-    spec = _spec(folder, path)
-    pieces = [np.asarray(rows) for _, _, rows in parts(folder, path)]
+def _joined(folder: str, spec: dict[str, Any]) -> np.ndarray:
+    pieces = [np.asarray(rows) for _, _, rows in _ranges(folder, spec)]
     value = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
     if list(value.shape) != list(spec["shape"]):
-        raise ValueError(f"{folder}: {path} assembles to {list(value.shape)}, not {spec['shape']}")
+        raise ValueError(
+            f"{folder}: {spec['path']} assembles to {list(value.shape)}, not {spec['shape']}"
+        )
     return value
 
 
@@ -95,8 +103,8 @@ def load(folder: str) -> Any:
             f"{folder}: the model built has weights {sorted(by_path)}, the parts {missing or ''}"
             f"{[s['path'] for s in specs]}: build it with the same factory and keys"
         )
-    for spec in specs:
-        by_path[spec["path"]].assign(weight(folder, spec["path"]))
+    for spec in specs:  # model.json read once, not once per weight
+        by_path[spec["path"]].assign(_joined(folder, spec))
     return model
 
 

@@ -11,8 +11,8 @@ scattered (TF 2.21: ``NotFoundError: .../model.ckpt-0_temp/part-00000-of-00002 d
 So the chief asks first (:func:`ps_see_output`): it writes a token file into the output folder
 and has an op on each ps read it back. Every ps sees it: a sharded saver (saving from the ps,
 :func:`recipes.runtime.chief_saver` with ``sharded=True``); any does not: the chief's own saver
-(the chief pulls every variable and writes the checkpoint on its host), as before. The files are the same V2 format
-either way, so a checkpoint of one restores through the other.
+(the chief pulls every variable and writes the checkpoint on its host), as before. The files
+are the same V2 format either way, so a checkpoint of one restores through the other.
 """
 
 from __future__ import annotations
