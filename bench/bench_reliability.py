@@ -80,8 +80,21 @@ class Fault:
 
 
 COLD = "cluster.warm=false"
+SNAPSHOTS_OFF = "lifecycle.snapshot_secs=0"
 FAULTS = (
-    Fault("SIGKILL ps/0, forked again from the warm seed (the default)", "ps/0", "forked", 9),
+    Fault(
+        "SIGKILL ps/0, forked again from the warm seed, snapshots every 1 s (the default)",
+        "ps/0",
+        "forked",
+        9,
+    ),
+    Fault(
+        "SIGKILL ps/0, forked again from the warm seed, checkpoints only (snapshot_secs=0)",
+        "ps/0",
+        "forked",
+        9,
+        (SNAPSHOTS_OFF,),
+    ),
     Fault(
         "SIGKILL ps/0 (program), cold plain restart",
         "ps/0",
@@ -130,6 +143,7 @@ class Round:
     restart_to_progress: float
     cluster_progress: float  # fault -> the first step line of another trainer
     lost: int
+    lost_secs: float  # the steps lost, as seconds of this round's own training before the fault
     beyond_checkpoint: bool  # a step after the restart below the last checkpoint's
     stages: dict[str, float] = field(default_factory=dict)
     standby_idle: tuple[float, float] | None = None  # (CPU %, RSS MiB) while waiting
@@ -289,7 +303,14 @@ def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
             lost = max(backs) if backs else max(0, before - min(after)) if after else before
             beyond = bool(after) and min(after) < checkpoint
             return Round(
-                at - fault_at, at - restart_at, cluster - fault_at, lost, beyond, stages, idle
+                at - fault_at,
+                at - restart_at,
+                cluster - fault_at,
+                lost,
+                lost / _steps_per_sec(run, fault_line),
+                beyond,
+                stages,
+                idle,
             )
         finally:
             if run.proc.poll() is None:
@@ -300,13 +321,32 @@ def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
                 kill_groups([int(s["handle"]["pgid"]) for s in _state(ws).get("standbys", [])])  # type: ignore[union-attr]
 
 
-def speed_round(standby: bool, max_steps: int) -> tuple[float, float, bool]:
+def _steps_per_sec(run: ApplyRun, until: int) -> float:
+    """The global steps per second of the progress lines up to line ``until`` (the fault)."""
+    timed = [
+        (t, int(m.group(2)))
+        for t, line in run.lines[: until + 1]
+        if (m := STEP.match(line)) and m.group(1) in TRAINERS
+    ]
+    (t0, s0), (t1, s1) = timed[0], timed[-1]
+    return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else float("nan")
+
+
+# The no-fault speed runs: label -> overrides, sides alternating
+SPEED_SIDES = {
+    "ps_standby=false (cold starts)": (COLD, "lifecycle.ps_standby=false"),
+    "ps_standby=true (cold starts)": (COLD, "lifecycle.ps_standby=true"),
+    "snapshot_secs=0 (forked, checkpoints only)": (SNAPSHOTS_OFF,),
+    "snapshot_secs=1 (forked, the default)": (),
+}
+
+
+def speed_round(side: str, max_steps: int) -> tuple[float, float, bool]:
     """(examples/s from the chief's result, wall seconds, whether a standby got ready before
     the end) of a run without faults."""
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
-        flag = "true" if standby else "false"
-        fault = Fault("", "", "", 0, (COLD, f"lifecycle.ps_standby={flag}"))
+        fault = Fault("", "", "", 0, SPEED_SIDES[side])
         run = ApplyRun(ws, _args(ws, fault, max_steps))
         try:
             began = time.monotonic()
@@ -332,6 +372,7 @@ def main() -> None:
     parser.add_argument("--speed-runs", type=int, default=2, help="runs per side, no faults")
     parser.add_argument("--speed-steps", type=int, default=6000)
     parser.add_argument("--only", help="only the faults whose label contains this")
+    parser.add_argument("--speed-only", help="only the speed sides whose label contains this")
     parser.add_argument("--keep-logs", type=Path, help="keep each round's apply output here")
     parser.add_argument("--fault-at", type=int, default=FAULT_AT, help="the fault's global step")
     parser.add_argument(
@@ -367,15 +408,16 @@ def main() -> None:
                 continue
             rounds[fault.label].append(done)
             print(fault.label, done, flush=True)
-    speeds: dict[bool, list[tuple[float, float, bool]]] = {True: [], False: []}
+    sides = [k for k in SPEED_SIDES if not options.speed_only or options.speed_only in k]
+    speeds: dict[str, list[tuple[float, float, bool]]] = {side: [] for side in sides}
     for _ in range(options.speed_runs):
-        for standby in (False, True):
+        for side in sides:
             try:
-                speeds[standby].append(speed_round(standby, options.speed_steps))
+                speeds[side].append(speed_round(side, options.speed_steps))
             except Exception as error:  # noqa: BLE001 - reported, the fault rounds are kept
-                print("speed", standby, "FAILED:", error, flush=True)
+                print("speed", side, "FAILED:", error, flush=True)
                 continue
-            print("speed", standby, speeds[standby][-1], flush=True)
+            print("speed", side, speeds[side][-1], flush=True)
     LOADS.append(os.getloadavg())
     write_report(options, faults, rounds, failures, speeds)
 
@@ -392,17 +434,19 @@ def write_report(
     faults: list[Fault],
     rounds: dict[str, list[Round]],
     failures: dict[str, list[str]],
-    speeds: dict[bool, list[tuple[float, float, bool]]],
+    speeds: dict[str, list[tuple[float, float, bool]]],
 ) -> None:
     rows = []
     for fault in faults:
         done = rounds[fault.label]
         lost = [float(r.lost) for r in done]
+        lost_secs = [r.lost_secs for r in done]
         rows.append(
             f"| {fault.label} | {len(done)} | {_spread([r.fault_to_progress for r in done])} | "
             f"{_spread([r.restart_to_progress for r in done])} | "
             f"{_spread([r.cluster_progress for r in done])} | "
             f"{_median(lost):.0f} ({max(lost, default=0):.0f}) | "
+            f"{_median(lost_secs):.2f} ({max(lost_secs, default=0):.2f}) | "
             f"{sum(r.beyond_checkpoint for r in done)} |"
         )
     failed = [
@@ -421,22 +465,30 @@ def write_report(
             stage_rows.append(f"| {fault.label} | {cells} |")
     idle = [r.standby_idle for rs in rounds.values() for r in rs if r.standby_idle]
     speed_lines = []
-    if speeds[True] and speeds[False]:
-        on = _median([s[0] for s in speeds[True]])
-        off = _median([s[0] for s in speeds[False]])
+    measured = {side: runs for side, runs in speeds.items() if runs}
+    if measured:
+        median = {side: _median([r[0] for r in runs]) for side, runs in measured.items()}
+        ratios = []
+        for off, on, what in (
+            (0, 1, "with a standby / without"),
+            (2, 3, "with snapshots every 1 s / checkpoints only"),
+        ):
+            names = list(SPEED_SIDES)
+            if names[off] in median and names[on] in median:
+                ratios.append(f"{what}: {median[names[on]] / median[names[off]]:.2f}")
         speed_lines = [
-            "## Training speed with and without a standby (no fault)",
+            "## Training speed without a fault: standby, snapshots",
             "",
             f"{options.speed_steps} steps, {options.speed_runs} runs per side, alternating. "
-            "The standby starts at the first training step and imports TensorFlow while the "
-            "workers train.",
+            "A standby starts at the first training step and imports TensorFlow while the "
+            "workers train; snapshots: every ps's variables written into /dev/shm by the ps, "
+            "started by the chief every second on a thread of its own.",
             "",
-            "| ps_standby | examples/s (median) | runs (examples/s, wall s) |",
+            "| side | examples/s (median) | runs (examples/s, wall s) |",
             "|---|---|---|",
-            f"| false | {off:.0f} | {_fmt(speeds[False])} |",
-            f"| true | {on:.0f} | {_fmt(speeds[True])} |",
+            *(f"| {side} | {median[side]:.0f} | {_fmt(runs)} |" for side, runs in measured.items()),
             "",
-            f"Ratio with / without: {on / off:.2f}.",
+            f"Ratios of the medians: {'; '.join(ratios) or '-'}.",
             "",
         ]
     idle_lines = []
@@ -483,9 +535,9 @@ def write_report(
         "ranges.",
         "",
         "| fault | rounds | fault -> victim back (s) | restart -> victim back (s) | fault -> "
-        "cluster trains (s) | global steps lost median (max) | rounds rolled back past the last "
-        "checkpoint |",
-        "|---|---|---|---|---|---|---|",
+        "cluster trains (s) | global steps lost median (max) | training lost (s) median (max) | "
+        "rounds rolled back past the last checkpoint |",
+        "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         "Times: median (min-max) over the rounds. Victim back: for a ps, the first worker step "
@@ -493,10 +545,12 @@ def write_report(
         "trains again); for the others, the victim's own next step line (the evaluator: its next "
         "evaluation), which pays the new process's TensorFlow import. Cluster trains: the first "
         "step line of another trainer after the fault (the others do not wait for a chief, a "
-        "worker or the evaluator). Steps lost: a ps restart goes back to the last "
-        "checkpoint (up to 99 steps here): the replicas print from which global step they went "
-        "back ('back from global step N'); without such a line, the highest step printed "
-        "before the fault (every 25 steps) minus the lowest one after the restart. A round "
+        "worker or the evaluator). Steps lost: a ps restart goes back to its snapshot (at most "
+        "about a second old) or, without one, to the last checkpoint (up to 99 steps here): "
+        "the replicas print from which global step they went back ('back from global step N'); "
+        "without such a line, the highest step printed before the fault (every 25 steps) minus "
+        "the lowest one after the restart. Training lost: those steps over the round's own "
+        "global steps per second before the fault (its progress lines). A round "
         "counts as rolled back past the last checkpoint when a step after the restart is below "
         "the last checkpoint taken before the fault.",
         "",
@@ -512,19 +566,19 @@ def write_report(
         "next 0.5 s poll); restarted: the backoff (0.2 s), "
         "the previous life stopped, then a new process started or the standby signalled; "
         "serves: the ps's gRPC server is up (a new process imports TensorFlow first); "
-        "training: the chief's session recovery (restore of the last checkpoint into the new "
-        "ps) and the workers' reconnect.",
+        "training: the chief's session recovery (restore of the snapshot or the last "
+        "checkpoint into the new ps) and the workers' reconnect.",
         "",
         *idle_lines,
         *speed_lines,
         "Raw rounds (fault -> victim back s, restart -> victim back s, fault -> cluster trains "
-        "s, steps lost), in order:",
+        "s, steps lost, training lost s), in order:",
         "",
         *[
             f"- {label}: "
             + ", ".join(
                 f"({r.fault_to_progress:.2f}, {r.restart_to_progress:.2f}, "
-                f"{r.cluster_progress:.2f}, {r.lost})"
+                f"{r.cluster_progress:.2f}, {r.lost}, {r.lost_secs:.2f})"
                 for r in done
             )
             for label, done in rounds.items()

@@ -25,6 +25,7 @@ __all__ = [
     "FeatureConf",
     "ModelConf",
     "RunConfig",
+    "SnapshotConf",
     "TaskInfo",
     "TrainerConf",
     "data_conf",
@@ -121,6 +122,14 @@ class TrainerConf:
 
 
 @dataclass(frozen=True)
+class SnapshotConf:
+    """run.yaml's ``snapshots`` (tfplan's lifecycle.snapshot_secs and snapshot_dir)."""
+
+    secs: float = 1.0  # 0: none
+    folder: str = "/dev/shm"  # on each ps's host
+
+
+@dataclass(frozen=True)
 class RunConfig:
     output_dir: str
     algo: AlgoConf
@@ -128,6 +137,7 @@ class RunConfig:
     data: DataConf
     trainer: TrainerConf
     experiment_id: str = "default"
+    snapshots: SnapshotConf = field(default_factory=SnapshotConf)
 
 
 @dataclass(frozen=True)
@@ -275,6 +285,7 @@ def load_run_config(path: str) -> RunConfig:
         data=data_conf(raw.get("data")),
         trainer=TrainerConf(**_pick(TrainerConf, raw.get("trainer"), "trainer")),
         experiment_id=str((raw.get("experiment") or {}).get("id", "default")),
+        snapshots=SnapshotConf(**_pick(SnapshotConf, raw.get("snapshots"), "snapshots")),
     )
 
 

@@ -32,7 +32,14 @@ def input_failure(e: Exception, cfg: RunConfig, gs: int) -> Exception:
 def first_line(e: BaseException) -> str:
     """The first telling line of an error message (TF's run to dozens of lines and start with
     generic ones such as "Graph execution error:"), at most 200 characters."""
-    generic = ("Graph execution error", "Detected at node", "<stack traces", "File ")
+    generic = (
+        "Graph execution error",
+        "Detected at node",
+        "<stack traces",
+        "File ",
+        "Node: ",
+        "From /job:",
+    )
     for line in str(e).splitlines():
         line = line.strip()
         if line and not line.startswith(generic) and "root error(s) found" not in line:

@@ -34,6 +34,7 @@ from recipes.failures import input_failure
 from recipes.inputs import graph_feeds
 from recipes.live import Live
 from recipes.ps_saving import ps_see_output
+from recipes.ps_snapshots import PsSnapshots, SnapshotHook
 from recipes.reporting import ProgressLog, result_record, write_result
 from recipes.runtime import (
     RoleSessionCreator,
@@ -404,11 +405,25 @@ def run_replica(
         saver=chief_saver(g.saver_names, cfg.trainer.keep_checkpoints, sharded=on_ps),
         local_init_feed_dict=graph_feeds() or None,  # an in-memory shard, fed at the init
     )
+    snapshots = None
+    if task.is_chief and task.n_ps and cfg.snapshots.secs > 0:
+        snapshots = PsSnapshots(
+            g.saver_names, g.global_step, task.n_ps, cfg.snapshots.folder, cfg.output_dir
+        )
     creator = RoleSessionCreator(
-        scaffold, server.target, config, task.is_chief, cfg.output_dir, g.probe, log=log
+        scaffold,
+        server.target,
+        config,
+        task.is_chief,
+        cfg.output_dir,
+        g.probe,
+        log=log,
+        snapshots=snapshots,
     )
     try:
         hooks = _hooks(cfg, g, scaffold, task.is_chief, max_steps, progress)
+        if snapshots is not None:
+            hooks.append(SnapshotHook(snapshots, cfg.snapshots.secs, log))
         stop_hook = next(h for h in hooks if isinstance(h, v1.train.StopAtStepHook))
         with v1.train.MonitoredSession(
             session_creator=creator,

@@ -290,10 +290,16 @@ def _short_run() -> Any:
     return v1.RunOptions(timeout_in_ms=5000)
 
 
-def run_ps(task: TaskInfo, log: Any = print) -> int:
-    """Serve variables until every replica has sent its done token; returns the exit code."""
-    # Why SIGTERM -> exit 0: a launcher that stops the cluster has not seen a ps failure.
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+def run_ps(task: TaskInfo, log: Any = print, on_exit: Callable[[], None] = lambda: None) -> int:
+    """Serve variables until every replica has sent its done token, or SIGTERM; returns the exit
+    code. ``on_exit`` runs either way (the ps's own snapshots are removed)."""
+
+    def stopped(*_: Any) -> None:
+        # Why SIGTERM -> exit 0: a launcher that stops the cluster has not seen a ps failure.
+        on_exit()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stopped)
     server = make_server(task)
     n = replicas_now(task)
     with v1.Graph().as_default():
@@ -316,6 +322,7 @@ def run_ps(task: TaskInfo, log: Any = print) -> int:
                     break
                 time.sleep(0.1)
     log(f"ps/{task.index} done: {n} of {n} replicas finished")
+    on_exit()
     sys.stdout.flush()
     # Why _exit: the gRPC server has no clean shutdown and would keep the process alive.
     os._exit(0)
@@ -443,7 +450,9 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
         probe: Any,
         join_timeout: float = 600.0,
         log: Any = print,
+        snapshots: Any = None,
     ) -> None:
+        self._snapshots = snapshots  # recipes.ps_snapshots.PsSnapshots: a ps back from its own
         self._scaffold = scaffold
         self._target = target
         self._config = config
@@ -466,15 +475,16 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
             )
         return self._manager
 
-    def _ps_initialized(self) -> bool:
-        """Whether the ps hold initialised variables; waits (without spinning) while a ps is
-        unreachable, e.g. while it restarts: MonitoredSession retries create_session at once,
-        and a busy retry loop starves the restarting ps of the CPU it needs to start."""
+    def _uninitialized(self) -> list[Any]:
+        """The names of the global variables not initialised on the ps; waits (without
+        spinning) while a ps is unreachable, e.g. while it restarts: MonitoredSession retries
+        create_session at once, and a busy retry loop starves the restarting ps of the CPU it
+        needs to start."""
         deadline = time.monotonic() + self._join_timeout
         while True:
             try:
                 with v1.Session(self._target, config=self._config) as sess:
-                    return len(sess.run(self._probe)) == 0
+                    return list(sess.run(self._probe))
             except _peer_errors() as e:
                 if not lost_peer(e) or time.monotonic() > deadline:
                     raise
@@ -488,11 +498,16 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
     def _create_session(self) -> Any:
         self._scaffold.finalize()
         sm = self._session_manager()
-        if self._is_chief and not self._ps_initialized():
-            # Fresh ps (first start or ps restart): restore the last checkpoint, else init.
+        missing = self._uninitialized() if self._is_chief else []
+        latest = None
+        if missing:
             latest = (
                 tf.train.latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
             )
+        alone = bool(missing) and self._restored_alone(missing, latest)
+        if missing and not alone:
+            # Fresh ps (first start, or a ps restart before any snapshot): restore the last
+            # checkpoint into every ps, else initialise them.
             self._log(
                 "parameter servers uninitialised: "
                 + (f"restoring {os.path.basename(latest)}" if latest else "initialising them")
@@ -505,7 +520,7 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
                 init_op=self._scaffold.init_op,
                 init_fn=self._scaffold.init_fn,
             )
-        if self._is_chief:
+        if self._is_chief and not alone:
             self._log("parameter servers already initialised: joining their live values")
         else:
             wait_until_initialized(
@@ -514,3 +529,23 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
         return sm.wait_for_session(
             self._target, config=self._config, max_wait_secs=self._join_timeout
         )
+
+    def _restored_alone(self, missing: list[Any], latest: Optional[str]) -> bool:
+        """Restore only the ps that came back empty (each from its snapshot, else from the
+        checkpoint), when this chief has snapshots of them; False (nothing done) when not, or
+        when a variable is still uninitialised after it (then every ps gets the checkpoint)."""
+        snapshots = self._snapshots
+        if snapshots is None:
+            return False
+        restarted = snapshots.ps_of(missing)
+        if not restarted or not all(snapshots.last(k) for k in restarted):
+            return False
+        with v1.Session(self._target, config=self._config) as sess:
+            for k in restarted:
+                snapshots.restore(sess, k, latest, self._log)
+            left = sess.run(self._probe)
+        if len(left):
+            names = ", ".join(n.decode() for n in left[:3])
+            self._log(f"still uninitialised after the ps restore: {names}; restoring every ps")
+            return False
+        return True

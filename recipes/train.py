@@ -77,9 +77,13 @@ def _run(config_path: str) -> int:
     tf.compat.v1.disable_eager_execution()
     _quiet_cancelled_threads(tf.errors.CancelledError)
     if task.type == "ps":
+        from recipes.ps_snapshots import SnapshotFolder
         from recipes.runtime import run_ps
 
-        return run_ps(task, _log)
+        folder = SnapshotFolder(cfg.snapshots.folder, cfg.output_dir, task.index)
+        if cfg.snapshots.secs > 0:
+            folder.prepare(_log)
+        return run_ps(task, _log, on_exit=folder.remove)
     if task.type == "evaluator":
         from recipes.evaluator import run_evaluator
 

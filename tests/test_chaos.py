@@ -97,8 +97,13 @@ def _first_step(name: str) -> str:
 
 
 def _restored(name: str) -> str:
-    """The chief found the ps uninitialised and restored a checkpoint (recipes/runtime.py)."""
-    return rf"^{name}\s+\| parameter servers uninitialised: restoring model\.ckpt-(\d+)"
+    """The chief found the ps uninitialised and restored them (recipes/runtime.py): every ps
+    from a checkpoint, or the restarted ps alone from its in-memory snapshot (at least as new as
+    the last checkpoint; recipes/ps_snapshots.py) or its share of the checkpoint."""
+    return (
+        rf"^{name}\s+\| (?:parameter servers uninitialised: restoring model\.ckpt-(\d+)"
+        r"|ps/\d+ restored from its (?:snapshot|checkpoint) of step ([\d,]+))"
+    )
 
 
 def _no_step_below(run: ApplyRun, task: str, marker: int, floor: int) -> None:
@@ -116,7 +121,9 @@ def _no_step_below(run: ApplyRun, task: str, marker: int, floor: int) -> None:
 def _restored_step(run: ApplyRun, name: str, after: int) -> tuple[int, int]:
     """(line, checkpoint step) of ``name``'s first restore after line ``after``."""
     line = run.wait_for(_restored(name), timeout=1, after=after)
-    return line, int(re.search(r"ckpt-(\d+)", run.lines[line][1])[1])  # type: ignore[index]
+    found = re.search(_restored(name), run.lines[line][1])
+    assert found
+    return line, int((found[1] or found[2]).replace(",", ""))
 
 
 @pytest.mark.parametrize("victim", ["ps/0", "worker/0", "worker/1"])

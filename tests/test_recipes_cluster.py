@@ -127,11 +127,14 @@ def test_chief_restart_does_not_roll_back(tmp_path: Path) -> None:
 
 
 def test_ps_killed_and_restarted_resumes_from_checkpoint(tmp_path: Path) -> None:
+    """Without in-memory snapshots (they have their own tests: test_snapshots.py), a restarted
+    ps gets the last checkpoint, as every ps does."""
     cfg = run_config(
         tmp_path / "out",
         ALGOS["hogwild"],
         max_steps=1200,
         trainer={"checkpoint_steps": 100, "log_steps": 50},
+        snapshots={"secs": 0},
     )
     with RecipeCluster(tmp_path, cfg) as c:
         c.start_all()

@@ -364,6 +364,11 @@ class LifecycleConfig:
     # import. null: on for the built-in recipes, off for recipe=command (the program must
     # support it: docs/contract.md)
     ps_standby: bool | None = None
+    # in-memory snapshots (the TF1 recipes): every this many seconds each ps saves its variables
+    # from its own host into snapshot_dir there; a restarted ps comes back from its snapshot
+    # instead of the last checkpoint (docs/reliability.md). 0: off (checkpoints only)
+    snapshot_secs: float = 1.0
+    snapshot_dir: str = "/dev/shm"  # on each ps's host: memory that outlives the ps process
 
 
 @dataclass

@@ -430,6 +430,11 @@ def _run_config(cfg: Config, output_dir: str, cwd: str) -> dict[str, Any]:
         "model": plain(cfg.model),
         "data": data,
         "trainer": plain(cfg.trainer),
+        # read by the TF1 recipes' chief and ps (recipes/ps_snapshots.py)
+        "snapshots": {
+            "secs": float(cfg.lifecycle.snapshot_secs),
+            "folder": cfg.lifecycle.snapshot_dir,
+        },
     }
 
 

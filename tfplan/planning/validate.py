@@ -559,6 +559,18 @@ def _check_lifecycle(cfg: Config, counts: RoleCounts) -> None:
         life.evaluator_grace_secs >= 0, "lifecycle.evaluator_grace_secs", "negative", "use e.g. 120"
     )
     _require(life.stop_grace_secs >= 0, "lifecycle.stop_grace_secs", "negative", "use e.g. 5")
+    _require(
+        life.snapshot_secs >= 0,
+        "lifecycle.snapshot_secs",
+        "negative",
+        "use e.g. 1 (seconds between in-memory snapshots), or 0 for none",
+    )
+    _require(
+        life.snapshot_dir.startswith("/"),
+        "lifecycle.snapshot_dir",
+        f"{life.snapshot_dir!r} is not an absolute path",
+        "use a folder of each ps host's memory, e.g. /dev/shm",
+    )
     if life.progress_timeout_secs is not None:
         _require(
             life.progress_timeout_secs > 0,

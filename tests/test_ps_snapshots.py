@@ -1,0 +1,174 @@
+"""In-memory snapshots (recipes/ps_snapshots.py) on a real in-process cluster: two ps servers and
+a worker over loopback gRPC. Each ps's snapshot is written by an op on that ps into its own
+folder; one ps is restored alone from it (the other keeps its live values); a snapshot older
+than the last checkpoint, a corrupted one and one of another shape are not used (the checkpoint
+is, in one line); a folder that cannot be written is said once. Graph mode is process-wide: the
+case runs in its own interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.full  # an in-process cluster: TensorFlow imported in its own interpreter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASE = textwrap.dedent(
+    """
+    import json, os, socket, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.path.insert(0, {root!r})
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    from recipes.ps_snapshots import PsSnapshots, SnapshotFolder, SnapshotHook
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    folder, out = {folder!r}, {out!r}
+    addr = [f"127.0.0.1:{{free_port()}}" for _ in range(3)]
+    spec = tf.train.ClusterSpec({{"ps": addr[:2], "worker": addr[2:]}})
+    servers = [tf.distribute.Server(spec, job_name="ps", task_index=i) for i in range(2)]
+    worker = tf.distribute.Server(spec, job_name="worker", task_index=0)
+    for k in range(2):
+        SnapshotFolder(folder, out, k).prepare()
+    logs, report = [], {{}}
+
+    def build(width):
+        g = tf.Graph()
+        with g.as_default():
+            with v1.device("/job:ps/task:0"):
+                gs = v1.train.get_or_create_global_step()
+                a = v1.get_variable("a", [4], initializer=v1.zeros_initializer())
+            with v1.device("/job:ps/task:1"):
+                b = v1.get_variable("b", [width], initializer=v1.zeros_initializer())
+            names = {{"global_step": gs, "a": a, "b": b}}
+            snaps = PsSnapshots(names, gs, 2, folder, out)
+            saver = v1.train.Saver(names)
+            value = v1.placeholder(tf.float32, [])
+            step = v1.placeholder(tf.int64, [])
+            set_all = tf.group(
+                a.assign(tf.fill([4], value)), b.assign(tf.fill([width], value)), gs.assign(step)
+            )
+            set_b = b.assign(tf.fill([width], value))
+        return g, snaps, saver, (a, b), lambda s, v, n: s.run(set_all, {{value: v, step: n}}), (
+            lambda s, v: s.run(set_b, {{value: v}})
+        )
+
+    g, snaps, saver, (a, b), set_all, set_b = build(3)
+    with g.as_default(), v1.Session(worker.target) as sess:
+        sess.run(v1.global_variables_initializer())
+        set_all(sess, 1.0, 10)
+        ckpt10 = saver.save(sess, os.path.join(out, "model.ckpt"), global_step=10)
+        set_all(sess, 2.0, 20)
+        report["taken"] = snaps.take(sess)[0]
+        report["save_devices"] = sorted(
+            op.device for op in g.get_operations() if op.type == "SaveV2" and "snapshot" in op.name
+        )
+        report["files"] = sorted(
+            os.path.relpath(os.path.join(d, f), folder)
+            for d, _, fs in os.walk(folder) for f in fs
+        )
+        set_all(sess, 3.0, 30)
+        snaps.seen = 33
+        set_b(sess, -1.0)  # ps/1 "came back" holding garbage
+        report["from_snapshot"] = snaps.restore(sess, 1, ckpt10, logs.append)
+        report["after_snapshot"] = sess.run([a, b]).__repr__()
+        set_all(sess, 3.0, 30)
+        ckpt30 = saver.save(sess, os.path.join(out, "model.ckpt"), global_step=30)
+        set_b(sess, -1.0)
+        report["older_than_checkpoint"] = snaps.restore(sess, 1, ckpt30, logs.append)
+        report["after_checkpoint"] = sess.run(b).tolist()
+        set_all(sess, 4.0, 40)
+        snaps.take(sess)
+        data = snaps.last(1).prefix + ".data-00000-of-00001"
+        with open(data, "r+b") as f:
+            f.write(b"garbage!")
+        set_b(sess, -1.0)
+        report["corrupted"] = snaps.restore(sess, 1, ckpt30, logs.append)
+        report["after_corrupted"] = sess.run(b).tolist()
+        set_all(sess, 5.0, 50)
+        snaps.take(sess)  # a good snapshot of b of width 3, at step 50
+        last = snaps.last(1)
+    g2, snaps2, _, (_, b2), set_all2, set_b2 = build(5)  # the model changed shape
+    with g2.as_default(), v1.Session(worker.target) as sess:
+        sess.run(v1.global_variables_initializer())
+        snaps2._last[1] = last  # as if this chief had taken it
+        report["other_shape"] = snaps2.restore(sess, 1, None, logs.append)
+        report["after_other_shape"] = sess.run(b2).tolist()
+        os.rename(os.path.join(SnapshotFolder(folder, out, 0).path, "a"), folder + "/moved")
+        with open(os.path.join(SnapshotFolder(folder, out, 0).path, "a"), "w") as f:
+            f.write("a file where the folder was")
+        hook = SnapshotHook(snaps2, 1.0, logs.append)
+        hook._take(sess)
+        hook._take(sess)
+        report["hook_taken"] = hook.taken
+    report["logs"] = logs
+    print("REPORT " + json.dumps(report))
+    """
+)
+
+
+def test_each_ps_snapshots_on_itself_and_one_ps_is_restored_alone(tmp_path: Path) -> None:
+    folder, out = tmp_path / "shm", tmp_path / "out"
+    out.mkdir()
+    script = CASE.format(root=str(ROOT), folder=str(folder), out=str(out))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    r = json.loads(lines[0][len("REPORT ") :])
+    assert r["taken"] == 20
+    # each ps's save op runs on that ps, and writes into that ps's own folder
+    assert [d.split("/device")[0] for d in r["save_devices"]] == [
+        "/job:ps/task:0",
+        "/job:ps/task:1",
+    ]
+    jobs = [p.name for p in folder.glob("tfplan-snapshots-*")]
+    assert len(jobs) == 1, jobs
+    job = jobs[0]
+    for k in (0, 1):
+        assert f"{job}/ps{k}/a/snapshot.index" in r["files"], r["files"]
+    logs = r["logs"]
+    # ps/1 alone from its snapshot (step 20 >= the checkpoint's 10); ps/0 keeps its live 3.0
+    assert r["from_snapshot"].startswith("snapshot of step 20 (")
+    assert (
+        r["after_snapshot"]
+        == "[array([3., 3., 3., 3.], dtype=float32), array([2., 2., 2.], dtype=float32)]"
+    )
+    assert logs[0].startswith("ps/1 restored from its snapshot of step 20 (")
+    assert logs[0].endswith(
+        ": 13 steps lost (the chief saw step 33); the last checkpoint was at step 10"
+    )
+    # a snapshot older than the checkpoint is not used
+    assert r["older_than_checkpoint"] == "checkpoint of step 30"
+    assert r["after_checkpoint"] == [3.0, 3.0, 3.0]
+    assert logs[1] == "ps/1 restored from its checkpoint of step 30"
+    # a corrupted snapshot: one line, then the checkpoint
+    assert r["corrupted"] == "checkpoint of step 30" and r["after_corrupted"] == [3.0, 3.0, 3.0]
+    assert logs[2].startswith("ps/1: its snapshot cannot be read (") and logs[2].endswith(
+        "); using the checkpoint"
+    ), logs[2]
+    assert "DataLoss" in logs[2] or "corrupt" in logs[2].lower() or "checksum" in logs[2], logs[2]
+    # a snapshot of another shape is never loaded (here no checkpoint: the initial values)
+    assert r["after_other_shape"] == [0.0] * 5, r["after_other_shape"]
+    assert r["other_shape"] == "initial values"
+    assert logs[4] == (
+        "ps/1: its snapshot cannot be read (InvalidArgumentError: another shape: b: [3] not [5]); "
+        "using the checkpoint"
+    ), logs[4]
+    # a folder that cannot be written: said once, whatever the number of tries
+    said = [m for m in logs if m.startswith("snapshots: ")]
+    assert len(said) == 1 and "a restarted ps comes back from the last checkpoint" in said[0], logs
+    assert r["hook_taken"] == 0

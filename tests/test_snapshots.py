@@ -1,0 +1,75 @@
+"""In-memory snapshots with the real recipes: a parameter server killed mid-training comes back
+from its own snapshot (seconds old), not from the last checkpoint (thousands of steps old).
+
+Waits are on log lines: the chief's line for its first snapshot, a step past it, the restore's
+line. No step limit races them (training ends with the Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apply_helpers import base_overrides, free_port_base, kill_groups, paced, recorded_groups
+from chaos_helpers import ApplyRun, checkpoint_steps, kill_task
+
+pytestmark = [pytest.mark.cluster, pytest.mark.full]
+
+FIRST = r"^worker/0\s+\| snapshots: every [\d.]+s, each ps into (\S+) on its own host; the first at step ([\d,]+)"
+RESTORED = (
+    r"^worker/0\s+\| ps/0 restored from its snapshot of step ([\d,]+) \([\d.]+ s old\): "
+    r"([\d,]+) steps lost \(the chief saw step ([\d,]+)\); the last checkpoint was at step 0$"
+)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    kill_groups(recorded_groups(tmp_path))
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_ps_comes_back_from_its_snapshot_not_from_the_checkpoint(ws: Path) -> None:
+    shm = ws / "shm"
+    run = ApplyRun(
+        ws,
+        [
+            *base_overrides(ws, free_port_base()),
+            "trainer.max_steps=100000000",
+            *paced(0.02),  # trains on, paced, until the Ctrl-C
+            "trainer.log_steps=25",
+            "trainer.checkpoint_steps=1000000",  # one checkpoint: the first
+            "lifecycle.restart.backoff_secs=0.2",
+            "lifecycle.snapshot_secs=0.5",
+            f"lifecycle.snapshot_dir={shm}",
+        ],
+    )
+    first = run.wait_for(FIRST, 300)
+    where, first_step = re.search(FIRST, run.lines[first][1]).groups()  # type: ignore[union-attr]
+    assert Path(where).parent == shm and (Path(where) / "ps0").is_dir()
+    before = run.wait_step(_number(first_step) + 100, 300, task="worker/0")
+    before_step = run.steps(before, before + 1)[0][1]
+    checkpoints = checkpoint_steps(ws / "out")
+    assert max(checkpoints) <= _number(first_step), checkpoints
+    kill_task(ws, "ps/0")
+    restored = run.wait_for(RESTORED, 120, before)
+    found = re.search(RESTORED, run.lines[restored][1])
+    assert found, run.lines[restored][1]
+    step, lost, seen = (_number(v) for v in found.groups())
+    assert step >= _number(first_step) > max(checkpoints)
+    assert seen - step == lost and seen >= before_step
+    for worker in ("worker/0", "worker/1"):
+        run.wait_for(rf"^{worker}\s+\| step=", 120, restored)
+    after = [s for _, s in run.steps(restored + 1)]
+    assert after and min(after) >= step, (step, after[:5])
+    assert "restoring model.ckpt" not in run.text()
+    run.proc.send_signal(signal.SIGINT)
+    run.finish(timeout=120)
+    assert not Path(where).exists(), "a stopped ps left its snapshots"
