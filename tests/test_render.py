@@ -204,3 +204,25 @@ def test_a_targeted_plan_warns_like_terraform_and_counts_what_it_leaves_out() ->
     assert "2 change(s) to other tasks are left out (2 to replace)" in text
     task = "\n".join(t for _, t in task_lines(targeted, "ps/0"))
     assert task.startswith("  # ps/0: not targeted by this plan\n")
+
+
+def test_the_snapshots_memory_is_shown_per_ps_host_and_not_when_off_or_for_pss() -> None:
+    """Two copies of each ps's variables (and the optimizer's slots) on the ps's host
+    (tfplan.planning.footprint.snapshot_bytes); the golden plans show the one-host line."""
+    from tfplan.planning.footprint import plan_ps_bytes, snapshot_bytes
+
+    two = _plan("cluster=local", "cluster.ps=2", "algo.optimizer=adagrad")
+    held = plan_ps_bytes(two)
+    assert len(held) == 2 and min(held) > 0
+    assert snapshot_bytes(two) == {"localhost": 2 * sum(held)}
+    line = next(t for _, t in plan_lines(two) if t.startswith("Snapshots: "))
+    assert line == (
+        "Snapshots: every 1s (lifecycle.snapshot_secs), each ps into /dev/shm on its host, two "
+        f"copies of its variables: localhost {format_bytes(2 * sum(held))}"
+    )
+    for off in (
+        ("cluster=local", "lifecycle.snapshot_secs=0"),
+        ("cluster=local_chief", "algo=pss"),
+    ):
+        p = _plan(*off)
+        assert snapshot_bytes(p) == {} and "Snapshots: " not in _text(p), off

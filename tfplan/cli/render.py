@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
 from tfplan.planning.costs import job_cost
-from tfplan.planning.footprint import plan_checkpoints
+from tfplan.planning.footprint import plan_checkpoints, snapshot_bytes
 from tfplan.planning.plan import Action, Change, Plan, Task
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT
 
@@ -336,6 +336,27 @@ def _checkpoint_lines(plan: Plan) -> list[Line]:
             f"Checkpoints: at least {format_bytes(size.each)} each (the variables{slots}), "
             f"{size.kept} kept (trainer.keep_checkpoints): {format_bytes(size.total)} in "
             f"{plan.output_dir}",
+        )
+    ] + _snapshot_lines(plan)
+
+
+def _snapshot_lines(plan: Plan) -> list[Line]:
+    """What the in-memory snapshots take on the ps hosts (tfplan/planning/footprint.py)."""
+    hosts = snapshot_bytes(plan)
+    if not hosts:
+        return []
+    snapshots = plan.run_config.get("snapshots") or {}
+    each = ", ".join(f"{host} {format_bytes(n)}" for host, n in hosts.items())
+    if len(hosts) > 3:
+        each = (
+            f"at most {format_bytes(max(hosts.values()))} on each of {len(hosts)} hosts "
+            f"({format_bytes(sum(hosts.values()))} in all)"
+        )
+    return [
+        (
+            "",
+            f"Snapshots: every {float(snapshots['secs']):g}s (lifecycle.snapshot_secs), each ps "
+            f"into {snapshots.get('folder')} on its host, two copies of its variables: {each}",
         )
     ]
 

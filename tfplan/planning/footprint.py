@@ -23,6 +23,7 @@ __all__ = [
     "plan_ps_bytes",
     "ps_bytes",
     "room_problem",
+    "snapshot_bytes",
 ]
 
 
@@ -77,6 +78,22 @@ def plan_checkpoints(plan: Plan) -> CheckpointSize | None:
 def plan_ps_bytes(plan: Plan) -> tuple[int, ...]:
     """:func:`ps_bytes` of ``plan`` (its optimizer)."""
     return ps_bytes(plan.sharding, _optimizer(plan))
+
+
+def snapshot_bytes(plan: Plan) -> dict[str, int]:
+    """The memory the in-memory snapshots take on each ps host (``lifecycle.snapshot_dir``, by
+    default /dev/shm): two copies (the slots taken in turn) of each ps's variables and slots,
+    summed per host; empty when off, for the TF2 strategies and when the variables are unknown."""
+    snapshots = plan.run_config.get("snapshots") or {}
+    algo = str((plan.run_config.get("algo") or {}).get("name") or "")
+    held = plan_ps_bytes(plan)
+    if not held or not float(snapshots.get("secs") or 0) or algo in ("pss", "allreduce"):
+        return {}
+    hosts: dict[str, int] = {}
+    for task in plan.tasks:
+        if task.role.value == "ps" and task.index < len(held):
+            hosts[task.host] = hosts.get(task.host, 0) + 2 * held[task.index]
+    return hosts
 
 
 def room_problem(size: CheckpointSize, free: int, output_dir: str, host: str) -> str | None:
