@@ -133,6 +133,8 @@ class PsSnapshots:
         self._last: dict[int, Snapshot] = {}
         self._slot = 0
         self.seen: Optional[int] = None  # the last global step the chief's hooked runs read
+        # each ps restore: {"ps", "source", "step", "lost_steps"} (result.json's ps_recoveries)
+        self.recoveries: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         for var in v1.global_variables():
             k = _ps_index(var.device)
@@ -240,10 +242,11 @@ class PsSnapshots:
                     raise tf.errors.InvalidArgumentError(None, None, f"another shape: {wrong}")
                 said = snap.describe()
                 lost = ""
-                if self.seen is not None:
-                    seen = max(self.seen, snap.step)  # the snapshot's own read may be the newer
+                seen = None if self.seen is None else max(self.seen, snap.step)
+                if seen is not None:  # (the snapshot's own read of the step may be the newer)
                     lost = f": {seen - snap.step:,} steps lost (the chief saw step {seen:,})"
                 log(f"ps/{k} restored from its {said}{lost}" + _behind(ckpt_step, "checkpoint"))
+                self._recovered(k, "snapshot", snap.step, seen)
                 return said
             except tf.errors.OpError as e:
                 log(
@@ -258,10 +261,16 @@ class PsSnapshots:
             )
             said = f"checkpoint of step {ckpt_step:,}" if ckpt_step is not None else checkpoint
             log(f"ps/{k} restored from its {said}")
+            self._recovered(k, "checkpoint", ckpt_step, self.seen)
             return said
         session.run(v1.variables_initializer(self._variables[k]))
         log(f"ps/{k} initialised (no snapshot, no checkpoint)")
+        self._recovered(k, "initial values", 0, self.seen)
         return "initial values"
+
+    def _recovered(self, k: int, source: str, step: Optional[int], seen: Optional[int]) -> None:
+        lost = None if seen is None or step is None else max(0, seen - step)
+        self.recoveries.append({"ps": k, "source": source, "step": step, "lost_steps": lost})
 
 
 def _held_shape(var: Any) -> Any:

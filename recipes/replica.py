@@ -508,7 +508,8 @@ def run_replica(
         raise input_failure(e, cfg, gs) from None
     if task.is_chief:
         final = _final_checkpoint(cfg, task, server, g, scaffold, log, config)
-        _write_result(cfg, task, work, final, progress, log, exporter)
+        recoveries = snapshots.recoveries if snapshots is not None else []
+        _write_result(cfg, task, work, final, progress, log, exporter, recoveries)
     _send_done_tokens(server, task, g, log, config)
     log(f"{task.type}/{task.index} finished after {i} runs")
     return 0
@@ -569,6 +570,7 @@ def _write_result(
     progress: ProgressLog,
     log: Log,
     exporter: Any = None,
+    recoveries: Optional[list[dict[str, Any]]] = None,
 ) -> None:
     """Score the final checkpoint's weights (held-out split, and a bounded sample of the
     training set), then write result.json atomically. Then a user's Keras model is exported
@@ -581,5 +583,7 @@ def _write_result(
     )
     gs, scores = result_scores(CheckpointScorer(work, config), ckpt)
     result = result_record(progress, gs, scores, cfg.algo.name, task.n_replicas, task.n_ps, ckpt)
+    if recoveries:  # each ps restore the chief made while training (recipes/ps_snapshots.py)
+        result["ps_recoveries"] = recoveries
     write_result(cfg.output_dir, result, log)
     finish_export(exporter, cfg, ckpt, log)

@@ -97,6 +97,7 @@ CASE = textwrap.dedent(
         set_b(sess, -1.0)
         report["corrupted"] = snaps.restore(sess, 1, ckpt30, logs.append)
         report["after_corrupted"] = sess.run(b).tolist()
+        report["recoveries"] = list(snaps.recoveries)
         set_all(sess, 5.0, 50)
         snaps.take(sess)  # a good snapshot of b of width 3, at step 50
         last = snaps.last(1)
@@ -172,3 +173,9 @@ def test_each_ps_snapshots_on_itself_and_one_ps_is_restored_alone(tmp_path: Path
     said = [m for m in logs if m.startswith("snapshots: ")]
     assert len(said) == 1 and "a restarted ps comes back from the last checkpoint" in said[0], logs
     assert r["hook_taken"] == 0
+    # what result.json's ps_recoveries says of each restore
+    assert r["recoveries"] == [
+        {"ps": 1, "source": "snapshot", "step": 20, "lost_steps": 13},
+        {"ps": 1, "source": "checkpoint", "step": 30, "lost_steps": 3},
+        {"ps": 1, "source": "checkpoint", "step": 30, "lost_steps": 3},
+    ]
