@@ -229,6 +229,21 @@ class _SaveTimer(v1.train.CheckpointSaverListener):  # type: ignore[name-defined
         self.progress.pause(time.monotonic() - self.began)
 
 
+class _CheckpointHook(v1.train.CheckpointSaverHook):  # type: ignore[name-defined]
+    """TensorFlow's checkpoint hook without its ``graph.pbtxt``: at the session's start it
+    writes the whole GraphDef as text (pure-Python protobuf formatting, about a tenth of a small
+    run's chief CPU, seconds for a large Keras graph), a file nothing reads. TensorBoard's graph
+    still comes from the events file, and every checkpoint but the first (written in the
+    same call) keeps its ``.meta``."""
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        self._save_graph_def = False
+        try:
+            super().after_create_session(session, coord)
+        finally:
+            self._save_graph_def = True
+
+
 class _StepRateHook(v1.train.StepCounterHook):  # type: ignore[name-defined]
     """TensorFlow's ``global_step/sec`` summary, also written once at the end when the chief saw
     too few steps for the usual two triggers ``every_n_steps`` apart: a short run, or a chief
@@ -284,7 +299,7 @@ def _hooks(
             else {"save_steps": t.checkpoint_steps or t.max_steps}
         )
         hooks += [
-            v1.train.CheckpointSaverHook(
+            _CheckpointHook(
                 cfg.output_dir, scaffold=scaffold, listeners=[_SaveTimer(progress)], **ckpt
             ),
             v1.train.SummarySaverHook(
@@ -400,6 +415,9 @@ def run_replica(
         on_ps = ps_see_output(server.target, cfg.output_dir, task.n_ps, config)
         log(saving_line(on_ps, cfg.output_dir))
     scaffold = v1.train.Scaffold(
+        # the same op the Scaffold would build again (a report of the global variables not
+        # initialised): one less to build in every replica
+        ready_for_local_init_op=g.probe,
         local_init_op=g.local_init_op,
         summary_op=g.summary_op,
         saver=chief_saver(g.saver_names, cfg.trainer.keep_checkpoints, sharded=on_ps),

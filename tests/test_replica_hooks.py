@@ -8,7 +8,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from recipes.replica import _StepRateHook
+from recipes.replica import _CheckpointHook, _StepRateHook
 
 v1 = tf.compat.v1
 
@@ -54,3 +54,31 @@ def test_a_long_enough_run_records_its_rate_as_tensorflow_does_and_nothing_more(
 ) -> None:
     rates = _train(tmp_path, steps=25, every=10)
     assert [s for s, _ in rates] == [11, 21], rates
+
+
+def test_the_checkpoint_hook_writes_no_graph_text_and_keeps_the_later_meta_files(
+    tmp_path: Path,
+) -> None:
+    """recipes/replica.py _CheckpointHook: no graph.pbtxt (TensorFlow's hook formats the whole
+    GraphDef as text at the start), the graph still in the events for TensorBoard, a .meta beside
+    every checkpoint after the first."""
+    with tf.Graph().as_default():
+        gs = v1.train.get_or_create_global_step()
+        v1.get_variable("w", [3])
+        train = v1.assign_add(gs, 1)
+        hook = _CheckpointHook(str(tmp_path), save_steps=5)
+        with v1.train.MonitoredSession(hooks=[hook]) as sess:
+            for _ in range(12):
+                sess.run(train)
+    v1.summary.FileWriterCache.clear()
+    assert not (tmp_path / "graph.pbtxt").exists()
+    assert (tmp_path / "model.ckpt-0.index").exists()
+    metas = sorted(p.name for p in tmp_path.glob("*.meta"))
+    assert metas and "model.ckpt-0.meta" not in metas, metas
+    graphs = [
+        e
+        for path in glob.glob(str(tmp_path / "events.out.tfevents.*"))
+        for e in v1.train.summary_iterator(path)
+        if e.graph_def
+    ]
+    assert graphs, "no graph in the events for TensorBoard"
