@@ -11,7 +11,9 @@ The fast tier runs the three representative paths (a windowed TF1 algorithm on T
 the synchronous TF1 one on a CSV regression, a TF2 strategy on the factory); ``--tier=full`` runs
 every algorithm on the shards: this is where each of the fourteen runs through apply (its
 topology, its result, every task ended; tests/test_algorithms_apply.py runs the built-in model
-with sync only).
+with sync only). Downpour, allreduce and pss (the export checked) each run as an apply; the
+other eleven as the points of two sweeps (by steps), each point a cluster of its own with the
+same checks, sharing the sweep's CLI and warm seed (issue 33's budget).
 """
 
 from __future__ import annotations
@@ -122,12 +124,15 @@ def _apply(
     return result
 
 
-def _checkpoint_shapes(project: Path, result: dict[str, object]) -> dict[str, list[int]]:
+def _checkpoint_shapes(
+    project: Path, result: dict[str, object], out: Path | None = None
+) -> dict[str, list[int]]:
     """The variables stored in the final checkpoint and their shapes (TF's own reader, in this
     process: a subprocess per test paid TensorFlow's import each time)."""
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(str(project / "out" / str(result["checkpoint"])))
+    folder = out or project / "out"
+    reader = tf.train.load_checkpoint(str(folder / str(result["checkpoint"])))
     shapes = reader.get_variable_to_shape_map().items()
     return {name.split("/.ATTRIBUTES")[0]: list(shape) for name, shape in shapes}
 
@@ -189,9 +194,33 @@ def _predicted_accuracy(project: Path) -> float:
     return float(scored["accuracy"])
 
 
+def _swept_together(algo: str) -> bool:
+    """The full tier's other algorithms train in sweeps (one per number of steps): those of
+    the default topology whose export is not checked (each point is its own cluster, as an apply
+    makes it; the sweep's one CLI and one warm seed are what its points share)."""
+    return algo not in FAST_TIER and algo not in EXPORT_CHECKED and not topology(algo)
+
+
+def _steps(algo: str) -> int:
+    return math.ceil(MINIBATCHES / minibatches_per_step(algo))
+
+
+# steps -> the algorithms swept with that trainer.max_steps (sagn's 15 trained to 30: one sweep
+# the fewer, its check the same)
+SWEEPS: dict[int, list[str]] = {}
+for _algo in ALGORITHMS:
+    if _swept_together(_algo):
+        SWEEPS.setdefault(max(30, _steps(_algo)), []).append(_algo)
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize(
-    "algo", [pytest.param(a, marks=() if a in FAST_TIER else pytest.mark.full) for a in ALGORITHMS]
+    "algo",
+    [
+        pytest.param(a, marks=() if a in FAST_TIER else pytest.mark.full)
+        for a in ALGORITHMS
+        if not _swept_together(a)
+    ],
 )
 def test_the_users_keras_model_trains_on_tfrecord_shards(algo: str, project: Path) -> None:
     export = algo in EXPORT_CHECKED
@@ -216,6 +245,64 @@ def test_the_users_keras_model_trains_on_tfrecord_shards(algo: str, project: Pat
     accuracy = _predicted_accuracy(project)
     print(f"{algo}: predict accuracy {accuracy:.6f}, result.json {result['accuracy']}")
     assert abs(accuracy - float(result["accuracy"])) <= 1e-6, (accuracy, result)  # type: ignore[arg-type]
+
+
+@pytest.mark.cluster
+@pytest.mark.full
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("steps", sorted(SWEEPS), ids=lambda n: f"{n}-steps")
+def test_every_other_algorithm_trains_the_users_keras_model_in_one_sweep(
+    steps: int, project: Path
+) -> None:
+    """What the test above checks of one algorithm, for every point of a sweep over the
+    algorithms that take ``steps`` global steps for MINIBATCHES minibatches: each point is a
+    cluster of its own (its experiment ``s-<n>``, its output ``out/<n>``, its workdir
+    ``work/<n>``), forked from the sweep's one warm seed."""
+    algos = SWEEPS[steps]
+    proc = tfplan(
+        project,
+        "apply",
+        "-m",
+        "--auto-approve",
+        *base_overrides(project, free_port_base(20 * len(algos)), experiment="s"),
+        f"algo={','.join(algos)}",
+        f"trainer.max_steps={steps}",
+        "trainer.log_steps=20",
+        f"trainer.checkpoint_steps={steps}",
+        *TABULAR,
+        *SHARDS,
+        "trainer.export_model=false",
+        timeout=840,
+    )
+    assert f"Sweep complete! {len(algos)} succeeded, 0 failed." in proc.stdout, (
+        f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    )
+    # the user's Keras model: the sweep's seed imported TensorFlow with Keras 3 for every point
+    assert re.search(
+        r"warm seed on localhost ready in [\d.]+s \(pid \d+\): tasks fork", proc.stdout
+    )
+    for num, algo in enumerate(algos):
+        point = project / "out" / str(num)
+        result = json.loads((point / "result.json").read_text())
+        assert result["status"] == "succeeded" and result["algo"] == algo, result
+        assert int(result["global_step"]) >= steps, result
+        assert result["replicas"] == 2 and result["ps"] == 1, result
+        assert 0.0 < float(result["accuracy"]) <= 1.0 and math.isfinite(result["eval_loss"])
+        state = state_of(project, f"s-{num}")
+        statuses = {t["name"]: t["status"] for t in state["tasks"]}
+        assert statuses["worker/0"] == "succeeded", (algo, statuses)
+        assert set(statuses.values()) <= {"succeeded", "stopped"}, (algo, statuses)
+        assert not [t["name"] for t in state["tasks"] if alive(int(t["handle"]["pid"]))]
+        work = project / "work" / str(num)
+        shipped = work / "_code" / "tabular" / "models.py"
+        assert shipped.read_text() == (project / "tabular" / "models.py").read_text()
+        names = set(_checkpoint_shapes(project, result, point))
+        tables = {"model/cat_embedding/embeddings", "model/cat_bias/embeddings"}
+        assert {"model/hidden/kernel", "model/logits/bias", *tables} <= names, (algo, names)
+        run_yaml = (work / "worker-0" / "run.yaml").read_text()
+        assert "_target_: tabular.models.build" in run_yaml and "units: 16" in run_yaml
+        assert f"{project}/data/train-*.tfrecord" in run_yaml  # made absolute at plan time
+        assert not (point / "model.keras").exists()  # trainer.export_model=false
 
 
 @pytest.mark.cluster
