@@ -54,7 +54,11 @@ from apply_helpers import (  # noqa: E402
 )
 from chaos_helpers import ApplyRun, checkpoint_steps  # noqa: E402
 
-FAULT_AT = 300
+# Checkpoints every CHECKPOINT_STEPS (a long job's are minutes apart: thousands of steps), the
+# fault mid-way between two: what a restart from the last checkpoint loses on average. A
+# snapshot's loss does not depend on where the fault falls (at most lifecycle.snapshot_secs).
+CHECKPOINT_STEPS = 1000
+FAULT_AT = 500
 # --step-pause: a sleep after each step of the fault rounds (TFPLAN_STEP_PAUSE_SECS), for a quick
 # check that the command works (tests/test_bench_smoke.py); the measured rounds train at full speed
 STEP_PAUSE_SECS = 0.0
@@ -205,7 +209,7 @@ def _args(ws: Path, fault: Fault, max_steps: int, pause: float = 0.0) -> list[st
         *base_overrides(ws, free_port_base()),
         f"trainer.max_steps={max_steps}",
         "trainer.log_steps=25",
-        "trainer.checkpoint_steps=100",
+        f"trainer.checkpoint_steps={CHECKPOINT_STEPS}",
         "lifecycle.restart.backoff_secs=0.2",
         *fault.extra,
         *paced(pause),
@@ -227,19 +231,23 @@ def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
                 mark = max(mark, _line(run, READY, 0, timeout=300))
                 if fault.victim == "ps/0" and fault.target == "program":
                     idle = _standby_idle(ws)
-            before = max(step for _, step in run.steps(0, len(run.lines)))
+            # the trainers' global steps (an evaluator's step= lines name the checkpoint it scored)
+            before = max(s for name, s in run.steps(0, len(run.lines)) if name in TRAINERS)
             checkpoint = max(checkpoint_steps(ws / "out"), default=0)
             fault_line = len(run.lines) - 1
-            wrapper = int(_record(ws, fault.victim)["handle"]["pid"])  # type: ignore[index]
+            handle = _record(ws, fault.victim)["handle"]
+            wrapper = int(handle["pid"])  # type: ignore[index]
+            pgid = int(handle.get("pgid") or wrapper)  # type: ignore[union-attr]
+            # a task forked from the warm seed (the default) has no wrapper: the handle's pid is
+            # the program's
+            forked = fault.target == "forked" or bool(handle.get("forked"))  # type: ignore[union-attr]
             fault_at = time.monotonic()
-            if fault.target == "forked":  # no wrapper: the handle's pid is the program's
-                os.kill(wrapper, fault.sig)
-            elif fault.target == "program":
-                os.kill(_program(wrapper), fault.sig)
-            elif fault.target == "wrapper":
+            if fault.target == "group":
+                os.killpg(pgid, fault.sig)
+            elif forked or fault.target == "wrapper":
                 os.kill(wrapper, fault.sig)
             else:
-                os.killpg(wrapper, fault.sig)
+                os.kill(_program(wrapper), fault.sig)
             victim = re.escape(fault.victim)
             seen = _line(run, rf"^tfplan\s+\| {victim}(: no log line| failed)", fault_line, 60)
             restart = _line(run, rf"{victim}: restarted on", fault_line, 60)
@@ -288,7 +296,7 @@ def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and len(run.steps(restart + 1)) < 12:
                 time.sleep(0.2)
-            after = [step for _, step in run.steps(restart + 1)]
+            after = [s for name, s in run.steps(restart + 1) if name in TRAINERS]
             run.proc.send_signal(signal.SIGINT)
             run.finish(timeout=120)
             if keep_log is not None:
@@ -526,7 +534,7 @@ def write_report(
         f"--speed-runs {options.speed_runs}` on {platform.node()} ({os.cpu_count()} cores, "
         "shared with other work), "
         f"{time.strftime('%Y-%m-%d')}. cluster=local (1 ps + 2 workers; + an evaluator in its "
-        "round), hogwild MLP on digits, checkpoints every 100 steps, fault injected at global "
+        f"round), hogwild MLP on digits, checkpoints every {CHECKPOINT_STEPS:,} steps, fault injected at global "
         f"step >= {FAULT_AT} (and once the ps's standby is ready), restart backoff 0.2 s; the "
         "hang round has progress_timeout_secs=5. 'program': the task's own process is killed, "
         "its wrapper (the tracked process) lives on; 'wrapper': the other way round. Rounds of "
@@ -546,7 +554,8 @@ def write_report(
         "evaluation), which pays the new process's TensorFlow import. Cluster trains: the first "
         "step line of another trainer after the fault (the others do not wait for a chief, a "
         "worker or the evaluator). Steps lost: a ps restart goes back to its snapshot (at most "
-        "about a second old) or, without one, to the last checkpoint (up to 99 steps here): "
+        "about a second old) or, without one, to the last checkpoint (the fault comes mid-way "
+        "between two): "
         "the replicas print from which global step they went back ('back from global step N'); "
         "without such a line, the highest step printed before the fault (every 25 steps) minus "
         "the lowest one after the restart. Training lost: those steps over the round's own "

@@ -19,7 +19,9 @@ How (TF1 replicas; the chief drives it):
   (recipes/runtime.py) restores that ps alone: from its snapshot when it is at least as new as the
   last checkpoint, else from the checkpoint; the other ps keep their live values. A snapshot that
   cannot be read (gone with its host, another shape) falls back to the checkpoint, in one line;
-- a ps makes its folder as it starts and removes it as it ends (its job done, or stopped).
+- a ps makes its folder as it starts and removes it once its job is done; a ps stopped by
+  SIGTERM leaves it (a ps stopped to be replaced, its wrapper gone, leaves its snapshots to its
+  replacement); the next run into the same output folder writes over it.
 
 A snapshot of a job that is re-applied is never used: the chief that starts the job has no record
 of any, so the job resumes from its checkpoint, as before. A snapshot that takes long widens the

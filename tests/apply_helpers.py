@@ -156,6 +156,9 @@ def base_overrides(tmp: Path, port_base: int, experiment: str = "t") -> list[str
         f"cluster.output_dir={tmp}/out",
         "lifecycle.ps_grace_secs=1",
         "lifecycle.stop_grace_secs=2",
+        # a stopped ps leaves its in-memory snapshots (docs/fault_tolerance.md): in the test's
+        # own folder, not the machine's /dev/shm
+        f"lifecycle.snapshot_dir={tmp}/shm",
     ]
 
 

@@ -91,6 +91,8 @@ def run_config(
             "seed": 0,
         },
     }
+    # in-memory snapshots in the test's folder: a stopped ps leaves them
+    cfg["snapshots"] = {"secs": 1.0, "folder": str(Path(output_dir).parent / "shm")}
     for section, values in overrides.items():
         cfg[section] = {**cfg.get(section, {}), **values}
     return cfg

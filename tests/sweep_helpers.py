@@ -84,6 +84,7 @@ def sweep_overrides(tmp: Path, port_base: int, sweep: str = "s") -> list[str]:
         f"cluster.output_dir={tmp}/out",
         "lifecycle.ps_grace_secs=1",
         "lifecycle.stop_grace_secs=2",
+        f"lifecycle.snapshot_dir={tmp}/shm",  # a stopped ps leaves its snapshots (apply_helpers)
     ]
 
 

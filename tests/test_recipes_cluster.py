@@ -64,6 +64,11 @@ def test_algorithm_trains_and_every_task_exits(algo: str, tmp_path: Path) -> Non
         assert final_checkpoint_step(out) == result["global_step"]
         assert {"loss", "accuracy", "learning_rate", "global_step/sec"} <= summary_tags(out)
         assert "ps/0 done: 2 of 2 replicas finished" in c.tasks["ps/0"].text
+        # the chief took in-memory snapshots of the ps, which removed them once done
+        assert "snapshots: every 1s, each ps into" in c.tasks["worker/0"].text or (
+            c.result()["wall_time_secs"] < 1.0  # (none due in a run shorter than a second)
+        )
+        assert list((tmp_path / "shm").glob("tfplan-snapshots-*/ps0")) == []
         # the ps sees this output folder: it saved its own variables (recipes/ps_saving.py)
         assert "checkpoints: each ps saves its own variables into" in c.tasks["worker/0"].text
         if "evaluator/0" in c.tasks:

@@ -37,7 +37,7 @@ def _number(text: str) -> int:
 
 @pytest.mark.timeout(600)
 def test_a_killed_ps_comes_back_from_its_snapshot_not_from_the_checkpoint(ws: Path) -> None:
-    shm = ws / "shm"
+    shm = ws / "shm"  # lifecycle.snapshot_dir of base_overrides
     run = ApplyRun(
         ws,
         [
@@ -48,7 +48,6 @@ def test_a_killed_ps_comes_back_from_its_snapshot_not_from_the_checkpoint(ws: Pa
             "trainer.checkpoint_steps=1000000",  # one checkpoint: the first
             "lifecycle.restart.backoff_secs=0.2",
             "lifecycle.snapshot_secs=0.5",
-            f"lifecycle.snapshot_dir={shm}",
         ],
     )
     first = run.wait_for(FIRST, 300)
@@ -72,4 +71,6 @@ def test_a_killed_ps_comes_back_from_its_snapshot_not_from_the_checkpoint(ws: Pa
     assert "restoring model.ckpt" not in run.text()
     run.proc.send_signal(signal.SIGINT)
     run.finish(timeout=120)
-    assert not Path(where).exists(), "a stopped ps left its snapshots"
+    # a ps stopped (SIGTERM) keeps its snapshots, for a replacement; a finished job's ps removes
+    # them (test_recipes_cluster.py)
+    assert (Path(where) / "ps0").is_dir()
