@@ -344,6 +344,8 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
     def _take(self, session: Any) -> None:
         try:
             step, secs = self._snapshots.take(session)
+        except RuntimeError:  # "Attempted to use a closed Session": a recovery replaced it
+            return
         except tf.errors.OpError as e:
             if isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError)):
                 return  # a ps went away: the restore will use the last complete snapshot
