@@ -173,11 +173,6 @@ class PsSnapshots:
         """The snapshots' folder, as every ps names it on its own host."""
         return os.path.dirname(snapshot_folder(self._folder, self._output_dir, 0))
 
-    @property
-    def ps(self) -> list[int]:
-        """The ps that hold variables."""
-        return sorted(self._variables)
-
     def last(self, k: int) -> Optional[Snapshot]:
         with self._lock:
             return self._last.get(k)
