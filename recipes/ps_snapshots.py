@@ -66,7 +66,8 @@ def snapshot_folder(folder: str, output_dir: str, ps_index: int) -> str:
 @dataclass(frozen=True)
 class SnapshotFolder:
     """A ps's own snapshot folder, on its host: made as it starts (``SaveV2`` makes no folder),
-    kept by a restart (the replacement reads the last snapshot from it), removed as it ends."""
+    kept by a restart or a SIGTERM (a replacement reads the last snapshot from it), removed once
+    the job is done."""
 
     folder: str
     output_dir: str
@@ -76,14 +77,12 @@ class SnapshotFolder:
     def path(self) -> str:
         return snapshot_folder(self.folder, self.output_dir, self.ps_index)
 
-    def prepare(self, log: Callable[[str], None] = print) -> bool:
+    def prepare(self, log: Callable[[str], None] = print) -> None:
         try:
             for slot in SLOTS:
                 os.makedirs(os.path.join(self.path, slot), exist_ok=True)
-            return True
         except OSError as e:  # the chief's first snapshot says it too, once
             log(f"ps/{self.ps_index}: no snapshot folder {self.path}: {e.strerror}")
-            return False
 
     def remove(self) -> None:
         """What a ps does as it ends: its snapshots are of no use once it is gone for good."""
@@ -102,8 +101,8 @@ class Snapshot:
     step: int  # the global step read in the run that wrote it
     taken: float  # time.time() when it completed
 
-    def describe(self, now: Optional[float] = None) -> str:
-        age = max(0.0, (time.time() if now is None else now) - self.taken)
+    def describe(self) -> str:
+        age = max(0.0, time.time() - self.taken)
         return f"snapshot of step {self.step:,} ({age:.1f} s old)"
 
 

@@ -108,6 +108,9 @@ ALGORITHMS: Mapping[str, Algorithm] = {
         ),
     )
 }
+# The algorithms the recipes train with a TF2 strategy (recipes/strategies), not a TF1
+# MonitoredTrainingSession: no live.json max_steps, no in-memory snapshots
+TF2_STRATEGIES = frozenset({"allreduce", "pss"})
 
 
 def algorithm_names() -> tuple[str, ...]:

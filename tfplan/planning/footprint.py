@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfplan.planning.plan import Plan, ShardingPreview
+from tfplan.config.algorithms import TF2_STRATEGIES
+from tfplan.planning.plan import Plan, Role, ShardingPreview
 from tfplan.planning.tables import SLOTS_PER_ROW
 
 __all__ = [
@@ -87,11 +88,11 @@ def snapshot_bytes(plan: Plan) -> dict[str, int]:
     snapshots = plan.run_config.get("snapshots") or {}
     algo = str((plan.run_config.get("algo") or {}).get("name") or "")
     held = plan_ps_bytes(plan)
-    if not held or not float(snapshots.get("secs") or 0) or algo in ("pss", "allreduce"):
+    if not held or not float(snapshots.get("secs") or 0) or algo in TF2_STRATEGIES:
         return {}
     hosts: dict[str, int] = {}
     for task in plan.tasks:
-        if task.role.value == "ps" and task.index < len(held):
+        if task.role is Role.PS and task.index < len(held):
             hosts[task.host] = hosts.get(task.host, 0) + 2 * held[task.index]
     return hosts
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
-from tfplan.config.algorithms import ALGORITHMS
+from tfplan.config.algorithms import ALGORITHMS, TF2_STRATEGIES
 from tfplan.config.callables import named_targets
 from tfplan.config.schema import ChiefMode, Config
 from tfplan.errors import ConfigError, PlanError
@@ -446,7 +446,7 @@ def _config_digest(run_config: dict[str, Any], ctx: PlanContext) -> str:
 def _max_steps_told(cfg: Config) -> bool:
     """A running job of these recipes reads a new trainer.max_steps from live.json (the TF1
     replicas: not the TF2 strategies, allreduce and pss)."""
-    return cfg.recipe.kind == "builtin" and cfg.algo.name not in ("allreduce", "pss")
+    return cfg.recipe.kind == "builtin" and cfg.algo.name not in TF2_STRATEGIES
 
 
 def _without_max_steps(run_config: dict[str, Any]) -> dict[str, Any]:
