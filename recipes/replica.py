@@ -234,7 +234,17 @@ class _CheckpointHook(v1.train.CheckpointSaverHook):  # type: ignore[name-define
     writes the whole GraphDef as text (pure-Python protobuf formatting, about a tenth of a small
     run's chief CPU, seconds for a large Keras graph), a file nothing reads. TensorBoard's graph
     still comes from the events file, and every checkpoint but the first (written in the
-    same call) keeps its ``.meta``."""
+    same call) keeps its ``.meta``.
+
+    Nor its read of the global step after every step: TensorFlow's hook, not knowing how many
+    steps one run makes, asks the ps for the step after each run (``steps_per_run`` of a
+    million, "never skips checking"): a round trip per step, a quarter of a small run's chief
+    CPU. One step per run is what a chief's run makes; the step read before the run (which other
+    workers' updates may have passed) still triggers the save, at most one chief step late."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._set_steps_per_run(1)
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._save_graph_def = False

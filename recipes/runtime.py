@@ -11,7 +11,8 @@ Fixes for the TF 2.21 pitfalls measured in ../shared/TENSORFLOW.md (the shared m
 - in an elastic job (sessions that carry their own cluster) a ps that went away reads as
   ``UnknownError`` ("Connection reset by peer", gRPC status 14), which MonitoredSession does
   not recover from: :class:`PeerLossIsUnavailable` gives it as the ``UnavailableError`` a
-  fixed cluster's session raises, so a ps restart is survived the same way;
+  fixed cluster's session raises, so a ps restart is survived the same way; so is a step's
+  ``CancelledError`` that a restarted ps's "Session handle is not found" caused;
 - checkpoints are written (and read) by each ps where every ps sees the output folder, else by
   the chief itself: a sharded saver's ps write their shards on their own hosts' disks, which
   fails, or scatters the checkpoint, where the hosts share no output folder (:func:`chief_saver`,
@@ -351,11 +352,21 @@ LOST_PEER_SIGNS = (
 )
 
 
+# What a step's CancelledError carries when what cancelled it was a peer's loss: TensorFlow
+# raises a step's errors as one, typed after whichever came first, and a worker's own cancelled
+# receive can come before the restarted ps's "Session handle is not found" (seen on Slurm: the
+# chief then exited 1 instead of recovering).
+CANCELLED_BY_PEER_SIGNS = ("ABORTED: From /job:ps", "UNAVAILABLE: From /job:ps", "just restarted")
+
+
 def lost_peer(error: Exception) -> bool:
-    """A peer (a ps) went away: Unavailable or Aborted, or their text inside an UnknownError."""
+    """A peer (a ps) went away: Unavailable or Aborted, their text inside an UnknownError, or
+    a CancelledError that a ps's loss caused."""
     if isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError)):
         return True
     text = str(error)
+    if isinstance(error, tf.errors.CancelledError):
+        return any(s in text for s in CANCELLED_BY_PEER_SIGNS)
     return isinstance(error, tf.errors.UnknownError) and any(s in text for s in LOST_PEER_SIGNS)
 
 
@@ -387,7 +398,7 @@ class PeerLossIsUnavailable(_SessionInterface):
     def run(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self._sess.run(*args, **kwargs)
-        except tf.errors.UnknownError as e:
+        except (tf.errors.UnknownError, tf.errors.CancelledError) as e:
             if not lost_peer(e):
                 raise
             raise tf.errors.UnavailableError(e.node_def, e.op, e.message) from None
@@ -487,9 +498,7 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
                 time.sleep(POLL_SECS)
 
     def create_session(self) -> Any:
-        session = self._create_session()
-        propagated = len(self._config.cluster_def.job) > 0 if self._config is not None else False
-        return PeerLossIsUnavailable(session) if propagated else session
+        return PeerLossIsUnavailable(self._create_session())
 
     def _create_session(self) -> Any:
         self._scaffold.finalize()
