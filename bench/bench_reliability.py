@@ -249,11 +249,18 @@ def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
             else:
                 os.kill(_program(wrapper), fault.sig)
             victim = re.escape(fault.victim)
-            seen = _line(run, rf"^tfplan\s+\| {victim}(: no log line| failed)", fault_line, 60)
-            restart = _line(run, rf"{victim}: restarted on", fault_line, 60)
+            adopted = fault.target == "wrapper"  # its program serves on: re-adopted, not replaced
+            if adopted:
+                seen = _line(
+                    run, rf"^tfplan\s+\| {victim}: its wrapper .* re-adopted", fault_line, 60
+                )
+                restart = seen
+            else:
+                seen = _line(run, rf"^tfplan\s+\| {victim}(: no log line| failed)", fault_line, 60)
+                restart = _line(run, rf"{victim}: restarted on", fault_line, 60)
             restart_at = run.lines[restart][0]
             first = restart
-            if fault.victim == "ps/0":
+            if fault.victim == "ps/0" and not adopted:
                 # training again: a worker's step line that came after the new ps serves
                 serving = _line(run, r"^ps/0\s+\| ps/0 serving on", restart, 60)
                 first = serving
@@ -285,7 +292,7 @@ def one_round(fault: Fault, keep_log: Path | None = None) -> Round:
                         cluster = run.lines[j][0]
                         break
             stages = {}
-            if fault.victim == "ps/0":
+            if fault.victim == "ps/0" and not adopted:
                 stages = {
                     "seen": run.lines[seen][0] - fault_at,
                     "restarted": restart_at - run.lines[seen][0],
@@ -540,7 +547,9 @@ def write_report(
         f"round), hogwild MLP on digits, checkpoints every {CHECKPOINT_STEPS:,} steps, fault injected at global "
         f"step >= {FAULT_AT} (and once the ps's standby is ready), restart backoff 0.2 s; the "
         "hang round has progress_timeout_secs=5. 'program': the task's own process is killed, "
-        "its wrapper (the tracked process) lives on; 'wrapper': the other way round. Rounds of "
+        "its wrapper (the tracked process) lives on; 'wrapper': the other way round, and the "
+        "program, still serving, is re-adopted (not replaced): its 'victim back' is when tfplan "
+        "says so, and its 'restart' is that line. Rounds of "
         "every fault interleaved. The machine is shared and noisy (other test suites ran "
         f"meanwhile): load average (1/5/15 min) at the start and the end: {load}; hence the "
         "ranges.",

@@ -145,6 +145,55 @@ def test_without_inotify_or_pidfds_the_agent_polls_in_one_process(
     assert stream.join(10)
 
 
+@pytest.mark.parametrize("mode", ["events", "polling"])
+def test_a_program_that_outlives_its_wrapper_is_followed_on_until_it_ends(
+    local: Transport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Re-adoption: the wrapper killed, its program serving on is no end; its log keeps
+    coming, the host's watcher answers "running" for it, and the end is its program's."""
+    if mode == "polling":
+        monkeypatch.setenv("TFPLAN_WATCH_POLL", "1")
+    go = tmp_path / "go"
+    code = (
+        "import os, pathlib, time\nprint('serving', os.getpid())\n"
+        f"while not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.05)\n"
+        "print('after its wrapper')\n"
+    )
+    spec = py_task(tmp_path, "ps", code)
+    task = local.start(spec)
+    lines: list[str] = []
+    exit_file = str(Path(spec.workdir) / "exit_code")
+    stream = local.stream_log(spec.log_path, task.pid, lines.append, exit_file, adopt=True)
+    wait_until(lambda: len(lines) == 1)
+    program = int(lines[0].split()[1])
+    assert program != task.pid and program in children_of(task.pid)
+    os.kill(task.pid, signal.SIGKILL)  # the wrapper only
+    wait_until(lambda: is_dead(task.pid))
+
+    def readopted() -> bool:
+        heard = local.heard_status([task.pid], [exit_file])
+        return heard is not None and heard[task.pid].state.startswith("re-adopted")
+
+    wait_until(readopted)
+    info = local.heard_status([task.pid], [exit_file])[task.pid]  # type: ignore[index]
+    assert info.alive and f"pid {program}" in info.state and not stream.done
+    go.touch()
+    assert stream.join(10), "the program's end was not reported"
+    assert lines[-1] == "after its wrapper" and is_dead(program)
+
+
+def test_without_adoption_a_killed_wrapper_ends_the_stream(
+    local: Transport, tmp_path: Path
+) -> None:
+    spec = py_task(tmp_path, "forked", "import time\nprint('up')\ntime.sleep(60)\n")
+    task = local.start(spec)
+    lines: list[str] = []
+    stream = local.stream_log(spec.log_path, task.pid, lines.append)
+    wait_until(lambda: lines == ["up"])
+    os.kill(task.pid, signal.SIGKILL)
+    assert stream.join(10)
+
+
 def test_a_silent_agent_is_not_trusted_and_the_host_is_asked(
     local: Transport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

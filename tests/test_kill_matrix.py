@@ -2,11 +2,11 @@
 
 A task is a wrapper (the tracked process: its pid is the handle, it leads the task's process
 group) and the program under it. For every role (ps, chief, worker, evaluator), over the local
-and the SSH transport of the process backend, the test kills the wrapper and leaves the program
-running, or kills the program and leaves the wrapper; before the task is restarted every
-process of its previous life must be gone, and when the run ends (or is torn down, or
-destroyed) no process of any life, and no warm standby, is left. tests/test_slurm_restarts.py
-does the same on Slurm.
+and the SSH transport of the process backend, the test kills the program and leaves the
+wrapper: before the task is restarted every process of its previous life must be gone; or kills
+the wrapper and leaves the program: the program, still serving, is re-adopted, never replaced.
+When the run ends (or is torn down, or destroyed) no process of any life, and no warm standby,
+is left. tests/test_slurm_restarts.py does the same on Slurm.
 
 The program stands in for a TensorFlow task where TensorFlow is not the point (tests/
 test_standby.py does the same with the real recipes): it binds its task's port the way a gRPC
@@ -54,6 +54,11 @@ task = config["task"]
 name = f"{task['type']}/{task['index']}"
 stop = pathlib.Path(sys.argv[1])
 jobs = config["cluster"]
+if "spawn" in sys.argv[2:]:  # a child in the task's group, that outlives the program
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open("pids", "a") as pids:
+        pids.write(f"{child.pid}\n")
 if os.environ.get("TFPLAN_STANDBY") == "1":
     gate = stop.parent / "standby_gate"  # a slow start: nothing blocked, nothing printed yet
     while gate.exists():
@@ -137,16 +142,19 @@ def via(request: pytest.FixtureRequest, ws: Path) -> Via:
 LOCAL = Via("localhost", [], {})
 
 
-def _args(ws: Path, *extra: str, via: Via = LOCAL, warm: bool = False) -> list[str]:
+def _args(
+    ws: Path, *extra: str, via: Via = LOCAL, warm: bool = False, spawn: bool = False
+) -> list[str]:
     """A cluster of every role: ps/0, chief/0, worker/0, worker/1 and evaluator/0; ``warm``: the
-    program as a TensorFlow program, forked from the host's warm seed (else cold starts)."""
+    program as a TensorFlow program, forked from the host's warm seed (else cold starts);
+    ``spawn``: each program starts a child in its group that outlives it."""
     program = ws / "program.py"
     program.write_text((TENSORFLOW_PROGRAM if warm else "") + PROGRAM)
     return [
         *via.args,
         *base_overrides(ws, free_port_base()),
         "recipe=command",
-        f"recipe.command='{sys.executable} {program} {ws / 'stop'}'",
+        f"recipe.command='{sys.executable} {program} {ws / 'stop'}{' spawn' if spawn else ''}'",
         "cluster.chief=separate",
         "cluster.evaluator=true",
         "lifecycle.restart.backoff_secs=0.2",
@@ -216,24 +224,25 @@ def _kill(ws: Path, task: str, program: int, first: str) -> dict[str, object]:
     return record
 
 
-# the fast tier runs one case of each test (--tier=full: every role, both ways, over SSH too)
-MATRIX = [
-    pytest.param(victim, first, marks=() if (victim, first) == ("ps/0", "tracked") else FULL)
+# the fast tier runs one case of each test (--tier=full: every role, over SSH too)
+ROLES = [
+    pytest.param(victim, marks=() if victim == "ps/0" else FULL)
     for victim in ("ps/0", "chief/0", "worker/0", "evaluator/0")
-    for first in ("tracked", "program")
 ]
 
 
-@pytest.mark.parametrize(("victim", "first"), MATRIX)
+@pytest.mark.parametrize("victim", ROLES)
 def test_a_restart_starts_after_every_process_of_the_previous_life_is_gone(
-    ws: Path, via: Via, victim: str, first: str
+    ws: Path, via: Via, victim: str
 ) -> None:
-    run = ApplyRun(ws, _args(ws, "lifecycle.ps_standby=false", via=via), env=via.env)
+    """The program dies first, a child of it left in its group: the restart stops the child
+    before the next life starts."""
+    run = ApplyRun(ws, _args(ws, "lifecycle.ps_standby=false", via=via, spawn=True), env=via.env)
     lives = Lives(ws)
     up, program = _up(run, victim)
     run.wait_for(r"^chief/0\s+\| step=", 60)
     lives.note()
-    before = _kill(ws, victim, program, first)
+    before = _kill(ws, victim, program, "program")
     run.wait_for(rf"{re.escape(victim)}: restarted on {via.host}", 60, up)
     # the restart is written after the new life started, and that after the old one was gone
     assert _group(int(before["handle"]["pgid"])) == [], "a previous life outlived its restart"  # type: ignore[index]
@@ -248,6 +257,48 @@ def test_a_restart_starts_after_every_process_of_the_previous_life_is_gone(
     code = run.finish(timeout=120)
     assert code == 0, run.text()[-3000:]
     assert "cannot bind" not in run.text()
+    lives.assert_nothing_left()
+
+
+@pytest.mark.parametrize("victim", ROLES)
+def test_a_program_whose_wrapper_died_is_readopted_not_restarted(
+    ws: Path, via: Via, victim: str
+) -> None:
+    """The wrapper dies, the program serves on: tfplan says it re-adopted it, never restarts
+    it (nor hands over to a standby), still streams its log, and when the stop file ends the
+    run the program's own end (exit status unknown: a chief or evaluator ending so is started
+    again, and its next life ends at once) lets the run succeed with nothing left."""
+    standby = victim == "ps/0"
+    run = ApplyRun(ws, _args(ws, f"lifecycle.ps_standby={standby}", via=via), env=via.env)
+    lives = Lives(ws)
+    up, program = _up(run, victim)
+    run.wait_for(r"^chief/0\s+\| step=", 60)
+    if standby:
+        run.wait_for(r"^ps/0~standby\s+\| standby for ps/0: ready", 60)
+    lives.note()
+    wrapper = int(_record(ws, victim)["handle"]["pid"])  # type: ignore[index]
+    _kill(ws, victim, program, "tracked")
+    said = run.wait_for(
+        rf"^tfplan\s+\| {re.escape(victim)}: its wrapper \(pid {wrapper}\) is gone but its "
+        r"program runs on \(re-adopted: .*\): re-adopted, not restarted",
+        60,
+        up,
+    )
+    run.wait_for(r"^chief/0\s+\| step=", 60, said)  # training goes on meanwhile
+    assert alive(program) and _record(ws, victim)["status"] == "running"
+    status = json.loads(tfplan(ws, "status", "--json", env=via.env, check=True).stdout)
+    row = next(r for r in status["tasks"] if r["task"] == victim)
+    assert row["state"] == "running", row
+    assert f"{victim}: restarted" not in run.text()
+    lives.note()
+    (ws / "stop").touch()
+    code = run.finish(timeout=120)
+    assert code == 0, run.text()[-3000:]
+    text = run.text()
+    if victim in ("ps/0", "worker/0"):  # the ps is stopped by teardown; the worker's end is
+        assert f"{victim}: restarted" not in text, text[-3000:]  # after training or restarted
+    assert "by its warm standby" not in text
+    assert text.count(f"{victim}: its wrapper") == 1
     lives.assert_nothing_left()
 
 
@@ -311,21 +362,19 @@ def test_a_restart_waits_for_a_standby_that_is_still_starting(ws: Path) -> None:
     lives.assert_nothing_left()
 
 
-@pytest.mark.parametrize("first", ["tracked", pytest.param("program", marks=FULL)])
-def test_a_ps_standby_takes_over_whichever_process_died_first(
-    ws: Path, via: Via, first: str
-) -> None:
-    """The ps dies, its warm standby becomes its next life (the same program, now bound to the
-    port), its log becomes ps/0's (the previous one kept as task.log.0), `tfplan logs` shows
+def test_a_ps_standby_takes_over_from_a_dead_program(ws: Path, via: Via) -> None:
+    """The ps's program dies (a child of it left in its group), its warm standby becomes its
+    next life (the same program, now bound to the port) once the previous life's every process
+    is gone, its log becomes ps/0's (the previous one kept as task.log.0), `tfplan logs` shows
     the new life, a fresh standby starts once the chief steps again, and nothing is left after
-    the run."""
-    run = ApplyRun(ws, _args(ws, "lifecycle.ps_standby=true", via=via), env=via.env)
+    the run. (A dead wrapper is no takeover: its program is re-adopted, above.)"""
+    run = ApplyRun(ws, _args(ws, "lifecycle.ps_standby=true", via=via, spawn=True), env=via.env)
     lives = Lives(ws)
     up, program = _up(run, "ps/0")
     ready = run.wait_for(r"^ps/0~standby\s+\| standby for ps/0: ready", 60)
     standby = next(s for s in state_of(ws)["standbys"] if s["name"] == "ps/0~standby")
     lives.note()
-    before = _kill(ws, "ps/0", program, first)
+    before = _kill(ws, "ps/0", program, "program")
     taken = run.wait_for(rf"ps/0: restarted on {via.host} by its warm standby", 60, max(up, ready))
     assert _group(int(before["handle"]["pgid"])) == []  # type: ignore[index]
     _, again = _up(run, "ps/0", taken)
@@ -352,18 +401,18 @@ def test_a_ps_standby_takes_over_whichever_process_died_first(
 
 
 @pytest.mark.parametrize("victim", ["ps/0", pytest.param("chief/0", marks=FULL)])
-def test_a_failed_run_stops_a_program_whose_wrapper_died_and_the_standby(
-    ws: Path, victim: str
-) -> None:
-    """The victim's wrapper dies and it may not restart: the run fails, and its teardown stops
-    the victim's program (still running, recorded as failed), the warm standby and the others."""
+def test_a_failed_run_stops_what_a_dead_program_left_and_the_standby(ws: Path, victim: str) -> None:
+    """The victim's program dies, leaving a child in its group, and it may not restart: the
+    run fails, and its teardown stops that child (recorded as failed), the warm standby and
+    the others."""
     role = victim.split("/")[0]
-    run = ApplyRun(ws, _args(ws, f"lifecycle.restart.{role}=Never", "lifecycle.ps_standby=true"))
+    args = _args(ws, f"lifecycle.restart.{role}=Never", "lifecycle.ps_standby=true", spawn=True)
+    run = ApplyRun(ws, args)
     lives = Lives(ws)
     _, program = _up(run, victim)
     run.wait_for(r"^ps/0~standby\s+\| standby for ps/0: ready", 60)
     lives.note()
-    _kill(ws, victim, program, "tracked")
+    _kill(ws, victim, program, "program")
     run.wait_for(rf"{re.escape(victim)} failed .*: tearing down the cluster", 60)
     code = run.finish(timeout=120)
     assert code == 1 and "Training failed" in run.text()
@@ -374,9 +423,10 @@ def test_a_failed_run_stops_a_program_whose_wrapper_died_and_the_standby(
 
 
 def test_destroy_stops_every_process_of_every_task_and_the_standbys(ws: Path) -> None:
-    """A detached run: worker/1's wrapper dies and it may not restart (the others go on); its
-    program runs on, recorded as failed. destroy stops it, every other task and the standby."""
-    args = _args(ws, "lifecycle.restart.worker=Never", "lifecycle.ps_standby=true")
+    """A detached run: worker/1's program dies and it may not restart (the others go on); a
+    child of it runs on, recorded as failed. destroy stops it, every other task and the
+    standby."""
+    args = _args(ws, "lifecycle.restart.worker=Never", "lifecycle.ps_standby=true", spawn=True)
     tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True)
     lives = Lives(ws)
     standby_log = ws / "work" / "ps-0" / "task.log.standby"
@@ -386,9 +436,10 @@ def test_destroy_stops_every_process_of_every_task_and_the_standbys(ws: Path) ->
     lives.note()
     worker_log = ws / "work" / "worker-1" / "task.log"
     program = int(re.findall(r"up pid (\d+)", worker_log.read_text())[-1])
-    _kill(ws, "worker/1", program, "tracked")
+    child = int((ws / "work" / "worker-1" / "pids").read_text().split()[0])
+    _kill(ws, "worker/1", program, "program")
     wait_until(lambda: _record(ws, "worker/1")["status"] == "failed", 60, "worker/1 failed")
-    assert alive(program)  # the program outlived its wrapper
+    assert alive(child)  # the child outlived the program
     status = json.loads(tfplan(ws, "status", "--json", check=True).stdout)
     row = next(r for r in status["tasks"] if r["task"] == "worker/1")
     assert row["state"] == "failed"

@@ -135,6 +135,9 @@ class TaskInfo:
     cpu_percent: float | None = None
     rss_bytes: int | None = None
     error: str | None = None  # why it is unreachable
+    # the tracked process (a wrapper) is gone but the program it started runs on: followed on,
+    # not restarted (docs/runtime.md)
+    readopted: bool = False
 
 
 @dataclass(frozen=True)

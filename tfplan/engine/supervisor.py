@@ -4,8 +4,10 @@ restart tasks by their policy, detect hung tasks, and end the job the way its ro
 Lifecycle (PEERS.md: what TFJob, TonY and RiseML users expect):
 - a task that ends is restarted on its host and port when its restart policy says so
   (:mod:`tfplan.planning.policy`), after a doubling backoff; its previous log is kept as
-  ``task.log.<n>``, and every process of its previous life is stopped first, whichever of the
-  wrapper and the program died first;
+  ``task.log.<n>``, and every process of its previous life is stopped first;
+- a task whose wrapper died while its program runs on is re-adopted, not restarted (where the
+  backend follows programs, ``TaskInfo.readopted``): followed until its program ends, its exit
+  status then unknown (which counts as killed);
 - a parameter server has a warm standby (``lifecycle.ps_standby``, where the backend can): a
   second copy that has imported TensorFlow and waits for SIGUSR1; a restart of the ps hands
   over to it instead of starting a new process, and a new standby starts once training goes
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend, TaskInfo, TaskPhase
@@ -128,6 +130,7 @@ class Supervisor:
         self.poll_secs = poll_secs
         self._life_started: dict[str, float] = {}
         self._pending: dict[str, float] = {}  # task name -> when to restart it
+        self._readopted: set[tuple[str, str]] = set()  # (task, process group) said re-adopted
         self._done_at: float | None = None  # when the chief succeeded
         self._unreachable_since: dict[str, float] = {}  # host -> first failed observation
         self._fatal: str | None = None  # the allocation ended under the job
@@ -215,6 +218,7 @@ class Supervisor:
         state = self._hosts_down(state, infos)
         if (state.lineage, state.serial) != before:
             return state  # the tasks changed under the status just read: read again next tick
+        self._say_readopted(running, infos)
         ended = [(t, e) for t in running if (e := ended_status(infos.get(t.name))) is not None]
         if not ended:
             return state
@@ -231,6 +235,21 @@ class Supervisor:
                 continue
             state = self._on_ended(state, dead)
         return self.store.write(state)
+
+    def _say_readopted(self, running: Sequence[TaskRecord], infos: dict[str, TaskInfo]) -> None:
+        """Once per life: a task whose tracked process (a wrapper) died while its program runs
+        on is followed on, not replaced (the program still serves; a restart would stop it)."""
+        for task in running:
+            info = infos.get(task.name)
+            life = (task.name, str(task.handle.get("pgid")))
+            if info is None or not info.readopted or life in self._readopted:
+                continue
+            self._readopted.add(life)
+            self._say(
+                f"{task.name}: its wrapper (pid {task.handle.get('pid')}) is gone but its "
+                f"program runs on ({info.detail}): re-adopted, not restarted; its exit status "
+                "will be unknown (an end before training's counts as a failure)"
+            )
 
     def _hosts_down(self, state: State, infos: dict[str, TaskInfo]) -> State:
         """Hosts whose observations fail for ``host_timeout_secs`` have lost their tasks:

@@ -13,7 +13,9 @@ when a signal ended it).
 
 Every process of a task is in its group: a stop signals the group, so it reaches the program
 whichever of the wrapper and the program died first. A wrapper that died while its program runs
-on is reported as ``failed`` with ``detail`` saying how many processes are left.
+on is reported ``running`` and ``readopted`` (the host's watcher follows the program until its
+group is empty; its exit status is then unknown); a forked task's program that died leaving
+processes in its group is ``failed`` with ``detail`` saying how many are left.
 
 - :mod:`.target`    ``cluster.hosts`` checked and resolved into places and transports (pure)
 - :mod:`.outputs`   whether the hosts share the output folder; its files fetched back

@@ -328,6 +328,7 @@ class ProcessBackend(Backend):
             on_line,
             exit_file=handle_exit_file(task.handle, task.workdir),
             pgid=int(task.handle["pgid"]),
+            adopt=running.adopts(task),
         )
 
     def read_log(self, task: TaskRecord, offset: int = 0, max_bytes: int = 16 << 20) -> bytes:

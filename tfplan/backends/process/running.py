@@ -12,7 +12,7 @@ from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.process.shell import run_on_host
 from tfplan.backends.transports.pool import TransportPool
 from tfplan.backends.transports.scripts import LISTENING_SCRIPT, handle_exit_file, listening_ports
-from tfplan.backends.transports.specs import ProcessInfo, StopResult
+from tfplan.backends.transports.specs import READOPTED, ProcessInfo, StopResult
 from tfplan.errors import BackendError
 from tfplan.planning.state import TaskRecord
 
@@ -51,26 +51,41 @@ def describe(pool: TransportPool, tasks: Sequence[TaskRecord]) -> dict[str, Task
         )
         if heard is not None:
             for task in grouped.pop(host):
-                out[task.name] = _info(heard.get(pid(task)), host)
+                out[task.name] = _info(heard.get(pid(task)), host, adopts(task))
     for host, result in run_on_hosts(grouped, ask).items():
         for task in grouped[host]:
             if isinstance(result, Exception):
                 out[task.name] = TaskInfo(TaskPhase.UNREACHABLE, host=host, error=str(result))
             else:
-                out[task.name] = _info(result.get(pid(task)), host)
+                out[task.name] = _info(result.get(pid(task)), host, adopts(task))
     return out
 
 
-def _info(info: ProcessInfo | None, host: str) -> TaskInfo:
+def adopts(task: TaskRecord) -> bool:
+    """Whether the task's program can outlive its tracked process and be re-adopted: a cold
+    start's (a wrapper, then the program); a forked task's tracked process is its program."""
+    return not task.handle.get("forked")
+
+
+def _info(info: ProcessInfo | None, host: str, adopt: bool = False) -> TaskInfo:
     if info is None:
         return TaskInfo(TaskPhase.FAILED, host=host, detail="missing")
     if not info.alive and info.exit_code is None and info.left:
-        # The wrapper died first: no exit code will ever be recorded; the rest of the group
-        # (the program) is stopped by group before the task starts again.
+        if adopt:
+            # The wrapper died first and its program runs on: it is followed on, not
+            # replaced; its exit status will be unknown (the wrapper recorded it).
+            return TaskInfo(
+                TaskPhase.RUNNING,
+                host=host,
+                detail=f"{READOPTED}: {info.left} process(es) of its group run on",
+                readopted=True,
+            )
+        # A forked task's program died and left processes of its group: stopped by group
+        # before the task starts again.
         return TaskInfo(
             TaskPhase.FAILED,
             host=host,
-            detail=f"wrapper gone, {info.left} process(es) of its group still running",
+            detail=f"program gone, {info.left} process(es) of its group still running",
         )
     if info.alive:
         return TaskInfo(
@@ -79,6 +94,7 @@ def _info(info: ProcessInfo | None, host: str) -> TaskInfo:
             detail=info.state,
             cpu_percent=info.cpu_percent,
             rss_bytes=info.rss_bytes,
+            readopted=info.state.startswith(READOPTED),
         )
     phase = TaskPhase.SUCCEEDED if info.exit_code == 0 else TaskPhase.FAILED
     return TaskInfo(phase, exit_code=info.exit_code, host=host, detail=info.state)

@@ -450,6 +450,7 @@ class Transport(ABC):
         on_line: Callable[[str], None],
         exit_file: str | None = None,
         pgid: int | None = None,
+        adopt: bool = False,
     ) -> LogStream | WatchedStream:
         """Follow a task's log from its start, line by line, until the task is dead.
 
@@ -464,13 +465,15 @@ class Transport(ABC):
             on_line: called from the stream's thread with each whole line (no newline).
             exit_file: where the task's wrapper records its exit status.
             pgid: the task's process group (default: ``pid``, as :meth:`start` makes it).
+            adopt: a program that outlives its wrapper (``pid``) is followed on, its log with
+                it, until its whole group is gone (where the host's watcher runs).
 
         Returns:
             The running stream; ``.stop()`` ends it early, ``.join()`` waits for its end.
         """
         watch = self.host_watch()
         if watch is not None:
-            return watch.follow(path, pid, pgid or pid, exit_file, on_line)
+            return watch.follow(path, pid, pgid or pid, exit_file, on_line, adopt)
         pipe = self._open_stream(_scripts.stream_script(path, pid))
         return ThreadLogStream(
             f"{self.target.name}:{path}", pipe.read, pipe.end_input, pipe.force_close, on_line

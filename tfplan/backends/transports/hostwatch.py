@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tfplan.backends.transports.scripts import q
-from tfplan.backends.transports.specs import ProcessInfo, StreamPipe
+from tfplan.backends.transports.specs import READOPTED, ProcessInfo, StreamPipe
 
 __all__ = ["AGENT_SOURCE", "STALE_SECS", "HostWatch", "WatchedStream", "agent_command"]
 
@@ -115,6 +115,8 @@ class HostWatch:
         self._streams: dict[str, WatchedStream] = {}
         self._pids: dict[int, str] = {}  # followed pid -> key
         self._exit_files: dict[int, str | None] = {}  # pid -> where its exit code is read
+        # followed pid (a wrapper gone) -> (its program's pid, live processes of its group)
+        self._adopted: dict[int, tuple[int, int]] = {}
         self._keys = itertools.count(1)
         self._heard = 0.0
         self._ready = threading.Event()
@@ -138,15 +140,20 @@ class HostWatch:
         pgid: int,
         exit_file: str | None,
         on_line: Callable[[str], None],
+        adopt: bool = False,
     ) -> WatchedStream:
+        """Follow one task; ``adopt``: its program outliving its wrapper (``pid``) is
+        re-adopted, followed on until its whole group is gone (see the agent's protocol)."""
         key = str(next(self._keys))
         stream = WatchedStream(self, key, pid, on_line)
         with self._lock:
             self._streams[key] = stream
             self._pids[pid] = key
             self._exit_files[pid] = exit_file
+            self._adopted.pop(pid, None)
         command = {"op": "follow", "id": key, "log": path, "pid": pid, "pgid": pgid}
         command["exit"] = exit_file
+        command["adopt"] = adopt
         if not self._send(command):
             stream._end()
         return stream
@@ -190,6 +197,11 @@ class HostWatch:
                     return None
                 if pid not in self._pids:
                     return None
+                if pid in self._adopted:
+                    program, left = self._adopted[pid]
+                    state = f"{READOPTED}: its program (pid {program}) runs on"
+                    out[pid] = ProcessInfo(pid, True, state, None, None, None, left)
+                    continue
                 out[pid] = ProcessInfo(pid, True, "running", None, None, None, 1)
             return out
 
@@ -218,12 +230,19 @@ class HostWatch:
             stream = self._streams.get(key.decode())
             if stream is not None:
                 stream._deliver(text)
+        elif kind == b"A":
+            adopted, program, left = rest.decode().split(" ")[:3]
+            with self._lock:
+                followed = self._streams.get(adopted)
+                if followed is not None:
+                    self._adopted[followed.pid] = (int(program), int(left))
         elif kind == b"X":
             ended = rest.split(b" ", 1)[0].decode()
             with self._lock:
                 stream = self._streams.pop(ended, None)
                 if stream is not None and self._pids.get(stream.pid) == ended:
                     del self._pids[stream.pid]
+                    self._adopted.pop(stream.pid, None)
             if stream is not None:
                 stream._end()
         elif kind == b"H":

@@ -13,6 +13,7 @@ __all__ = [
     "LaunchSpec",
     "Launched",
     "ProcessInfo",
+    "READOPTED",
     "StopResult",
     "StreamPipe",
 ]
@@ -72,6 +73,10 @@ class Launched:
     pid: int
     pgid: int
     started_at: float  # unix time
+
+
+# ProcessInfo.state of a task whose wrapper is gone while its program runs on, re-adopted
+READOPTED = "re-adopted"
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,20 @@ so observing N tasks costs one process and one connection per host, not a shell 
 
 Protocol. Commands arrive on stdin, one JSON object per line:
 
-- ``{"op": "follow", "id": K, "log": PATH, "pid": P, "pgid": G, "exit": EXIT_FILE}``: deliver
-  the log from its first byte; report the end once process ``P`` (the task's wrapper) is gone;
+- ``{"op": "follow", "id": K, "log": PATH, "pid": P, "pgid": G, "exit": EXIT_FILE, "adopt": A}``:
+  deliver the log from its first byte; report the end once process ``P`` (the task's wrapper)
+  is gone; with ``A`` true, a wrapper gone without an exit status while processes of its group
+  run on (its program, orphaned) is not an end: the agent follows the group's lowest live PID
+  instead (re-adopted) until the group is empty;
 - ``{"op": "drop", "id": K}``: stop following ``K`` (no end is reported).
 
 Events go to stdout, one per line (``K`` has no spaces):
 
 - ``L K <line>``: a whole line of ``K``'s log (raw bytes, no newline);
-- ``X K <exit code or -> <live processes left in its group>``: ``K``'s wrapper is gone and its
-  log was delivered to the end;
+- ``A K <pid> <live processes in its group>``: ``K``'s wrapper is gone, its program runs on:
+  followed now by that PID;
+- ``X K <exit code or -> <live processes left in its group>``: ``K``'s wrapper is gone (and,
+  re-adopted, every process of its group) and its log was delivered to the end;
 - ``H``: a heartbeat, every second, so the reader knows the host still answers.
 
 Events, not polling: each wrapper's exit is a ``pidfd`` becoming readable, each log write an
@@ -98,8 +103,9 @@ class Inotify:
 
 
 class Followed:
-    def __init__(self, key, log, pid, pgid, exit_file):
+    def __init__(self, key, log, pid, pgid, exit_file, adopt=False):
         self.key = key
+        self.adopt = adopt
         self.log = log
         self.pid = pid
         self.pgid = pgid
@@ -131,15 +137,15 @@ def _alive(task):
     return stat is not None and stat[1] == task.pgid and stat[0] != "Z"
 
 
-def _left_by_group():
-    """pgid -> live processes, one pass over /proc."""
-    counts = {}
+def _members_by_group():
+    """pgid -> PIDs of its live processes, one pass over /proc."""
+    members = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             stat = _proc_stat(int(name))
             if stat is not None and _live(stat[0], stat[2]):
-                counts[stat[1]] = counts.get(stat[1], 0) + 1
-    return counts
+                members.setdefault(stat[1], []).append(int(name))
+    return members
 
 
 def _exit_code(path):
@@ -177,23 +183,39 @@ class Agent:
         key = str(cmd.get("id"))
         if cmd.get("op") == "follow":
             self.drop(key)
-            task = Followed(key, cmd["log"], int(cmd["pid"]), int(cmd["pgid"]), cmd.get("exit"))
+            task = Followed(
+                key,
+                cmd["log"],
+                int(cmd["pid"]),
+                int(cmd["pgid"]),
+                cmd.get("exit"),
+                bool(cmd.get("adopt")),
+            )
             self.tasks[key] = task
             self.open_log(task)
             if task.fd >= 0:
                 self.read_log(task)  # what it wrote before it was followed
-            if self.pidfds:
-                try:
-                    task.pidfd = os.pidfd_open(task.pid)
-                except OSError:
-                    task.pidfd = -1
-                if task.pidfd >= 0:
-                    self.by_pidfd[task.pidfd] = key
-                    self.poll.register(task.pidfd, select.POLLIN)
+            self.watch_pid(task)
             if not _alive(task):  # gone already (or its PID now belongs to another process)
                 self.ending.append(key)
         elif cmd.get("op") == "drop":
             self.drop(key)
+
+    def watch_pid(self, task):
+        """Learn of ``task.pid``'s end from a pidfd (where there are pidfds)."""
+        if task.pidfd >= 0:
+            if self.by_pidfd.pop(task.pidfd, None) is not None:
+                self.poll.unregister(task.pidfd)
+            os.close(task.pidfd)
+            task.pidfd = -1
+        if self.pidfds:
+            try:
+                task.pidfd = os.pidfd_open(task.pid)
+            except OSError:
+                task.pidfd = -1
+            if task.pidfd >= 0:
+                self.by_pidfd[task.pidfd] = task.key
+                self.poll.register(task.pidfd, select.POLLIN)
 
     def open_log(self, task):
         try:
@@ -260,12 +282,22 @@ class Agent:
         self.ending = []
         if not keys:
             return
-        left = _left_by_group()
+        members = _members_by_group()
         for key in keys:
             task = self.tasks[key]
-            self.read_log(task, final=True)
             code = _exit_code(task.exit_file) if task.exit_file else "-"
-            self.emit(b"X %s %s %d\n" % (key.encode(), code.encode(), left.get(task.pgid, 0)))
+            group = sorted(members.get(task.pgid, ()))
+            if code == "-" and task.adopt and group:
+                # the wrapper is gone and left no status: its program (the group's first
+                # process) runs on, and is followed instead of being reported ended
+                task.pid = group[0]
+                self.watch_pid(task)
+                self.emit(b"A %s %d %d\n" % (key.encode(), task.pid, len(group)))
+                if not _alive(task):
+                    self.ending.append(key)
+                continue
+            self.read_log(task, final=True)
+            self.emit(b"X %s %s %d\n" % (key.encode(), code.encode(), len(group)))
             self.drop(key)
 
     def check_without_events(self):
