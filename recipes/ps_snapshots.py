@@ -19,9 +19,11 @@ How (TF1 replicas; the chief drives it):
   (recipes/runtime.py) restores that ps alone: from its snapshot when it is at least as new as the
   last checkpoint, else from the checkpoint; the other ps keep their live values. A snapshot that
   cannot be read (gone with its host, another shape) falls back to the checkpoint, in one line;
-- a ps makes its folder as it starts and removes it once its job is done; a ps stopped by
-  SIGTERM leaves it (a ps stopped to be replaced, its wrapper gone, leaves its snapshots to its
-  replacement); the next run into the same output folder writes over it.
+- a ps makes its folder as it starts and removes it as it ends: its job done, or stopped by
+  SIGTERM (a teardown, a destroy, a re-planned cluster: a new chief, which never reads an older
+  chief's snapshots). A ps killed (SIGKILL, the OOM killer, its host) leaves it for its
+  restart; that next life removes it as it ends, and the next run into the same output folder
+  writes over it.
 
 A snapshot of a job that is re-applied is never used: the chief that starts the job has no record
 of any, so the job resumes from its checkpoint, as before. A snapshot that takes long widens the
@@ -66,8 +68,8 @@ def snapshot_folder(folder: str, output_dir: str, ps_index: int) -> str:
 @dataclass(frozen=True)
 class SnapshotFolder:
     """A ps's own snapshot folder, on its host: made as it starts (``SaveV2`` makes no folder),
-    kept by a restart or a SIGTERM (a replacement reads the last snapshot from it), removed once
-    the job is done."""
+    kept by a kill (the ps's restart reads the last snapshot from it), removed as the ps ends
+    its job or is stopped (SIGTERM)."""
 
     folder: str
     output_dir: str

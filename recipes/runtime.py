@@ -293,10 +293,16 @@ def _short_run() -> Any:
 
 def run_ps(task: TaskInfo, log: Any = print, on_exit: Callable[[], None] = lambda: None) -> int:
     """Serve variables until every replica has sent its done token, or SIGTERM; returns the exit
-    code. ``on_exit`` runs once the job is done (the ps's own snapshots are removed), not on
-    SIGTERM: a ps stopped to be replaced leaves them to its replacement."""
+    code. ``on_exit`` runs as it ends either way (the ps's own snapshots are removed: a stopped
+    ps is not restarted, and a new chief never reads them); a killed ps cannot run it, and
+    leaves its snapshots to its restart."""
+
+    def stopped(*_: Any) -> None:
+        on_exit()
+        os._exit(0)
+
     # Why SIGTERM -> exit 0: a launcher that stops the cluster has not seen a ps failure.
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, stopped)
     server = make_server(task)
     n = replicas_now(task)
     with v1.Graph().as_default():

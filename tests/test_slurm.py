@@ -257,8 +257,16 @@ def test_a_killed_ps_is_restarted_inside_the_allocation(
     assert restarted["host"] == ps["host"] and restarted["port"] == ps["port"]
     assert restarted["handle"]["step"] == "ps-0.1-standby" and restarted["restarts"] == 1
     assert "exit code 138" not in run.text()  # the go signal never ended the standby
+    # the chief recovered (a step cancelled by the restarted ps is a lost peer: it once exited 1
+    # here) and restored that ps alone, from its snapshot on n1's memory or the checkpoint,
+    # whichever is newer
+    restored = re.search(
+        r"^worker/0\s+\| ps/0 restored from its (snapshot|checkpoint) of step", run.text(), re.M
+    )
+    assert restored, run.text()[-4000:]
     result = json.loads((ws / "out" / "result.json").read_text())
     assert result["global_step"] >= 1200
+    assert [r["ps"] for r in result["ps_recoveries"]] == [0], result["ps_recoveries"]
     assert _squeue(slurm_cluster) == []
 
 
