@@ -86,6 +86,21 @@ ONE_WORKER_FILES = {
 }
 
 
+# The longest files first (--dist loadgroup): the scheduler hands out work in collection order,
+# so a long file (a one-worker group above all) collected late kept one worker busy while the
+# other had nothing left: the full tier's last minutes ran at half the machine.
+LONGEST_FIRST = (
+    "test_user_model_apply.py",
+    "test_docs.py",
+    "test_bench_smoke.py",
+    "test_known_failures.py",
+    "test_sweep.py",
+    "test_strategies_cluster.py",
+    "test_resize.py",
+    "test_chaos.py",
+)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup``: every test to the worker that is free, except that the tests of a
     file in :data:`ONE_WORKER_FILES` go together. Made here, not by ``xdist_group`` marks:
@@ -109,6 +124,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture, mark in TESTBED_MARKS.items():
             if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker(mark):
                 item.add_marker(mark)
+    # an xdist worker (which collects what the scheduler hands out) is told dist "no"
+    if config.getvalue("dist") == "loadgroup" or hasattr(config, "workerinput"):
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files' order
     if config.getoption("--tier") == "full":
         return
     kept, deselected = [], []
