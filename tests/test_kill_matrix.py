@@ -280,7 +280,7 @@ def test_a_program_whose_wrapper_died_is_readopted_not_restarted(
     _kill(ws, victim, program, "tracked")
     said = run.wait_for(
         rf"^tfplan\s+\| {re.escape(victim)}: its wrapper \(pid {wrapper}\) is gone but its "
-        r"program runs on \(re-adopted: .*\): re-adopted, not restarted",
+        r"program runs on \(program pid \d+\): re-adopted, not restarted",
         60,
         up,
     )

@@ -245,10 +245,11 @@ class Supervisor:
             if info is None or not info.readopted or life in self._readopted:
                 continue
             self._readopted.add(life)
+            what = info.detail.split(": ", 1)[-1]
             self._say(
                 f"{task.name}: its wrapper (pid {task.handle.get('pid')}) is gone but its "
-                f"program runs on ({info.detail}): re-adopted, not restarted; its exit status "
-                "will be unknown (an end before training's counts as a failure)"
+                f"program runs on ({what}): re-adopted, not restarted; its exit status will be "
+                "unknown (an end before training is done counts as a kill)"
             )
 
     def _hosts_down(self, state: State, infos: dict[str, TaskInfo]) -> State:

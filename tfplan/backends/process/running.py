@@ -77,7 +77,7 @@ def _info(info: ProcessInfo | None, host: str, adopt: bool = False) -> TaskInfo:
             return TaskInfo(
                 TaskPhase.RUNNING,
                 host=host,
-                detail=f"{READOPTED}: {info.left} process(es) of its group run on",
+                detail=f"{READOPTED}: {info.left} process(es) of its group",
                 readopted=True,
             )
         # A forked task's program died and left processes of its group: stopped by group

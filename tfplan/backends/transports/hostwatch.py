@@ -199,7 +199,7 @@ class HostWatch:
                     return None
                 if pid in self._adopted:
                     program, left = self._adopted[pid]
-                    state = f"{READOPTED}: its program (pid {program}) runs on"
+                    state = f"{READOPTED}: program pid {program}"
                     out[pid] = ProcessInfo(pid, True, state, None, None, None, left)
                     continue
                 out[pid] = ProcessInfo(pid, True, "running", None, None, None, 1)
