@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_transports import is_dead, py_task, wait_until
@@ -20,7 +21,7 @@ from test_transports import is_dead, py_task, wait_until
 from tfplan.backends.transports import hostwatch
 from tfplan.backends.transports.base import Transport
 from tfplan.backends.transports.pool import transport_for
-from tfplan.backends.transports.specs import HostTarget, LaunchSpec
+from tfplan.backends.transports.specs import HostTarget, Launched, LaunchSpec
 
 PY = sys.executable
 
@@ -132,15 +133,21 @@ def test_a_last_line_without_newline_is_delivered(local: Transport, tmp_path: Pa
     assert lines == ["no newline"]
 
 
-def test_without_inotify_or_pidfds_the_agent_polls_in_one_process(
-    local: Transport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TFPLAN_WATCH_POLL", "1")
-    spec = py_task(tmp_path, "slow", "import time\nprint('one')\ntime.sleep(60)\n")
+def _followed_sleeper(local: Transport, tmp_path: Path, name: str) -> tuple[Launched, Any]:
+    """(launched, stream) of a task that printed one line and sleeps, followed (no adoption)."""
+    spec = py_task(tmp_path, name, "import time\nprint('one')\ntime.sleep(60)\n")
     task = local.start(spec)
     lines: list[str] = []
     stream = local.stream_log(spec.log_path, task.pid, lines.append)
     wait_until(lambda: lines == ["one"])
+    return task, stream
+
+
+def test_without_inotify_or_pidfds_the_agent_polls_in_one_process(
+    local: Transport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TFPLAN_WATCH_POLL", "1")
+    task, stream = _followed_sleeper(local, tmp_path, "slow")
     os.killpg(task.pgid, signal.SIGTERM)
     assert stream.join(10)
 
@@ -185,12 +192,8 @@ def test_a_program_that_outlives_its_wrapper_is_followed_on_until_it_ends(
 def test_without_adoption_a_killed_wrapper_ends_the_stream(
     local: Transport, tmp_path: Path
 ) -> None:
-    spec = py_task(tmp_path, "forked", "import time\nprint('up')\ntime.sleep(60)\n")
-    task = local.start(spec)
-    lines: list[str] = []
-    stream = local.stream_log(spec.log_path, task.pid, lines.append)
-    wait_until(lambda: lines == ["up"])
-    os.kill(task.pid, signal.SIGKILL)
+    task, stream = _followed_sleeper(local, tmp_path, "forked")
+    os.kill(task.pid, signal.SIGKILL)  # the wrapper only: its program sleeps on
     assert stream.join(10)
 
 
