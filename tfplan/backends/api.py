@@ -136,7 +136,7 @@ class TaskInfo:
     rss_bytes: int | None = None
     error: str | None = None  # why it is unreachable
     # the tracked process (a wrapper) is gone but the program it started runs on: followed on,
-    # not restarted (docs/runtime.md)
+    # not restarted (docs/fault_tolerance.md)
     readopted: bool = False
 
 
