@@ -442,3 +442,19 @@ def test_the_step_bar_ends_at_max_steps_and_says_the_true_step() -> None:
     frames = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue()).split("\r")
     last = [f for f in frames if "global step" in f][-1]
     assert "300/300 (global step 305)" in last and "305/300" not in screen.getvalue()
+
+
+def test_the_report_says_each_ps_recovery_in_words() -> None:
+    from tfplan.cli.output import recoveries_line
+
+    recoveries = [
+        {"ps": 0, "source": "snapshot", "step": 4812, "lost_steps": 6},
+        {"ps": 1, "source": "checkpoint", "step": 4600, "lost_steps": None},
+        {"ps": 0, "source": "initial values", "step": 0, "lost_steps": 12},
+    ]
+    assert recoveries_line(recoveries) == (
+        "Parameter servers recovered while training: ps/0 from its snapshot of step 4,812, "
+        "6 steps lost; ps/1 from its checkpoint of step 4,600; "
+        "ps/0 from its initial values, 12 steps lost"
+    )
+    assert recoveries_line([]) is None and recoveries_line(None) is None

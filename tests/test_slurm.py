@@ -267,6 +267,7 @@ def test_a_killed_ps_is_restarted_inside_the_allocation(
     result = json.loads((ws / "out" / "result.json").read_text())
     assert result["global_step"] >= 1200
     assert [r["ps"] for r in result["ps_recoveries"]] == [0], result["ps_recoveries"]
+    assert "Parameter servers recovered while training: ps/0 from its " in run.text()
     assert _squeue(slurm_cluster) == []
 
 

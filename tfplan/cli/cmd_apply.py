@@ -22,6 +22,7 @@ from tfplan.cli.common import (
 from tfplan.cli.output import (
     LogPrinter,
     add_all_lines_argument,
+    recoveries_line,
     start_progress,
     step_progress,
 )
@@ -270,8 +271,11 @@ def _report(
     else:
         out.print(f"\n[bold red]Training failed[/]: {outcome.reason}.")
     if isinstance(result, dict):
-        fields = ", ".join(f"{k}={v}" for k, v in result.items() if k != "status")
-        out.print(f"Result ({result_at}): {fields}")
+        shown = {k: v for k, v in result.items() if k not in ("status", "ps_recoveries")}
+        out.print(f"Result ({result_at}): {', '.join(f'{k}={v}' for k, v in shown.items())}")
+        recovered = recoveries_line(result.get("ps_recoveries"))
+        if recovered is not None:
+            out.print(recovered, highlight=False)
     if not outcome.succeeded:
         raise ApplyError(
             f"training failed: {outcome.reason}; `tfplan explain -e {plan.experiment_id}` says "

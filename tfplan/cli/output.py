@@ -16,10 +16,32 @@ from tfplan.engine.lognoise import HIDDEN_HINT, NoiseFilter
 __all__ = [
     "LogPrinter",
     "add_all_lines_argument",
+    "recoveries_line",
     "shown_step",
     "start_progress",
     "step_progress",
 ]
+
+
+def recoveries_line(recoveries: object) -> str | None:
+    """result.json's ``ps_recoveries`` (each ps restore the chief made while training) as one
+    line of apply's report; None when there were none."""
+    if not isinstance(recoveries, list):
+        return None
+    parts = []
+    for r in recoveries:
+        if not isinstance(r, dict):
+            continue
+        step, lost = r.get("step"), r.get("lost_steps")
+        of = (
+            f" of step {step:,}"
+            if isinstance(step, int) and r.get("source") != "initial values"
+            else ""
+        )
+        gone = f", {lost:,} steps lost" if isinstance(lost, int) else ""
+        parts.append(f"ps/{r.get('ps')} from its {r.get('source')}{of}{gone}")
+    return "Parameter servers recovered while training: " + "; ".join(parts) if parts else None
+
 
 _ROLE_STYLE = {
     "ps": "blue",
