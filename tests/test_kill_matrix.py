@@ -295,8 +295,11 @@ def test_a_program_whose_wrapper_died_is_readopted_not_restarted(
     code = run.finish(timeout=120)
     assert code == 0, run.text()[-3000:]
     text = run.text()
-    if victim in ("ps/0", "worker/0"):  # the ps is stopped by teardown; the worker's end is
-        assert f"{victim}: restarted" not in text, text[-3000:]  # after training or restarted
+    # the ps never ends by itself here: teardown stops it, never a restart. (A worker or chief
+    # whose program ends on the stop file before the chief's success is seen may be restarted,
+    # its status unknown: that is the documented rule, and which comes first is a race.)
+    if victim == "ps/0":
+        assert "ps/0: restarted" not in text, text[-3000:]
     assert "by its warm standby" not in text
     assert text.count(f"{victim}: its wrapper") == 1
     lives.assert_nothing_left()
