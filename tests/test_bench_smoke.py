@@ -393,7 +393,8 @@ def test_bench_slurm(tmp_path: Path, slurm_cluster: SlurmTestbed) -> None:
         env=slurm_cluster.env(),
     )
     text = out.read_text()
-    assert figure(text, "apply -> first step of every worker, tfplan") > 0
+    assert figure(text, "apply -> first step of every worker, tfplan (warm") > 0
+    assert figure(text, "the same, tfplan with `cluster.warm=false`") > 0
     assert figure(text, "the same tasks by hand") > 0
     assert figure(text, "training done (chief exited) -> job gone from squeue") >= 0
     assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""  # nothing left queued

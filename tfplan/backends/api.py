@@ -177,6 +177,10 @@ class Capabilities:
     # imported TensorFlow) and ``launch`` forks the Python tasks from it; ``release`` stops
     # it. A sweep shares seeds between its points: ``start_seed``/``use_seeds``/``stop_seed``
     warm_starts: bool = False
+    # seeds that outlive an allocation: a sweep starts them once and shares them between its
+    # points (``start_seed``/``use_seeds``/``stop_seed``); without it each point's allocation
+    # starts its own (Slurm: a seed is a step of the point's job)
+    sweep_seeds: bool = False
     # the config key that mounts output_dir on every node, named when per_host is refused
     output_mount_key: str | None = None
 

@@ -8,8 +8,9 @@ its tasks from it. The seeds are the sweep's: recorded in ``<sweep dir>/seeds.js
 atomically) as soon as they start, stopped by process group when the sweep ends, and stopped
 from that record by the next run of the same sweep if a sweep died without stopping them.
 
-Backends with ``capabilities.warm_starts`` (the process backend: local and SSH hosts) have
-seeds; on the others each task starts the usual way.
+Backends with ``capabilities.sweep_seeds`` (the process backend: local and SSH hosts) share
+seeds between points; on Slurm each point's job starts seeds of its own (its allocation's, as any
+apply's: ``capabilities.warm_starts``); elsewhere each task starts the usual way.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class SweepSeeds:
     def for_plan(self, plan: Plan) -> tuple[WarmSeed, ...]:
         """The seeds a point's tasks can be forked from: started (and waited for) on the hosts
         of ``plan`` that have none yet. Empty where the backend has no seeds."""
-        if not backend_class(plan.backend.name).capabilities.warm_starts:
+        if not backend_class(plan.backend.name).capabilities.sweep_seeds:
             return ()
         with self._lock:
             if self._backend is None:

@@ -65,6 +65,7 @@ class ProcessBackend(Backend):
         per_host_output=True,
         launch_fanout=LAUNCH_FANOUT,
         warm_starts=True,
+        sweep_seeds=True,
     )
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:

@@ -87,7 +87,7 @@ def start_seed(
     # The folder is the experiment's: an earlier seed's ``ready`` would pass this one for ready
     # (a fork request then signalled it mid-import and waited FORK_WAIT_SECS for nothing), and
     # its unanswered requests are not this apply's. Cleared in the same call that writes.
-    clear = f"rm -rf {q(seed.ready_path)} {q(seed.requests)} && "
+    clear = f"rm -rf {q(seed.ready_path)} {q(seed.started_path)} {q(seed.requests)} && "
     transport.run_script(
         clear + write_file_script(seed.agent_path),
         f"write the warm seed's agent {seed.agent_path}",

@@ -12,6 +12,9 @@
 - ``release``: ``scancel JOB``; nothing stays queued or held.
 - a warm standby is a step of its own (``ps-0.1-standby``); ``signal`` is
   ``scancel --signal=USR1 JOB.STEP``; logs are files on the submit host.
+- warm starts (``cluster.warm``, the default): a seed step per node imports TensorFlow as
+  soon as the job runs, and each Python task's step has it fork the program
+  (:mod:`tfplan.backends.slurm.seeds`); ``release`` ends the seeds with the job.
 - workers join a running elastic job as new steps of the same job while its nodes have free
   slots (``tasks_per_node``; the plan refuses more, with the fix), and leave through
   ``scancel --signal=USR2``; ``tell`` writes ``live.json`` into the shared workdirs.
@@ -57,6 +60,7 @@ from tfplan.backends.firewall import (
     parse_detect,
     remove_script,
 )
+from tfplan.backends.slurm import seeds
 from tfplan.backends.slurm.commands import Slurm, SlurmUnreachable, last_line
 from tfplan.backends.slurm.options import parse_options
 from tfplan.backends.staging import run_yaml, ship_code
@@ -69,6 +73,7 @@ from tfplan.backends.transports.preflight import (
     request_json,
 )
 from tfplan.backends.transports.scripts import handle_exit_file, standby_exit_file
+from tfplan.backends.transports.seeds import WarmSeed
 from tfplan.backends.transports.specs import HostTarget, LaunchSpec, ProcessInfo, StopResult
 from tfplan.errors import BackendError, ConfigError, PreflightError
 from tfplan.planning.plan import BackendRef, Plan, Task
@@ -103,12 +108,15 @@ class SlurmBackend(Backend):
     """Tasks as steps of one Slurm job (see the module docstring)."""
 
     name = "slurm"
-    capabilities = Capabilities(firewall=True, standby=True, signals=True, launch_fanout=8)
+    capabilities = Capabilities(
+        firewall=True, standby=True, signals=True, launch_fanout=8, warm_starts=True
+    )
 
     def __init__(self, ref: BackendRef, scratch: Path) -> None:
         super().__init__(ref, scratch)
         self.options = parse_options(ref.config.get("options", {}))
         self.firewall = bool(ref.config.get("firewall", False))
+        self.warm = bool(ref.config.get("warm", True))
         self.slurm = Slurm()
         self.local = LocalTransport(HostTarget("submit-host", "127.0.0.1", python=sys.executable))
 
@@ -134,7 +142,12 @@ class SlurmBackend(Backend):
         )
         ref = BackendRef(
             cls.name,
-            {"options": options.to_dict(), "python": python, "firewall": cluster.firewall},
+            {
+                "options": options.to_dict(),
+                "python": python,
+                "firewall": cluster.firewall,
+                "warm": cluster.warm,
+            },
         )
         topology = Topology(
             places=places,
@@ -211,7 +224,9 @@ class SlurmBackend(Backend):
             BackendError: sbatch refused, the job cannot run (its reason), or it ended.
         """
         if current is not None and current.id and self._usable(current, plan):
-            return current
+            if not self.warm:
+                return current
+            return self._start_seeds(plan, tasks, current, say, submitted)
         script = self.scratch / "allocation.sh"
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(
@@ -248,9 +263,44 @@ class SlurmBackend(Backend):
             },
             bound=bound,
         )
+        if self.warm:
+            allocation = self._start_seeds(plan, tasks, allocation, say, submitted)
         if self.firewall:
             allocation = self._install_firewall(plan, allocation, submitted, say)
         return allocation
+
+    def _start_seeds(
+        self,
+        plan: Plan,
+        tasks: Sequence[Task],
+        allocation: Allocation,
+        say: Say,
+        submitted: Callable[[Allocation], None],
+    ) -> Allocation:
+        job = str(allocation.id)
+        return seeds.start_seeds(
+            self.local,
+            lambda node, name: self._step_words(job, node, name),
+            plan,
+            tasks,
+            allocation,
+            say,
+            submitted,
+        )
+
+    def _step_words(self, job: str, node: str, name: str) -> list[str]:
+        """``srun`` starting a step of one task on ``node`` inside the job."""
+        return [
+            "srun",
+            f"--jobid={job}",
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            f"--job-name={name}",
+            "--kill-on-bad-exit=0",
+            *self.options.srun_args,
+        ]
 
     def _usable(self, allocation: Allocation, plan: Plan) -> bool:
         """The recorded job still runs, binds every place of the plan and was asked for as the
@@ -407,23 +457,18 @@ class SlurmBackend(Backend):
         step = f"{request.name.replace('/', '-')}.{request.attempt}"
         if request.standby:
             step += "-standby"
-        srun = [
-            "srun",
-            f"--jobid={allocation.id}",
-            "--overlap",
-            "--nodes=1",
-            "--ntasks=1",
-            f"--nodelist={node}",
-            f"--job-name={step}",
-            "--kill-on-bad-exit=0",
-            f"--chdir={request.workdir}",
-            *self.options.srun_args,
-            *delivery.command,
-        ]
         if request.keep_log_as:
             self.local.move(request.log_path, request.keep_log_as)
         for path, text in delivery.files.items():  # the workdir is shared with the nodes
             self.local.write_file(path, text.encode())
+        seed = seeds.allocation_seeds(allocation).get(request.host) if self.warm else None
+        env = {**request.env, "TF_CONFIG": request.tf_config} if request.tf_config else request.env
+        forked = seeds.fork_command(self.local, seed, request, env)
+        srun = [
+            *self._step_words(str(allocation.id), node, step),
+            f"--chdir={request.workdir}",
+            *(forked or delivery.command),
+        ]
         exit_file = standby_exit_file(request.workdir, request.attempt) if request.standby else None
         started = self.local.start(
             LaunchSpec(
@@ -444,6 +489,8 @@ class SlurmBackend(Backend):
         }
         if exit_file is not None:
             handle["exit_file"] = exit_file
+        if forked:
+            handle["forked"] = True
         return Launched(handle=handle, host=node, address=address, started_at=started.started_at)
 
     def release(self, allocation: Allocation) -> None:
@@ -454,6 +501,10 @@ class SlurmBackend(Backend):
         if self.firewall and allocation.data.get("firewall"):
             self._remove_firewall(allocation)
         self.slurm.cancel([job])
+        problems = seeds.stop_seeds(self.local, allocation)  # their steps ended with the job
+        if problems:
+            detail = "; ".join(f"{h}: {e}" for h, e in sorted(problems.items()))
+            raise BackendError(f"Slurm job {job}: {detail}")
         deadline = time.monotonic() + RELEASE_WAIT_SECS
         while time.monotonic() < deadline:
             if self.slurm.job(job).gone:
@@ -462,6 +513,25 @@ class SlurmBackend(Backend):
         raise BackendError(
             f"Slurm job {job} is still listed {RELEASE_WAIT_SECS:.0f}s after scancel"
         )
+
+    def allocation_text(self, allocation: Allocation) -> str | None:
+        held = seeds.allocation_seeds(allocation)
+        if not held:
+            return allocation.id
+        nodes = ", ".join(
+            f"{allocation.bound[h][0] if h in allocation.bound else h}" for h in sorted(held)
+        )
+        return f"{allocation.id} (warm seeds on {nodes})"
+
+    def starts_warm(self, host: str, allocation: Allocation | None = None) -> bool:
+        """``host``: the plan's (``node-0``) or the node a task record names (``n1``)."""
+        if not self.warm or allocation is None:
+            return False
+        held = seeds.allocation_seeds(allocation)
+        return host in held or any(allocation.bound.get(h, ("",))[0] == host for h in held)
+
+    def seed_ready(self, seed: WarmSeed) -> bool:
+        return seeds.seed_ready(seed)
 
     def allocation_problem(self, allocation: Allocation) -> str | None:
         if not allocation.id:

@@ -15,6 +15,13 @@ Protocol, all in FOLDER on the host:
 - ``requests/<token>.json``: a task to start (``argv``, ``env``, ``workdir``, ``log_path``,
   ``exit_file``), written atomically, then SIGUSR1 to this process's group.
 - ``requests/<token>.pid``: the answer, the PID of the started task, or ``error: <why>``.
+- ``started``: the seed's PID, written before the imports (a requester on the host tells a seed
+  still importing from one that died).
+
+A request may also carry ``env_whole`` (the environment is the request's alone, not the seed's
+plus the request's), ``log_append`` (the log is opened for appending, never truncated: a step's
+own output, ``/proc/<pid>/fd/1``) and ``owner`` (a PID the task lives no longer than: when it
+ends, the task's process group is killed; :mod:`.seed_client`'s step that stands for the task).
 
 A task forked from the seed is what the shell wrapper would have started: its own session and
 process group (``setsid``), cwd its workdir, stdout and stderr its log (truncated), stdin
@@ -112,7 +119,10 @@ def _run_task(
         os.dup2(log, 2)
         os.close(log)
         os.close(null)
-        env = {**base_env, **request["env"], "TFPLAN_EXIT_FILE": request["exit_file"]}
+        if request.get("owner"):
+            _guard(int(request["owner"]))
+        base = {} if request.get("env_whole") else base_env
+        env = {**base, **request["env"], "TFPLAN_EXIT_FILE": request["exit_file"]}
         os.environ.clear()
         os.environ.update(env)
         if "TF_CONFIG_FILE" in env and "TF_CONFIG" not in env:
@@ -146,6 +156,39 @@ def _run_task(
         code = 1
     finally:
         recorded_exit(code)
+
+
+def _guard(owner: int) -> None:
+    """In the task: a daemon thread that kills the task's process group as soon as ``owner``
+    ends (a pidfd becomes readable then; polled each half second where there is none). The
+    thread waits in the kernel and costs the task nothing while the owner lives."""
+    import threading
+
+    try:
+        fd: int | None = os.pidfd_open(owner)
+    except (AttributeError, OSError):
+        fd = None
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            os.killpg(0, signal.SIGKILL)
+
+    def watch() -> None:
+        while True:
+            if fd is not None:
+                if select.select([fd], [], [], 3600)[0]:
+                    break
+                continue
+            time.sleep(0.5)
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                continue
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="tfplan-owner", daemon=True).start()
 
 
 class Seed:
@@ -188,7 +231,8 @@ class Seed:
         # what a cold start's wrapper fails on fails here, answered to the requester (who then
         # starts the task the usual way, to report it as such): not in a task already started
         os.makedirs(request["workdir"], exist_ok=True)
-        log = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        mode = os.O_APPEND if request.get("log_append") else os.O_CREAT | os.O_TRUNC
+        log = os.open(request["log_path"], os.O_WRONLY | mode, 0o644)
         waiting, led = os.pipe()
         try:
             sys.stdout.flush()
@@ -312,6 +356,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
     began = time.monotonic()
     seed = Seed(folder)
+    _write_atomic(os.path.join(folder, "started"), f"{os.getpid()}\n")
     _import(modules, deferred)
     # Everything imported lives as long as the seed: out of the collector's reach (gc.freeze),
     # a forked task's collections no longer write to each inherited object, which copied the

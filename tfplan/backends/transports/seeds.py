@@ -29,6 +29,7 @@ from tfplan.planning.tf_config import is_python
 
 __all__ = [
     "AGENT_SOURCE",
+    "CLIENT_SOURCE",
     "IMPORT_TIME_ENV",
     "PRELOAD",
     "WITHOUT_KERAS",
@@ -42,6 +43,8 @@ __all__ = [
 ]
 
 AGENT_SOURCE = (Path(__file__).with_name("seed_agent.py")).read_text()
+# what a task's own step runs where the scheduler wants a step per task (Slurm)
+CLIENT_SOURCE = (Path(__file__).with_name("seed_client.py")).read_text()
 PRELOAD = ("tensorflow",)  # what a seed imports: the seconds every task would spend
 # What a seed for tasks that never use Keras defers (seed_agent.py ``--defer``): TensorFlow's
 # own import pulls in Keras 3 (``keras.src.optimizers``, 1.5 s of its 6 s of CPU here)
@@ -109,6 +112,10 @@ class WarmSeed:
     @property
     def ready_path(self) -> str:
         return posixpath.join(self.folder, "ready")
+
+    @property
+    def started_path(self) -> str:
+        return posixpath.join(self.folder, "started")
 
     @property
     def requests(self) -> str:
