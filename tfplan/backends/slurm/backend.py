@@ -87,6 +87,9 @@ if TYPE_CHECKING:
 __all__ = ["SlurmBackend"]
 
 POLL_SECS = 0.5
+# while a job pends: squeue every 50 ms for its first seconds (a job usually starts at the
+# scheduler's next pass, and every task's start waits on seeing it run), then every POLL_SECS
+EAGER_POLL_SECS, EAGER_FOR_SECS = 0.05, 10.0
 RELEASE_WAIT_SECS = 10.0
 # Pending reasons that never resolve by waiting: the request does not fit the partition.
 FATAL_REASONS = frozenset(
@@ -339,7 +342,8 @@ class SlurmBackend(Backend):
                     "than the partition allows; lower cluster.options.nodes/tasks_per_node or "
                     "pick another partition"
                 )
-            news = f"Slurm job {job} is {state.state.lower()} ({state.reason or 'scheduling'})"
+            reason = state.reason if state.reason not in ("", "None") else "scheduling"
+            news = f"Slurm job {job} is {state.state.lower()} ({reason})"
             if news != said:
                 say(f"{news}; waiting (Ctrl-C cancels it)")
                 said = news
@@ -349,7 +353,8 @@ class SlurmBackend(Backend):
                     f"Slurm job {job} did not start within pending_timeout_secs={limit:.0f} "
                     f"({state.reason}); cancelled"
                 )
-            time.sleep(POLL_SECS)
+            waited = time.monotonic() - began
+            time.sleep(EAGER_POLL_SECS if waited < EAGER_FOR_SECS else POLL_SECS)
 
     def stage(
         self, plan: Plan, tasks: Sequence[Task], allocation: Allocation
