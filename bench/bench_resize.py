@@ -238,10 +238,10 @@ def main() -> None:
         "",
         "On a 2-core machine four workers and a ps share two cores: the 4-worker rate is not "
         "expected to double; what matters is that nothing restarts and no step is lost. "
-        "Joining vs a fresh start: a joiner imports TensorFlow and builds its graph while the "
-        "running job keeps both cores busy (3 processes training), the fresh job on an idle "
-        "machine; the apply itself (compose, plan, hand-over, tell, start) takes about 1.5 s "
-        "of it. Leaving: the worker stops within one step of SIGUSR2; closing its session "
+        "Joining vs a fresh start: a joiner is forked from the job's warm seed (no import of "
+        "its own), but builds its graph and session while the running job keeps both cores "
+        "busy (3 processes training), the fresh job on an idle machine (docs/bench_resize.md's "
+        "reading says where a join's seconds go). Leaving: the worker stops within one step of SIGUSR2; closing its session "
         "takes 2-4 s (TensorFlow's close of a session that propagated its cluster, measured "
         "0.01 s without propagation), then the done token and the exit.",
         "",
