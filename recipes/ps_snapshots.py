@@ -32,7 +32,7 @@ interval (to :data:`WIDEN_FACTOR` times its duration) and says so once.
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import shutil
 import threading
@@ -43,6 +43,7 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from recipes.failures import first_line
+from recipes.snapshot_paths import snapshot_folder
 
 __all__ = [
     "PsSnapshots",
@@ -54,15 +55,11 @@ __all__ = [
 
 v1 = tf.compat.v1
 SLOTS = ("a", "b")
+# one JSON line per ps recovery, appended by the chief as it restores (a restarted chief goes on
+# appending): what `tfplan status` shows while the job runs; result.json repeats them at the end
+RECOVERIES_FILE = "ps_recoveries.jsonl"
 WIDEN_FACTOR = 5.0  # a snapshot taking d seconds is taken at most every WIDEN_FACTOR * d
 SAVE_TIMEOUT_MS = 60_000  # a snapshot not written in this long counts as failed
-
-
-def snapshot_folder(folder: str, output_dir: str, ps_index: int) -> str:
-    """Where ps ``ps_index`` of the job writing into ``output_dir`` keeps its snapshots, on its
-    own host."""
-    job = hashlib.sha1(os.path.abspath(output_dir).encode()).hexdigest()[:12]
-    return os.path.join(folder, f"tfplan-snapshots-{job}", f"ps{ps_index}")
 
 
 @dataclass(frozen=True)
@@ -268,7 +265,13 @@ class PsSnapshots:
 
     def _recovered(self, k: int, source: str, step: Optional[int], seen: Optional[int]) -> None:
         lost = None if seen is None or step is None else max(0, seen - step)
-        self.recoveries.append({"ps": k, "source": source, "step": step, "lost_steps": lost})
+        record = {"ps": k, "source": source, "step": step, "lost_steps": lost, "at": time.time()}
+        self.recoveries.append(record)
+        try:  # one write of one short line: appended whole (O_APPEND)
+            with open(os.path.join(self._output_dir, RECOVERIES_FILE), "a") as out:
+                out.write(json.dumps(record) + "\n")
+        except OSError:
+            pass  # the stream said it, and result.json will
 
 
 def _held_shape(var: Any) -> Any:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from apply_helpers import TENSORFLOW_PROGRAM
 from slurm_testbed import SlurmTestbed
 from testbed import LoopbackSshd
 
+import tfplan.backends.process.seeds as process_seeds
 from tfplan.backends.api import Backend, LaunchRequest, TaskPhase
 from tfplan.backends.process import ProcessBackend
 from tfplan.backends.slurm import SlurmBackend
@@ -108,6 +108,8 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     elif request.param == "process-local":
         made = _process_case(tmp_path, "local", None)
     elif request.param == "process-warm":
+        # the seed imports json only: the contract is the fork's, not TensorFlow's import time
+        request.getfixturevalue("monkeypatch").setattr(process_seeds, "PRELOAD", ("json",))
         made = _warm_case(tmp_path)
     elif request.param == "process-ssh":
         made = _process_case(tmp_path, "ssh", request.getfixturevalue("sshd_server"))
@@ -151,8 +153,10 @@ def _program(case: Case, code: str) -> tuple[str, ...]:
     folder = case.tmp / "programs"
     folder.mkdir(exist_ok=True)
     script = folder / f"program-{len(list(folder.iterdir()))}.py"
-    # forked from a warm seed, a program is a TensorFlow program (a seed forks only those)
-    script.write_text((TENSORFLOW_PROGRAM if case.warm else "") + textwrap.dedent(code))
+    # forked from a warm seed, a program is a TensorFlow program (a seed forks only those): a
+    # comment naming it is enough (importing it would cost seconds, the seed preloads json)
+    named = "# a stand-in for a tensorflow program\n"
+    script.write_text((named if case.warm else "") + textwrap.dedent(code))
     return (PY, str(script))
 
 

@@ -173,7 +173,8 @@ def test_each_ps_snapshots_on_itself_and_one_ps_is_restored_alone(tmp_path: Path
     said = [m for m in logs if m.startswith("snapshots: ")]
     assert len(said) == 1 and "a restarted ps comes back from the last checkpoint" in said[0], logs
     assert r["hook_taken"] == 0
-    # what result.json's ps_recoveries says of each restore
+    # what result.json's ps_recoveries says of each restore (and when: the chief's clock)
+    assert all(isinstance(x.pop("at"), float) for x in r["recoveries"]), r["recoveries"]
     assert r["recoveries"] == [
         {"ps": 1, "source": "snapshot", "step": 20, "lost_steps": 13},
         {"ps": 1, "source": "checkpoint", "step": 30, "lost_steps": 3},

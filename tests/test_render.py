@@ -226,3 +226,20 @@ def test_the_snapshots_memory_is_shown_per_ps_host_and_not_when_off_or_for_pss()
     ):
         p = _plan(*off)
         assert snapshot_bytes(p) == {} and "Snapshots: " not in _text(p), off
+
+
+def test_what_the_ps_leave_in_memory_is_where_the_recipes_write_it() -> None:
+    """The folder a backend removes when it gives the allocation back
+    (tfplan.planning.footprint.snapshot_leftovers) is the one the recipes' ps write into
+    (recipes/snapshot_paths.py snapshot_folder's parent), on each ps host; none when off or pss."""
+    from recipes.snapshot_paths import snapshot_folder
+    from tfplan.planning.footprint import snapshot_leftovers
+
+    two = _plan("cluster=local", "cluster.ps=2")
+    written = os.path.dirname(snapshot_folder("/dev/shm", two.output_dir, 1))
+    assert snapshot_leftovers(two) == {"localhost": [written]}
+    for off in (
+        ("cluster=local", "lifecycle.snapshot_secs=0"),
+        ("cluster=local_chief", "algo=pss"),
+    ):
+        assert snapshot_leftovers(_plan(*off)) == {}, off

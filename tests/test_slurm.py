@@ -31,6 +31,8 @@ from chaos_helpers import ApplyRun
 from slurm_testbed import SlurmTestbed
 from test_apply_ssh import _conf_with_cluster
 
+from recipes.snapshot_paths import snapshot_folder
+
 pytestmark = [pytest.mark.slurm, pytest.mark.netns]
 
 
@@ -272,8 +274,14 @@ def test_a_killed_ps_is_restarted_inside_the_allocation(
     finally:
         for pid in workers:
             os.killpg(pid, signal.SIGCONT)
+    # something left in the job's snapshot folder on n1 (as a ps killed for good leaves its
+    # snapshots): the restarted ps removes only its own when it ends, the release the rest
+    root = Path(os.path.dirname(snapshot_folder("/dev/shm", str(ws / "out"), 0)))
+    assert (root / "ps0").is_dir()
+    (root / "left-by-a-killed-ps").mkdir()
     code = run.finish(timeout=400)
     assert code == 0, run.text()[-4000:]
+    assert not root.exists(), sorted(root.rglob("*"))
     restarted = next(t for t in state_of(ws)["tasks"] if t["name"] == "ps/0")
     assert restarted["host"] == ps["host"] and restarted["port"] == ps["port"]
     assert restarted["handle"]["step"] == "ps-0.1" and restarted["restarts"] == 1

@@ -7,13 +7,21 @@ line. No step limit races them (training ends with the Ctrl-C).
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apply_helpers import base_overrides, free_port_base, kill_groups, paced, recorded_groups
+from apply_helpers import (
+    base_overrides,
+    free_port_base,
+    kill_groups,
+    paced,
+    recorded_groups,
+    tfplan,
+)
 from chaos_helpers import ApplyRun, checkpoint_steps, kill_task
 
 pytestmark = [pytest.mark.cluster, pytest.mark.full]
@@ -69,8 +77,42 @@ def test_a_killed_ps_comes_back_from_its_snapshot_not_from_the_checkpoint(ws: Pa
     after = [s for _, s in run.steps(restored + 1)]
     assert after and min(after) >= step, (step, after[:5])
     assert "restoring model.ckpt" not in run.text()
+    # tfplan status says it while the job runs (the chief's ps_recoveries.jsonl in output_dir)
+    shown = tfplan(ws, "status", "--json", check=True)
+    recoveries = json.loads(shown.stdout)["ps_recoveries"]
+    assert [(r["ps"], r["source"], r["step"], r["lost_steps"]) for r in recoveries] == [
+        (0, "snapshot", step, lost)
+    ], recoveries
+    table = tfplan(ws, "status", check=True).stdout
+    assert f"ps/0 from its snapshot of step {step:,}, {lost:,} steps lost" in table, table
     run.proc.send_signal(signal.SIGINT)
     run.finish(timeout=120)
     # the Ctrl-C stopped the ps (SIGTERM): it removed its snapshots (memory), as a finished job's
     # ps does (test_recipes_cluster.py); the kill above left them for its restart, which used them
     assert not Path(where).exists(), sorted(Path(where).rglob("*"))
+
+
+@pytest.mark.timeout(600)
+def test_what_a_ps_killed_outright_left_in_memory_is_removed_when_the_job_ends(ws: Path) -> None:
+    """A ps SIGKILLed cannot remove its snapshots (they are kept for its restart); not restarted
+    here (its policy: Never), the run fails, and giving the allocation back removes them: memory
+    in /dev/shm would otherwise stay taken until the host reboots."""
+    shm = ws / "shm"  # lifecycle.snapshot_dir of base_overrides
+    run = ApplyRun(
+        ws,
+        [
+            *base_overrides(ws, free_port_base()),
+            "trainer.max_steps=100000000",
+            *paced(0.02),
+            "lifecycle.restart.ps=Never",
+            "lifecycle.snapshot_secs=0.5",
+        ],
+    )
+    first = run.wait_for(FIRST, 300)
+    where = Path(re.search(FIRST, run.lines[first][1]).group(1))  # type: ignore[union-attr]
+    assert where.parent == shm and (where / "ps0").is_dir()
+    kill_task(ws, "ps/0")
+    code = run.finish(timeout=300)
+    assert code != 0, run.text()[-3000:]
+    assert re.search(r"ps/0 failed \(exit code 137\)", run.text()), run.text()[-3000:]
+    assert not where.exists(), sorted(where.rglob("*"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import posixpath
 import time
 from dataclasses import replace
 from typing import Any
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from tfplan.backends.api import Backend, TaskInfo, TaskPhase
 from tfplan.cli.common import add_experiment_arguments, backend_of, console, load_experiment
+from tfplan.cli.output import recoveries_line
 from tfplan.engine.diagnose import diagnose, diagnose_output, oom_of
 from tfplan.engine.lognoise import is_noise
 from tfplan.engine.logs import STEP_PATTERN
@@ -21,6 +23,7 @@ from tfplan.planning.state import State, TaskRecord, standby_task
 __all__ = ["add_parsers", "run_status", "task_order"]
 
 _TAIL_BYTES = 8192
+RECOVERIES_FILE = "ps_recoveries.jsonl"  # the chief's, in output_dir (recipes/ps_snapshots.py)
 
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,6 +58,7 @@ def run_status(args: argparse.Namespace) -> int:
             for standby in sorted(state.standbys, key=task_order)
         ]
         held = backend.allocation_text(state.allocation) if state.allocation else None
+        recoveries = _recoveries(backend, state)
     supervisor = _supervisor(state)
     if args.json:
         data = {
@@ -67,6 +71,7 @@ def run_status(args: argparse.Namespace) -> int:
             "tasks": rows,
             "standbys": standbys,
             "lost": [t.to_dict() for t in state.lost],
+            "ps_recoveries": recoveries,
         }
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0
@@ -114,7 +119,30 @@ def run_status(args: argparse.Namespace) -> int:
     out.print(_supervisor_line(supervisor, running))
     if held:
         out.print(f"allocation: {held}")
+    recovered = recoveries_line(recoveries)
+    if recovered:
+        out.print(recovered, highlight=False, soft_wrap=True)
     return 0
+
+
+def _recoveries(backend: Backend, state: State) -> list[dict[str, Any]]:
+    """Each ps recovery the chief made (``output_dir/ps_recoveries.jsonl``, appended as it
+    restores a ps: docs/contract.md), read where the chief wrote it."""
+    if not state.output_dir:
+        return []
+    chief = next((t for t in state.tasks if t.is_chief), None)
+    data = backend.read_file(
+        posixpath.join(state.output_dir, RECOVERIES_FILE), chief.host if chief else None
+    )
+    found = []
+    for line in (data or b"").decode(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if isinstance(record, dict):
+            found.append(record)
+    return found
 
 
 def _row(

@@ -11,6 +11,8 @@ refusal needs. ``trainer.keep_checkpoints`` checkpoints are kept in ``output_dir
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
 from dataclasses import dataclass
 
 from tfplan.config.algorithms import TF2_STRATEGIES
@@ -18,6 +20,8 @@ from tfplan.planning.plan import Plan, Role, ShardingPreview
 from tfplan.planning.tables import SLOTS_PER_ROW
 
 __all__ = [
+    "snapshot_leftovers",
+    "snapshot_root",
     "CheckpointSize",
     "checkpoint_size",
     "plan_checkpoints",
@@ -95,6 +99,26 @@ def snapshot_bytes(plan: Plan) -> dict[str, int]:
         if task.role is Role.PS and task.index < len(held):
             hosts[task.host] = hosts.get(task.host, 0) + 2 * held[task.index]
     return hosts
+
+
+def snapshot_root(folder: str, output_dir: str) -> str:
+    """The folder on a ps host that holds the in-memory snapshots of the job writing into
+    ``output_dir`` (recipes/snapshot_paths.py ``snapshot_folder``'s parent: the same formula)."""
+    job = hashlib.sha1(posixpath.normpath(output_dir).encode()).hexdigest()[:12]
+    return posixpath.join(folder, f"tfplan-snapshots-{job}")
+
+
+def snapshot_leftovers(plan: Plan) -> dict[str, list[str]]:
+    """Plan host -> the snapshot folder its parameter servers keep in memory (a ps removes its
+    own as it ends or is stopped; one killed outright leaves it, for its restart): what a
+    backend removes when it gives the allocation back. Empty when snapshots are off."""
+    snapshots = plan.run_config.get("snapshots") or {}
+    algo = str((plan.run_config.get("algo") or {}).get("name") or "")
+    folder = str(snapshots.get("folder") or "")
+    if not float(snapshots.get("secs") or 0) or not folder or algo in TF2_STRATEGIES:
+        return {}
+    root = snapshot_root(folder, plan.output_dir)
+    return {t.host: [root] for t in plan.tasks if t.role is Role.PS}
 
 
 def room_problem(size: CheckpointSize, free: int, output_dir: str, host: str) -> str | None:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfplan.backends import leftovers
 from tfplan.backends.api import (
     Backend,
     CancelResult,
@@ -173,11 +174,16 @@ class ProcessBackend(Backend):
             allocation = firewall.install(self.pool, plan, allocation, say, submitted)
         if self.warm and not self._seeds:  # a sweep's own seeds come first
             allocation = seeds.start_seeds(self.pool, plan, tasks, allocation, say, submitted)
+        kept = leftovers.record(allocation, plan)
+        if kept != allocation:
+            allocation = kept
+            submitted(allocation)
         return allocation
 
     def release(self, allocation: Allocation) -> None:
-        """Stop the experiment's warm seeds and remove the firewall rules it installed
-        (idempotent; the tasks the seeds forked have ended already).
+        """Stop the experiment's warm seeds, remove the firewall rules it installed and what
+        its parameter servers left on their hosts (in-memory snapshots:
+        :mod:`tfplan.backends.leftovers`); idempotent, the tasks have ended already.
 
         Raises:
             BackendError: a seed or a host's rules could not be confirmed gone.
@@ -185,6 +191,16 @@ class ProcessBackend(Backend):
         problems: dict[str, str] = {}
         problems.update(seeds.stop_seeds(self.pool, allocation))
         problems.update(firewall.remove(self.pool, allocation))
+        known = {h.name for h in self.hosts}
+        left = {h: p for h, p in leftovers.leftovers(allocation).items() if h in known}
+
+        def remove(host: str) -> None:
+            self.pool[host].run_script(
+                leftovers.remove_script(left[host]), f"remove {', '.join(left[host])}"
+            )
+
+        removed = run_on_hosts({h: h for h in left}, remove)
+        problems.update({h: f"leftovers: {e}" for h, e in removed.failed.items()})
         if problems:
             detail = "; ".join(f"{h}: {e}" for h, e in sorted(problems.items()))
             raise BackendError(f"could not release everything: {detail}")

@@ -9,7 +9,8 @@
   the local wrapper records.
 - ``cancel``: ``scancel --signal=TERM JOB.STEP`` (signalling srun itself would SIGKILL the task
   at once), then ``scancel JOB.STEP`` after the grace period.
-- ``release``: ``scancel JOB``; nothing stays queued or held.
+- ``release``: what the parameter servers left on their nodes is removed (one step per node:
+  :mod:`tfplan.backends.leftovers`), then ``scancel JOB``; nothing stays queued or held.
 - a warm standby is a step of its own (``ps-0.1-standby``); ``signal`` is
   ``scancel --signal=USR1 JOB.STEP``; logs are files on the submit host.
 - warm starts (``cluster.warm``, the default): a seed step per node imports TensorFlow as
@@ -40,6 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfplan.backends import leftovers
 from tfplan.backends.api import (
     Backend,
     CancelResult,
@@ -227,9 +229,9 @@ class SlurmBackend(Backend):
             BackendError: sbatch refused, the job cannot run (its reason), or it ended.
         """
         if current is not None and current.id and self._usable(current, plan):
-            if not self.warm:
-                return current
-            return self._start_seeds(plan, tasks, current, say, submitted)
+            if self.warm:
+                current = self._start_seeds(plan, tasks, current, say, submitted)
+            return self._record_leftovers(current, plan, submitted)
         script = self.scratch / "allocation.sh"
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(
@@ -270,7 +272,16 @@ class SlurmBackend(Backend):
             allocation = self._start_seeds(plan, tasks, allocation, say, submitted)
         if self.firewall:
             allocation = self._install_firewall(plan, allocation, submitted, say)
-        return allocation
+        return self._record_leftovers(allocation, plan, submitted)
+
+    @staticmethod
+    def _record_leftovers(
+        allocation: Allocation, plan: Plan, submitted: Callable[[Allocation], None]
+    ) -> Allocation:
+        kept = leftovers.record(allocation, plan)
+        if kept != allocation:
+            submitted(kept)
+        return kept
 
     def _start_seeds(
         self,
@@ -505,6 +516,7 @@ class SlurmBackend(Backend):
         job = str(allocation.id)
         if self.firewall and allocation.data.get("firewall"):
             self._remove_firewall(allocation)
+        self._remove_leftovers(allocation)
         self.slurm.cancel([job])
         problems = seeds.stop_seeds(self.local, allocation)  # their steps ended with the job
         if problems:
@@ -517,6 +529,27 @@ class SlurmBackend(Backend):
             time.sleep(0.05)
         raise BackendError(
             f"Slurm job {job} is still listed {RELEASE_WAIT_SECS:.0f}s after scancel"
+        )
+
+    def _remove_leftovers(self, allocation: Allocation) -> None:
+        """What the parameter servers left on their nodes (in-memory snapshots of a ps killed
+        outright), removed through one step per node before the job ends; best effort: a job
+        that ended outside tfplan has no step to run them in."""
+        left = {
+            allocation.bound[h][0]: paths
+            for h, paths in leftovers.leftovers(allocation).items()
+            if h in allocation.bound
+        }
+        if not left:
+            return
+        state = self.slurm.job(str(allocation.id))
+        if state.state != "RUNNING":
+            return
+        run_on_hosts(
+            {n: n for n in left},
+            lambda node: self._on_node(
+                allocation, node, leftovers.remove_script(left[node]), "tfplan-cleanup"
+            ),
         )
 
     def allocation_text(self, allocation: Allocation) -> str | None:
@@ -667,7 +700,10 @@ class SlurmBackend(Backend):
         self.local.close()
 
     # ---- firewall on the nodes ----------------------------------------------------------
-    def _on_node(self, allocation: Allocation, node: str, script: str) -> str:
+    def _on_node(
+        self, allocation: Allocation, node: str, script: str, name: str = "tfplan-firewall"
+    ) -> str:
+        """Run ``script`` with ``sh`` on ``node``, as a step of the job named ``name``."""
         done = self.slurm.run(
             "srun",
             f"--jobid={allocation.id}",
@@ -675,7 +711,7 @@ class SlurmBackend(Backend):
             "--nodes=1",
             "--ntasks=1",
             f"--nodelist={node}",
-            "--job-name=tfplan-firewall",
+            f"--job-name={name}",
             "sh",
             "-c",
             script,
