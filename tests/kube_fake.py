@@ -15,6 +15,40 @@ logs, followed over a chunked response) and simulates:
   ``sh -c 'test -f "$1" || exit 3; cat "$1"'`` names from the PVC contents the test gave
   (:attr:`FakeKube.volumes`), or fails with exit code 3.
 
+With ``FakeKube(run_pods=True)`` the kubelet is not the test's but a real one of sorts: every
+pod created (a task's, a reader's) runs its container as a local process, as a kubelet would:
+
+- the process: ``command`` + ``args``, with Kubernetes' ``$(VAR)``/``$$`` expansion; the
+  environment is this process's own (standing for the image's) plus the container's ``env``;
+  ``workingDir`` (created when missing; ``/`` without one). In its own session and process
+  group (``start_new_session``): the group is the container.
+- its stdout and stderr, interleaved as written, go to the pod's log as they come (reads and
+  follows see them at once); the pod is Running on ``node-1`` once the process started, then
+  Succeeded or Failed with its exit code (killed by signal N: 128+N, as a container runtime
+  says), reason ``Completed`` or ``Error``. When the main process ends, the rest of its group
+  is killed (a container's PID namespace ends with its init). A command that cannot start is a
+  Failed pod, exit code 128, reason ``StartError``.
+- deleting a running pod (or its Job) is the kubelet's graceful stop: the pod gets a
+  ``deletionTimestamp`` and stays, SIGTERM goes to the process group, SIGKILL after the grace
+  period, and the pod goes once the process has ended (its ended status is written just before:
+  no client can count on seeing it). The grace period is the delete's ``gracePeriodSeconds``,
+  else the pod's ``terminationGracePeriodSeconds``, else 30 s; 0 removes the pod at once and
+  kills the group. Deleting a Job is the garbage collector's: each of its pods is deleted with
+  the pod's own grace period; ``propagationPolicy=Foreground`` keeps the Job (with a
+  ``deletionTimestamp``) until its pods are gone, any other policy removes it at once (Orphan
+  is not simulated: the pods always go).
+- volumes are this machine's folders: a mount path is a local path (a PVC's contents are what
+  is there, :attr:`FakeKube.volumes` is not read), and nothing is mounted (the ConfigMap's
+  files are not written).
+
+Not supported, and reported as the kubelet would report a container it cannot create
+(waiting, ``CreateContainerConfigError``): an env ``valueFrom`` (the downward API, secrets,
+ConfigMap keys), ``envFrom``, a container without ``command`` (an image's entrypoint). Only the
+first container of a pod runs; no restarts (``restartPolicy`` is Never for every pod the
+backend creates), no probes, no resource limits, no OOM kills. A process that leaves its
+process group (``setsid``) is not followed. Every process started is killed (its group, by the
+group id it was started with: never by name) when the fake stops.
+
 Every change notifies a condition variable: tests wait for events (:meth:`FakeKube.wait`), not
 for time to pass. What it does not do is everything else a cluster does (scheduling, DNS,
 images, volumes, the real API's validation): the backend was not run against a real cluster.
@@ -23,13 +57,18 @@ images, volumes, the real API's validation): the backend was not run against a r
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import signal
 import string
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -39,10 +78,13 @@ import yaml
 
 KINDS = {"services": "Service", "configmaps": "ConfigMap", "jobs": "Job", "pods": "Pod"}
 NODE = "node-1"
+DEFAULT_GRACE_SECS = 30  # a pod's terminationGracePeriodSeconds when it sets none
+PUMP_JOIN_SECS = 10.0  # a process that left the container's group may hold its output open
+_EXPANSION = re.compile(r"\$\$|\$\(([^)]*)\)")
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now(later: float = 0.0) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=later)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -63,6 +105,53 @@ class ApiError(Exception):
         self.body = _status(code, reason, message)
 
 
+class Unsupported(Exception):
+    """A container the fake kubelet cannot run (see the module docstring)."""
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of a command word or an env value: ``$$`` -> ``$``, ``$(NAME)`` ->
+    its value when defined (else as is), anything else as is."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return "$" if name is None else env.get(name, match.group(0))
+
+    return _EXPANSION.sub(one, text)
+
+
+@dataclass
+class Container:
+    """A pod's container as the fake kubelet runs it: a local process, leader of its group."""
+
+    ns: str
+    pod: str
+    proc: subprocess.Popen[bytes]
+    reaped: bool = False  # set (under the fake's lock) once waited for: its pid may be reused
+    ended: threading.Event = field(default_factory=threading.Event)
+    waiter: threading.Thread | None = None
+
+
+def container_process(spec: dict[str, Any]) -> tuple[list[str], dict[str, str], str]:
+    """(argv, environment, working folder) of a container spec, as a kubelet resolves them.
+
+    Raises:
+        Unsupported: what the fake kubelet cannot resolve.
+    """
+    if spec.get("envFrom"):
+        raise Unsupported("envFrom is not supported by the fake kubelet")
+    declared: dict[str, str] = {}
+    for item in spec.get("env") or []:
+        if "valueFrom" in item:
+            raise Unsupported(f"env {item['name']}: valueFrom is not supported by the fake kubelet")
+        declared[item["name"]] = expand(item.get("value", ""), declared)
+    if not spec.get("command"):
+        raise Unsupported("no command: the fake kubelet has no image to take an entrypoint from")
+    words = [*spec["command"], *(spec.get("args") or [])]
+    argv = [expand(word, declared) for word in words]
+    return argv, {**os.environ, **declared}, spec.get("workingDir") or "/"
+
+
 class FakeKube:
     """The fake API server and its simulated controllers (see the module docstring)."""
 
@@ -71,6 +160,7 @@ class FakeKube:
         namespaces: tuple[str, ...] = ("default",),
         claims: tuple[str, ...] = (),
         service_accounts: tuple[str, ...] = (),
+        run_pods: bool = False,
     ) -> None:
         self.cond = threading.Condition()
         self.namespaces = set(namespaces)
@@ -82,6 +172,8 @@ class FakeKube:
         self.deleted: list[str] = []
         self.requests: list[str] = []  # "METHOD path?query", in order
         self.autostart = False  # new task pods go Running at once
+        self.run_pods = run_pods  # the kubelet runs every pod's container (module docstring)
+        self.containers: dict[str, Container] = {}  # pod name -> its process (run_pods)
         self.closing = False
         self._version = 1
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -96,7 +188,13 @@ class FakeKube:
     def __exit__(self, *exc: object) -> None:
         with self.cond:
             self.closing = True
+            containers = list(self.containers.values())
+            for container in containers:
+                self._signal(container, signal.SIGKILL)
             self.cond.notify_all()
+        for container in containers:  # each waited for: no process of it is left
+            if container.waiter is not None:
+                container.waiter.join()
         self.server.shutdown()
         self.server.server_close()
 
@@ -218,10 +316,165 @@ class FakeKube:
             ],
         }
         labels = pod["metadata"].get("labels") or {}
-        if labels.get("tfplan/reader") == "true":
+        if self.run_pods:
+            self._start_container(ns, pod)
+        elif labels.get("tfplan/reader") == "true":
             self._read(ns, pod)
         elif self.autostart:
             self._run(pod)
+
+    # ---- the kubelet of run_pods (called with the lock held, but for the threads) ----------
+    def _start_container(self, ns: str, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        status = pod["status"]["containerStatuses"][0]
+        if self.closing:  # the fake stops: nothing starts that __exit__ would not end
+            return
+        try:
+            argv, env, cwd = container_process(pod["spec"]["containers"][0])
+        except Unsupported as error:
+            reason = "CreateContainerConfigError"
+            status["state"] = {"waiting": {"reason": reason, "message": str(error)}}
+            self.cond.notify_all()
+            return
+        try:
+            Path(cwd).mkdir(parents=True, exist_ok=True)
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:  # what runc says of a command it cannot exec
+            pod["spec"]["nodeName"] = NODE
+            pod["status"]["phase"] = "Failed"
+            status["state"] = {
+                "terminated": {"exitCode": 128, "reason": "StartError", "message": str(error)}
+            }
+            self.cond.notify_all()
+            return
+        container = Container(ns, name, proc)
+        self.containers[name] = container
+        self._run(pod)
+        pump = threading.Thread(target=self._pump, args=(container,), daemon=True)
+        container.waiter = threading.Thread(
+            target=self._wait_container, args=(container, pump), daemon=True
+        )
+        pump.start()
+        container.waiter.start()
+
+    def _pump(self, container: Container) -> None:
+        """The container's output into its pod's log, as it comes."""
+        stream = container.proc.stdout
+        assert stream is not None
+        with stream:
+            while chunk := os.read(stream.fileno(), 65536):
+                with self.cond:
+                    self.logs[container.pod].extend(chunk)
+                    self.cond.notify_all()
+
+    def _wait_container(self, container: Container, pump: threading.Thread) -> None:
+        """The container's end: the rest of its group killed, its status, and, when it was
+        being deleted, the pod removed."""
+        proc = container.proc
+        # exited, not reaped yet: its pid still names its group, which no one else can have
+        try:
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # reaped by someone else: its pid may name another group now
+            with self.cond:
+                container.reaped = True
+        with self.cond:
+            self._signal(container, signal.SIGKILL)  # the container ends with its init
+            returncode = proc.wait()
+            container.reaped = True
+            container.ended.set()
+        pump.join(PUMP_JOIN_SECS)  # its log complete (the group is gone: its pipe is closed)
+        code = 128 - returncode if returncode < 0 else returncode
+        with self.cond:
+            pod = self.objects.get(("pods", container.ns, container.pod))
+            if pod is None:  # deleted at once (grace period 0)
+                return
+            self._end(pod, code)
+            if pod["metadata"].get("deletionTimestamp"):
+                self._remove("pods", container.ns, container.pod)
+
+    def _signal(self, container: Container, sig: int) -> None:
+        """``sig`` to the container's process group, while its leader is not reaped."""
+        if not container.reaped:
+            try:
+                os.killpg(container.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _kill_after(self, container: Container, grace: float) -> None:
+        if not container.ended.wait(grace):  # the kubelet's grace period ran out
+            with self.cond:
+                self._signal(container, signal.SIGKILL)
+
+    def _delete_pod(self, ns: str, name: str, grace: int | None) -> dict[str, Any]:
+        """A graceful delete, as the API server and the kubelet do it (module docstring)."""
+        pod = self.objects.get(("pods", ns, name))
+        if pod is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found')
+        container = self.containers.get(name)
+        running = container is not None and not container.ended.is_set()
+        if grace is None:
+            grace = int(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECS))
+        if container is None or not running or grace == 0:
+            if container is not None:
+                self._signal(container, signal.SIGKILL)
+            self._remove("pods", ns, name)
+            return pod
+        meta = pod["metadata"]
+        if "deletionTimestamp" in meta:  # already stopping (a shorter grace: not simulated)
+            return pod
+        meta["deletionTimestamp"] = _now(grace)
+        meta["deletionGracePeriodSeconds"] = grace
+        self._signal(container, signal.SIGTERM)
+        threading.Thread(target=self._kill_after, args=(container, grace), daemon=True).start()
+        self.cond.notify_all()
+        return pod
+
+    def _delete_job(self, ns: str, name: str, policy: str | None) -> dict[str, Any]:
+        """The garbage collector: the Job's pods deleted with their own grace period."""
+        job = self.objects.get(("jobs", ns, name))
+        if job is None:
+            raise ApiError(404, "NotFound", f'jobs "{name}" not found')
+        for pod in self._pods_of(ns, name):
+            if "deletionTimestamp" not in pod["metadata"]:
+                self._delete_pod(ns, pod["metadata"]["name"], None)
+        if policy == "Foreground" and self._pods_of(ns, name):
+            job["metadata"]["deletionTimestamp"] = _now()
+            job["metadata"]["finalizers"] = ["foregroundDeletion"]
+            self.cond.notify_all()
+        elif ("jobs", ns, name) in self.objects:
+            self._remove("jobs", ns, name)
+        return job
+
+    def _pods_of(self, ns: str, job: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for (k, n, _), p in self.objects.items()
+            if k == "pods" and n == ns and p["metadata"]["labels"].get("job-name") == job
+        ]
+
+    def _remove(self, kind: str, ns: str, name: str) -> None:
+        """An object gone from the store; a Job deleted in the foreground goes with its last
+        pod."""
+        del self.objects[(kind, ns, name)]
+        self.deleted.append(f"{KINDS[kind]}/{name}")
+        for (k, n, job), obj in list(self.objects.items()):
+            if (
+                k == "jobs"
+                and n == ns
+                and obj["metadata"].get("deletionTimestamp")
+                and not self._pods_of(ns, job)
+            ):
+                del self.objects[(k, n, job)]
+                self.deleted.append(f"Job/{job}")
+        self.cond.notify_all()
 
     def _read(self, ns: str, pod: dict[str, Any]) -> None:
         """The reader pod's command, as its container would run it."""
@@ -363,10 +616,10 @@ class FakeKube:
                 "items": items,
             }
         if name is not None and method == "GET":
-            obj = self.objects.get((kind, ns, name))
-            if obj is None:
+            found = self.objects.get((kind, ns, name))
+            if found is None:
                 raise ApiError(404, "NotFound", f'{kind} "{name}" not found')
-            return 200, obj
+            return 200, found
         if name is not None and method == "PUT":
             if (kind, ns, name) not in self.objects:
                 raise ApiError(404, "NotFound", f'{kind} "{name}" not found')
@@ -374,7 +627,15 @@ class FakeKube:
             self.cond.notify_all()
             return 200, body
         if name is not None and method == "DELETE":
-            obj = self._delete(kind, ns, name)
+            options = body if isinstance(body, dict) else {}
+            grace = query.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
+            policy = query.get("propagationPolicy", options.get("propagationPolicy"))
+            if self.run_pods and kind == "pods":
+                obj = self._delete_pod(ns, name, None if grace is None else int(grace))
+            elif self.run_pods and kind == "jobs":
+                obj = self._delete_job(ns, name, policy)
+            else:
+                obj = self._delete(kind, ns, name)
             if kind in ("jobs", "configmaps"):
                 return 200, {
                     "kind": "Status",

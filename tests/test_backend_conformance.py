@@ -1,6 +1,13 @@
 """One conformance suite for every backend: the contract of tfplan/backends/api.py, with real
 processes (the process backend over its local and SSH transports, cold and forked from a warm
-seed, and Slurm on the real bed).
+seed, Slurm on the real bed, and Kubernetes).
+
+Kubernetes is included through the fake API server of tests/kube_fake.py: no API server, and no
+cluster, can run here. The backend and the official client are the real ones; the kubelet is
+the fake's, which runs each pod's container as a local process (``FakeKube(run_pods=True)``):
+the programs run on this machine, their output is the pods' logs, deleting a pod is SIGTERM to
+its process group and SIGKILL after the grace period the delete asks for. What a pod does not
+have (a tracked wrapper apart from the program, standbys) is skipped, with the reason.
 
 Each case launches small Python programs through ``Backend.launch`` and checks what the engine
 relies on: describe (running, then the exit code), log streaming in order, reading a file the
@@ -20,11 +27,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from kube_fake import NODE, FakeKube
 from slurm_testbed import SlurmTestbed
 from testbed import LoopbackSshd
 
 import tfplan.backends.process.seeds as process_seeds
 from tfplan.backends.api import Backend, LaunchRequest, TaskPhase
+from tfplan.backends.kubernetes import KubernetesBackend
+from tfplan.backends.kubernetes.options import KubeOptions
 from tfplan.backends.process import ProcessBackend
 from tfplan.backends.slurm import SlurmBackend
 from tfplan.errors import TfplanError
@@ -41,6 +51,12 @@ class Case:
     host: str  # the planned host name to launch on
     tmp: Path
     warm: bool = False  # every task must be forked from the allocation's warm seed
+    # the handle's pid is a process apart from the program (a wrapper, an srun client); None:
+    # there is none, and why (a pod's program is its container's main process)
+    no_tracked: str | None = None
+    # where a restarted task's previous log is kept: at the request's keep_log_as (None), or in
+    # the backend's own folder as <role>-<index>.log.<n> (Kubernetes: logs are the API's)
+    kept_logs: Path | None = None
 
 
 def _process_case(tmp: Path, kind: str, sshd: LoopbackSshd | None) -> Case:
@@ -90,6 +106,44 @@ def _warm_case(tmp: Path) -> Case:
     return replace(made, allocation=allocation, warm=True)
 
 
+@pytest.fixture
+def kube_pods(tmp_path: Path) -> Iterator[FakeKube]:
+    """The fake API server whose kubelet runs the pods here; every process of it ends with it."""
+    with FakeKube(claims=("shared",), run_pods=True) as fake:
+        yield fake
+    with fake.cond:
+        left = [c.pod for c in fake.containers.values() if not c.reaped]
+    assert not left, f"the fake kubelet left the processes of {left}"
+
+
+def _kubernetes_case(tmp: Path, fake: FakeKube) -> Case:
+    """Tasks as Jobs through the API, their pods run by the fake's kubelet on this machine:
+    the output volume (the PVC ``shared``, mounted at output_dir) is ``tmp``, where the tasks'
+    workdirs are, so read_file's reader pod finds what a task wrote."""
+    options = KubeOptions(
+        name="conformance",
+        kubeconfig=str(fake.kubeconfig(tmp / "kubeconfig")),
+        output_volume="shared",
+        workdir=str(tmp / "tfplan"),
+        output_dir=str(tmp),
+    )
+    scratch = tmp / "scratch"
+    backend = KubernetesBackend(BackendRef("kubernetes", options.to_config()), scratch)
+    allocation = Allocation(  # as allocate leaves it: nothing to ship (the programs are here)
+        id=options.service,
+        data={"namespace": options.namespace, "code": [], "code_dir": f"{options.workdir}/_code"},
+    )
+    return Case(
+        backend,
+        allocation,
+        NODE,
+        tmp,
+        no_tracked="a pod has no tracked process apart from its program: the container's main "
+        "process is the program, and the handle names a Job, not a pid",
+        kept_logs=scratch / "logs",
+    )
+
+
 @pytest.fixture(
     params=[
         "process-local",
@@ -97,6 +151,7 @@ def _warm_case(tmp: Path) -> Case:
         "process-ssh",
         pytest.param("slurm", marks=[pytest.mark.slurm, pytest.mark.netns]),
         "docs-example",
+        "kubernetes",
     ]
 )
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
@@ -113,6 +168,8 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
         made = _warm_case(tmp_path)
     elif request.param == "process-ssh":
         made = _process_case(tmp_path, "ssh", request.getfixturevalue("sshd_server"))
+    elif request.param == "kubernetes":
+        made = _kubernetes_case(tmp_path, request.getfixturevalue("kube_pods"))
     else:
         bed: SlurmTestbed = request.getfixturevalue("slurm_cluster")
         request.getfixturevalue("slurm_env")
@@ -299,11 +356,16 @@ def test_cancel_is_graceful_then_kills(case: Case) -> None:
 def test_restart_keeps_the_previous_log(case: Case) -> None:
     first = _launch(case, "evaluator/0", "print('first life', flush=True)")
     _wait_phase(case, first, TaskPhase.SUCCEEDED)
+    # as the supervisor restarts a task: what is left of its previous life goes first (it
+    # ended: nothing to stop; a Job's name is its task's), then it starts again
+    left = case.backend.cancel([replace(first, status=TaskStatus.RUNNING)], grace_secs=0.5)
+    assert not isinstance(left["evaluator/0"], Exception) and left["evaluator/0"].outcome == "none"
     kept = first.log_path + ".0"
     second = _launch(case, "evaluator/0", "print('second life', flush=True)", attempt=1, keep=kept)
     _wait_phase(case, second, TaskPhase.SUCCEEDED)
     assert case.backend.read_log(second).decode().strip().endswith("second life")
-    assert "first life" in Path(kept).read_text()
+    kept_at = Path(kept) if case.kept_logs is None else case.kept_logs / "evaluator-0.log.0"
+    assert "first life" in kept_at.read_text()
     assert "first life" not in case.backend.read_log(second).decode()
 
 
@@ -341,6 +403,8 @@ def test_cancel_stops_the_program_whichever_died_first(case: Case, first: str) -
     follows programs (the process backend's wrappers): running, ``readopted``. Either way
     cancel leaves no process of it (every backend runs the programs in this machine's PID
     namespace here, so the test sees them)."""
+    if first == "tracked" and case.no_tracked:
+        pytest.skip(case.no_tracked)
     pid_file = case.tmp / f"program-{first}.pid"
     task = _launch(case, "ps/0", _pid_file_program(pid_file))
     program = _wait_pid(pid_file)

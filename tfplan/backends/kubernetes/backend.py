@@ -42,7 +42,7 @@ from tfplan.backends.api import (
 )
 from tfplan.backends.delivery import deliver
 from tfplan.backends.fanout import run_on_hosts
-from tfplan.backends.kubernetes.client import Kube, KubeError
+from tfplan.backends.kubernetes.client import REQUEST_TIMEOUT_SECS, Kube, KubeError
 from tfplan.backends.kubernetes.export import code_files
 from tfplan.backends.kubernetes.manifests import (
     LIVE_KEY,
@@ -446,7 +446,9 @@ class KubernetesBackend(Backend):
         self, tasks: Sequence[TaskRecord], grace_secs: float
     ) -> dict[str, CancelResult | Exception]:
         """Delete each task's pods (grace period ``grace_secs``) and its Job (foreground), and
-        wait until they are gone, all tasks at once."""
+        wait until they are gone, all tasks at once. A running pod's log is followed to its end
+        and kept, with what the program wrote while it stopped; a pod gone within the grace
+        period ``terminated``, one that outlived it ``killed``."""
         return dict(run_on_hosts({t.name: t for t in tasks}, lambda t: self._stop(t, grace_secs)))
 
     def _stop(self, task: TaskRecord, grace_secs: float) -> CancelResult:
@@ -455,8 +457,11 @@ class KubernetesBackend(Backend):
         selector = self._task_selector(task)
         pods = self._pods(selector)
         live = any(p.status is not None and p.status.phase in ("Pending", "Running") for p in pods)
+        follow = None
         if pods:
             self._save_log(task, pods[-1])
+            if pods[-1].status is not None and pods[-1].status.phase == "Running":
+                follow = self._follow_to_end(pods[-1], grace_secs + GONE_TIMEOUT_SECS)
         grace = math.ceil(grace_secs)
         for pod in pods:
             self._delete(
@@ -473,6 +478,8 @@ class KubernetesBackend(Backend):
             grace,
             propagation_policy="Foreground",
         )
+        if follow is not None:  # what it wrote while it stopped (its SIGTERM handler's words)
+            self._save_followed(task, follow)
         deadline = began + grace_secs + GONE_TIMEOUT_SECS
         while self._pods(selector) or self._exists(
             f"read Job {job}", kube.batch.read_namespaced_job, job
@@ -483,7 +490,9 @@ class KubernetesBackend(Backend):
                 )
             time.sleep(POLL_SECS)
         elapsed = time.monotonic() - began
-        outcome = "none" if not live else ("terminated" if elapsed <= grace_secs + 1 else "killed")
+        # the kubelet kills no sooner than ``grace`` seconds after the delete (sent after
+        # ``began``): pods gone before that ended on SIGTERM; later, they outlived their grace
+        outcome = "none" if not live else ("terminated" if elapsed < grace else "killed")
         return CancelResult(outcome, elapsed)
 
     def _delete(
@@ -512,6 +521,38 @@ class KubernetesBackend(Backend):
             data = self._log(pod.metadata.name)
         except KubeError:
             return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    def _follow_to_end(self, pod: Any, read_secs: float) -> Any | None:
+        """A follow of a running pod's log, opened before it is deleted: read to its end (the
+        container's), it holds the whole log; None when it cannot be opened."""
+        try:
+            return self.kube.call(
+                f"follow the log of pod {pod.metadata.name}",
+                self.kube.core.read_namespaced_pod_log,
+                pod.metadata.name,
+                self.opts.namespace,
+                container=CONTAINER,
+                follow=True,
+                _preload_content=False,
+                _request_timeout=(REQUEST_TIMEOUT_SECS, read_secs),
+            )
+        except KubeError:
+            return None
+
+    def _save_followed(self, task: TaskRecord, response: Any) -> None:
+        """The followed log, once the pod ended, as the task's saved log (when it was read to
+        its end: else the one saved before the delete stays)."""
+        from urllib3.exceptions import HTTPError
+
+        try:
+            data = bytes(response.data)
+        except (HTTPError, OSError):
+            return
+        finally:
+            response.release_conn()
+        path = self._log_file(task)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
