@@ -15,7 +15,6 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from apply_helpers import (
     state_of,
     tfplan,
 )
+from cgroup_helpers import memory_cgroup
 from test_apply_ssh import _conf_with_cluster, _host
 from testbed import NetnsTestbed
 
@@ -36,8 +36,6 @@ from tfplan.diagnosis.catalogue import CATALOGUE
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAMS = REPO / "tests" / "programs"
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
-CGROUP_V2 = Path("/sys/fs/cgroup")
 
 
 @pytest.fixture
@@ -114,31 +112,6 @@ def test_a_missing_flag_is_named_with_the_placeholders_that_fill_it(ws: Path) ->
     assert applied.returncode == 1
     check_explained(ws, applied.stdout, "worker/0", "missing-flag", "--job_name, --task_index")
     assert "{job_name}" in str(explained(ws, "worker/0")["fix"])
-
-
-@contextmanager
-def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
-    """A memory cgroup of ``limit_bytes`` (v1 where its memory controller is mounted, else
-    v2); yields the file a process writes its PID to, to enter it."""
-    name = f"tfplan-test-{os.getpid()}"
-    if CGROUP_V1.is_dir():
-        group = CGROUP_V1 / name
-        group.mkdir()
-        limit = group / "memory.limit_in_bytes"
-    else:
-        root = CGROUP_V2
-        if "memory" not in (root / "cgroup.controllers").read_text().split():
-            pytest.fail("no cgroup memory controller (v1 or v2) on this machine")
-        (root / "cgroup.subtree_control").write_text("+memory")
-        group = root / name
-        group.mkdir()
-        limit = group / "memory.max"
-        (group / "memory.swap.max").write_text("0")
-    try:
-        limit.write_text(str(limit_bytes))
-        yield group / "cgroup.procs"
-    finally:
-        group.rmdir()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a memory cgroup needs root (CI runs as root)")

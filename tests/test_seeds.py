@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from apply_helpers import alive, wait_until
+from cgroup_helpers import memory_cgroup
 
 import tfplan.backends.process.seeds as process_seeds
 from tfplan.backends.api import Launched, LaunchRequest, TaskPhase
@@ -352,6 +353,40 @@ def test_a_forked_task_records_its_exit_itself_before_its_seed_reaps_it(
     finally:
         os.killpg(seed.pgid, signal.SIGCONT)
     backend.stop_seed(seed)
+
+
+HOG = """\
+import os, sys
+with open(sys.argv[1], "w") as procs:  # the task enters its own memory cgroup
+    procs.write(str(os.getpid()))
+print("allocating", flush=True)
+block = bytearray(400 * 2**20)
+print("never here", len(block))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a memory cgroup needs root (CI runs as root)")
+def test_a_forked_task_gets_a_memory_limit_of_its_own(
+    backend: ProcessBackend, tmp_path: Path
+) -> None:
+    """A forked task is a process of its own: it enters a memory cgroup of its own (here by
+    itself, as a launcher or the user's wrapper would put it there), the kernel holds it to that
+    limit and kills it alone; the seed records 137 for it and forks the next task."""
+    seed = _started_seed(backend, tmp_path)
+    script = tmp_path / "hog.py"
+    script.write_text(NAMES_TENSORFLOW + HOG)
+    with memory_cgroup(64 * 2**20) as procs:
+        request = replace(_request(tmp_path, "worker/0"), command=(PY, str(script), str(procs)))
+        record = _record(request, backend.launch(request, Allocation()).handle)
+        assert record.handle["forked"] is True
+        wait_until(lambda: backend.describe([record])["worker/0"].phase.ended, 60, "the kill")
+        info = backend.describe([record])["worker/0"]
+        assert (info.phase, info.exit_code) == (TaskPhase.FAILED, 137), info
+        assert "never here" not in Path(request.log_path).read_text()
+    assert alive(seed.pid)  # the limit was the task's alone
+    request = _request(tmp_path, "worker/1", "0")
+    after = _record(request, backend.launch(request, Allocation()).handle)
+    wait_until(lambda: backend.describe([after])["worker/1"].exit_code == 0, 30, "the next task")
 
 
 def test_a_forked_task_leads_its_own_group_when_its_launch_returns(
