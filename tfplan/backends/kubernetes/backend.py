@@ -524,20 +524,25 @@ class KubernetesBackend(Backend):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
+    def _follow(self, pod: Any, timeout: Any) -> Any:
+        """The streaming response of a follow of ``pod``'s log (``timeout``: the client's
+        ``_request_timeout``, None for none)."""
+        return self.kube.call(
+            f"follow the log of pod {pod.metadata.name}",
+            self.kube.core.read_namespaced_pod_log,
+            pod.metadata.name,
+            self.opts.namespace,
+            container=CONTAINER,
+            follow=True,
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+
     def _follow_to_end(self, pod: Any, read_secs: float) -> Any | None:
         """A follow of a running pod's log, opened before it is deleted: read to its end (the
         container's), it holds the whole log; None when it cannot be opened."""
         try:
-            return self.kube.call(
-                f"follow the log of pod {pod.metadata.name}",
-                self.kube.core.read_namespaced_pod_log,
-                pod.metadata.name,
-                self.opts.namespace,
-                container=CONTAINER,
-                follow=True,
-                _preload_content=False,
-                _request_timeout=(REQUEST_TIMEOUT_SECS, read_secs),
-            )
+            return self._follow(pod, (REQUEST_TIMEOUT_SECS, read_secs))
         except KubeError:
             return None
 
@@ -604,16 +609,7 @@ class KubernetesBackend(Backend):
         if pod.status is None or pod.status.phase == "Pending":
             return None, False
         try:
-            response = self.kube.call(
-                f"follow the log of pod {pod.metadata.name}",
-                self.kube.core.read_namespaced_pod_log,
-                pod.metadata.name,
-                self.opts.namespace,
-                container=CONTAINER,
-                follow=True,
-                _preload_content=False,
-                _request_timeout=None,
-            )
+            response = self._follow(pod, None)
         except KubeError as error:
             if error.status in (400, 404):  # the container is not started yet, or just went
                 return None, False

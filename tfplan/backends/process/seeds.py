@@ -19,8 +19,10 @@ from tfplan.backends.transports.scripts import fork_script, q, write_file_script
 from tfplan.backends.transports.seeds import (
     AGENT_SOURCE,
     PRELOAD,
+    SEEDS_KEY,
     WITHOUT_KERAS,
     WarmSeed,
+    allocation_seeds,
     fork_request,
     forkable,
     seed_env,
@@ -52,15 +54,6 @@ __all__ = [
 FORK_WAIT_SECS = 30.0
 SEED_IMPORT_WAIT_SECS = 180.0
 SEED_STOP_GRACE_SECS = 1.0  # a seed holds nothing: SIGTERM ends it at once
-SEEDS_KEY = "seeds"  # the allocation's record of an apply's warm seeds
-
-
-def allocation_seeds(allocation: Allocation | None) -> dict[str, WarmSeed]:
-    """The warm seeds an apply recorded in its allocation, by host."""
-    if allocation is None:
-        return {}
-    seeds = [WarmSeed.from_dict(s) for s in allocation.data.get(SEEDS_KEY) or []]
-    return {s.host: s for s in seeds}
 
 
 def _safe(host: str) -> str:

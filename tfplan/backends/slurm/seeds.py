@@ -31,8 +31,10 @@ from tfplan.backends.transports.seeds import (
     AGENT_SOURCE,
     CLIENT_SOURCE,
     PRELOAD,
+    SEEDS_KEY,
     WITHOUT_KERAS,
     WarmSeed,
+    allocation_seeds,
     forkable,
     seed_env,
     worth_a_seed,
@@ -44,17 +46,7 @@ from tfplan.planning.state import Allocation
 
 __all__ = ["SEEDS_KEY", "allocation_seeds", "fork_command", "start_seeds", "stop_seeds"]
 
-SEEDS_KEY = "seeds"
 CLIENT_FILE = "seed_client.py"
-
-
-def allocation_seeds(allocation: Allocation | None) -> dict[str, WarmSeed]:
-    """The seed steps an apply recorded in its allocation, by the plan's host (``node-<i>``)."""
-    if allocation is None:
-        return {}
-    return {
-        s.host: s for s in (WarmSeed.from_dict(d) for d in allocation.data.get(SEEDS_KEY) or [])
-    }
 
 
 def start_seeds(

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfplan.planning.state import Allocation
 from tfplan.planning.tf_config import is_python
 
 __all__ = [
@@ -32,8 +33,10 @@ __all__ = [
     "CLIENT_SOURCE",
     "IMPORT_TIME_ENV",
     "PRELOAD",
+    "SEEDS_KEY",
     "WITHOUT_KERAS",
     "WarmSeed",
+    "allocation_seeds",
     "fork_request",
     "forkable",
     "names_tensorflow",
@@ -120,6 +123,17 @@ class WarmSeed:
     @property
     def requests(self) -> str:
         return posixpath.join(self.folder, "requests")
+
+
+SEEDS_KEY = "seeds"  # an allocation's record of its warm seeds (Allocation.data)
+
+
+def allocation_seeds(allocation: Allocation | None) -> dict[str, WarmSeed]:
+    """The warm seeds an apply recorded in its allocation, by the plan's host."""
+    if allocation is None:
+        return {}
+    seeds = [WarmSeed.from_dict(s) for s in allocation.data.get(SEEDS_KEY) or []]
+    return {s.host: s for s in seeds}
 
 
 def runs_python_code(command: Sequence[str]) -> bool:
