@@ -70,6 +70,16 @@ class LogFanIn:
             stream.join(timeout)
             stream.stop()
 
+    def wait_ended(self, names: list[str], timeout: float) -> None:
+        """Wait until the streams of ``names`` (tasks whose processes are gone) have ended,
+        which they do once they have delivered their last lines; at most ``timeout`` seconds
+        in all. The streams are kept (:meth:`stop_all` ends what is left)."""
+        deadline = time.monotonic() + timeout
+        for name in names:
+            stream = self._streams.get(name)
+            if stream is not None:
+                stream.join(max(0.0, deadline - time.monotonic()))
+
     def stop_all(self) -> None:
         for name in list(self._streams):
             try:

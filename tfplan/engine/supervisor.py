@@ -62,6 +62,8 @@ Replan = Callable[[State], Plan | None]
 # progress timeout starts with a task's first log line; before it, this much is allowed.
 STARTUP_TIMEOUT_SECS = 120.0
 TRAINING_ROLES = ("chief", "worker")
+# at the end, how long the log streams of the ended tasks get to deliver their last lines
+FINAL_LINES_SECS = 2.0
 
 
 class HandedOver(Exception):
@@ -521,7 +523,9 @@ class Supervisor:
             state = stop_tasks(state, sweep, self.store, self.backend, self._say, forget=False)
         except TfplanError as error:
             self._say(str(error))
-        time.sleep(0.2)  # the last lines of the logs
+        # the last lines of the logs: the streams of the tasks that have ended deliver them
+        # and end (at once, mostly: they ended with their processes); not a fixed pause
+        self.logs.wait_ended([t.name for t in state.tasks if not t.running], FINAL_LINES_SECS)
         self.logs.drain()
         state = release_if_idle(state, self.store, self.backend, self._say)
         return Outcome(ok, reason, state, self.last_step)
