@@ -69,8 +69,10 @@ class Slurm:
 
     # ---- the cluster ---------------------------------------------------------------------
     def ping(self) -> None:
-        """Raises SlurmUnreachable when the controller does not answer."""
-        done = self.run("sinfo", "-h", "-o", "%P", check=False)
+        """Raises SlurmUnreachable when the controller does not answer. ``scontrol ping`` says
+        so at once (`Slurmctld(primary) at HOST is DOWN`, exit 1), where sinfo and squeue
+        retry for 9 s first (docs/slurm_notes.md)."""
+        done = self.run("scontrol", "ping", check=False)
         if done.returncode != 0:
             raise SlurmUnreachable(
                 f"Slurm is not reachable ({last_line(done.stderr)}): check SLURM_CONF and "
