@@ -173,6 +173,11 @@ class SlurmBackend(Backend):
             f"then one step per task on its node: srun --jobid=JOB --overlap --nodes=1 "
             f"--ntasks=1 --nodelist=NODE{' ' + ' '.join(options.srun_args) if options.srun_args else ''} <command>",
         ]
+        if plan.backend.config.get("warm", True):
+            lines.append(
+                "warm starts: a step per node (tfplan-seed-NODE) imports TensorFlow once; each "
+                "Python task's step has it fork the program (cluster.warm=false: cold steps)"
+            )
         for position, host in enumerate(used):
             names = ", ".join(t.name for t in plan.tasks if t.host == host)
             lines.append(f"{host} = the job's node {position + 1} (known after apply): {names}")
