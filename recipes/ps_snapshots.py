@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from recipes.failures import first_line
-from recipes.snapshot_paths import snapshot_folder
+from recipes.snapshot_paths import RECOVERIES_FILE, snapshot_folder
 
 __all__ = [
     "PsSnapshots",
@@ -55,9 +55,6 @@ __all__ = [
 
 v1 = tf.compat.v1
 SLOTS = ("a", "b")
-# one JSON line per ps recovery, appended by the chief as it restores (a restarted chief goes on
-# appending): what `tfplan status` shows while the job runs; result.json repeats them at the end
-RECOVERIES_FILE = "ps_recoveries.jsonl"
 WIDEN_FACTOR = 5.0  # a snapshot taking d seconds is taken at most every WIDEN_FACTOR * d
 SAVE_TIMEOUT_MS = 60_000  # a snapshot not written in this long counts as failed
 

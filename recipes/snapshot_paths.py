@@ -1,12 +1,16 @@
-"""Where the parameter servers keep their in-memory snapshots (no TensorFlow import: tools that
-clean up after a job read it too)."""
+"""Where the parameter servers keep their in-memory snapshots, and where the chief records each
+ps it restored (no TensorFlow import: tfplan reads both)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 
-__all__ = ["snapshot_folder"]
+__all__ = ["RECOVERIES_FILE", "snapshot_folder"]
+
+# in output_dir: one JSON line per ps recovery, appended by the chief as it restores (a restarted
+# chief goes on appending): what `tfplan status` shows while the job runs
+RECOVERIES_FILE = "ps_recoveries.jsonl"
 
 
 def snapshot_folder(folder: str, output_dir: str, ps_index: int) -> str:

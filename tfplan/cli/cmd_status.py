@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
+from recipes.snapshot_paths import RECOVERIES_FILE
 from tfplan.backends.api import Backend, TaskInfo, TaskPhase
 from tfplan.cli.common import add_experiment_arguments, backend_of, console, load_experiment
 from tfplan.cli.output import recoveries_line
@@ -23,7 +24,6 @@ from tfplan.planning.state import State, TaskRecord, standby_task
 __all__ = ["add_parsers", "run_status", "task_order"]
 
 _TAIL_BYTES = 8192
-RECOVERIES_FILE = "ps_recoveries.jsonl"  # the chief's, in output_dir (recipes/ps_snapshots.py)
 
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -127,8 +127,12 @@ def run_status(args: argparse.Namespace) -> int:
 
 def _recoveries(backend: Backend, state: State) -> list[dict[str, Any]]:
     """Each ps recovery the chief made (``output_dir/ps_recoveries.jsonl``, appended as it
-    restores a ps: docs/contract.md), read where the chief wrote it."""
-    if not state.output_dir:
+    restores a ps: docs/contract.md), read where the chief wrote it; only once a ps has come
+    back (restarted, or its host lost), as nothing else makes one: a read is a round trip, a
+    pod of its own on Kubernetes."""
+    if not state.output_dir or not (
+        state.lost or any(t.role == "ps" and t.restarts for t in state.tasks)
+    ):
         return []
     chief = next((t for t in state.tasks if t.is_chief), None)
     data = backend.read_file(

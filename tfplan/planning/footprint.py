@@ -11,10 +11,10 @@ refusal needs. ``trainer.keep_checkpoints`` checkpoints are kept in ``output_dir
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 from dataclasses import dataclass
 
+from recipes.snapshot_paths import snapshot_folder
 from tfplan.config.algorithms import TF2_STRATEGIES
 from tfplan.planning.plan import Plan, Role, ShardingPreview
 from tfplan.planning.tables import SLOTS_PER_ROW
@@ -103,9 +103,8 @@ def snapshot_bytes(plan: Plan) -> dict[str, int]:
 
 def snapshot_root(folder: str, output_dir: str) -> str:
     """The folder on a ps host that holds the in-memory snapshots of the job writing into
-    ``output_dir`` (recipes/snapshot_paths.py ``snapshot_folder``'s parent: the same formula)."""
-    job = hashlib.sha1(posixpath.normpath(output_dir).encode()).hexdigest()[:12]
-    return posixpath.join(folder, f"tfplan-snapshots-{job}")
+    ``output_dir``: the parent of every ps's own (recipes/snapshot_paths.py)."""
+    return posixpath.dirname(snapshot_folder(folder, output_dir, 0))
 
 
 def snapshot_leftovers(plan: Plan) -> dict[str, list[str]]:
