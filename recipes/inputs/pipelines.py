@@ -111,7 +111,13 @@ def _train(data: DataConf, shard_index: int, num_shards: int, seed: int, shuffle
             )
         else:
             rows = np.arange(shard_index, table.n, num_shards, dtype=np.int64)
-        ds = _array_train(table, rows, feats, label, batch, seed, shuffle, True, "data.train")
+        if _array_mode(False) == "py":
+            # TF1 graph: the shard fed once, at the iterator's init, as the bundled sets are (a
+            # numpy_function per batch cannot run on a worker of a cluster: its op is pinned to
+            # /job:localhost)
+            ds = _fed_train(table, rows, feats, label, batch, seed, shuffle)
+        else:
+            ds = _array_train(table, rows, feats, label, batch, seed, shuffle, True, "data.train")
         return _prefetch(_options(ds), data)
     if kind == "tfrecord":
         feats, label = _tfrecord_feats(data, files)
