@@ -61,6 +61,11 @@ class ModelConf:
     metrics: tuple[str, ...] = ("accuracy",)
     # a trainable variable over this many bytes is split over the parameter servers (None: never)
     partition_bytes: Optional[int] = None
+    # Embedding layers whose ids are raw (recipes/dynamic_table.py), and their settings
+    dynamic: tuple[str, ...] = ()
+    capacity: Optional[int] = None  # rows of each dynamic table; None: the layer's input_dim
+    min_count: int = 1  # an id gets its own row once seen this many times
+    ttl_steps: int = 10_000  # a row unseen for this many global steps is freed
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,8 @@ def load_run_config(path: str) -> RunConfig:
     if model_raw.get("_target_"):
         model_raw["target"] = model_raw["_target_"]
     model = _pick(ModelConf, model_raw, "model")
+    if "dynamic" in model:
+        model["dynamic"] = tuple(str(name) for name in model["dynamic"] or ())
     for key in ("hidden", "conv_channels"):
         if key in model:
             model[key] = tuple(int(v) for v in model[key])

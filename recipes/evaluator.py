@@ -54,6 +54,8 @@ class CheckpointScorer:
             model_vars = {
                 model_name(k): v for k, v in [*self._params.items(), *self._state.items()]
             }
+            # a dynamic table's ids and rows in use (recipes/dynamic_table.py)
+            model_vars.update(getattr(work.model, "dynamic_state", dict)())
             # A split table's parts as slices of its one name: a checkpoint of either format
             # holds the table whole, in slices, whatever number of ps wrote it.
             names = sliced_names({GLOBAL_STEP: self._step, **model_vars})

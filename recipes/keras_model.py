@@ -38,6 +38,8 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from recipes.dynamic_layers import DynamicLayer, dynamic_call, dynamic_layers, tables_reading
+from recipes.dynamic_table import DynamicTable, shard_rows
 from recipes.errors import ModelError, UserCodeError
 from recipes.part_init import layer_initializers, rows_initializer
 from recipes.sparse_lookup import Piece, fed_by, sparse_call, sparse_capable, tables_in_use
@@ -148,8 +150,17 @@ class KerasModel:
         partition_bytes: Optional[int] = None,
         target: Optional[str] = None,
         features: Optional[Sequence[str]] = None,
+        dynamic: Sequence[str] = (),
+        capacity: Optional[int] = None,
+        min_count: int = 1,
+        ttl_steps: int = 10_000,
     ) -> None:
         self._factory = factory
+        # model.dynamic: Embedding layers whose ids are raw (recipes/dynamic_table.py)
+        self._dynamic_names = tuple(dynamic)
+        self._dynamic_options = (capacity, int(min_count), int(ttl_steps))
+        self.dynamic: dict[str, DynamicLayer] = {}  # table path -> its layer
+        self._dynamic_tables: dict[int, dict[str, DynamicTable]] = {}  # id(graph) -> tables
         self._features = tuple(features) if features is not None else None
         self.unused_features: tuple[str, ...] = ()  # features no input of the model takes
         # the features the model's inputs take, and whether it takes them as a dict (by name)
@@ -215,6 +226,10 @@ class KerasModel:
         if self.keys and (names, state) != (self.keys, self.state_keys):
             raise ModelError(f"{self._key}: two builds gave other variables; is it deterministic?")
         self.keys, self.state_keys = names, state
+        self.dynamic = {}
+        for found in dynamic_layers(model, self._dynamic_names, *self._dynamic_options):
+            found.layer.call = dynamic_call(found.layer, found.path, found.key_dtype)
+            self.dynamic[found.path] = found
         self.parts = self._split(model)
         self.sparse_tables = self._read_sparse(model)
         self.unused_features = self._check_inputs(model)
@@ -229,6 +244,8 @@ class KerasModel:
             if not sparse_capable(layer) or layer.embeddings.path not in self.keys:
                 continue
             path = layer.embeddings.path
+            if path in self.dynamic:
+                continue
             layer.call = sparse_call(layer, path)
             tables[path] = int(layer.embeddings.shape[0])
         return tables
@@ -248,6 +265,9 @@ class KerasModel:
             if not isinstance(layer, Embedding) or table is None or table.path not in self.keys:
                 continue
             rows, width = (int(d) for d in table.shape)
+            dynamic = self.dynamic.get(table.path)
+            if dynamic is not None:
+                rows = dynamic.settings.capacity
             tables.append(
                 {
                     "name": f"model/{table.path}",
@@ -258,6 +278,16 @@ class KerasModel:
                     "bytes": rows * width * np.dtype(table.dtype).itemsize,
                     "rows_only": table.path in self.sparse_tables,
                     "ids_per_example": _ids_per_example(layer),
+                    "dynamic": None
+                    if dynamic is None
+                    else {
+                        "capacity": dynamic.settings.capacity,
+                        "shards": self._partitions,
+                        "rows_per_shard": shard_rows(dynamic.settings.capacity, self._partitions),
+                        "ids": dynamic.key_dtype.name,
+                        "min_count": dynamic.settings.min_count,
+                        "ttl_steps": dynamic.settings.ttl_steps,
+                    },
                 }
             )
         return tables
@@ -317,6 +347,8 @@ class KerasModel:
             return {}
         parts = {}
         for w in model.trainable_variables:
+            if w.path in self.dynamic:
+                continue
             shape = [int(d) for d in w.shape]
             size = tf.as_dtype(w.dtype).size
             for d in shape:
@@ -331,7 +363,7 @@ class KerasModel:
         """The parameter keys of the tables read row by row (:meth:`_read_sparse`; a split
         table's parts), in the model built in the current graph."""
         self.template()
-        keys: set[str] = set()
+        keys: set[str] = {k for path in self.dynamic for k in self._dynamic_keys(path)}
         for path in self.sparse_tables:
             if path in self.parts:
                 keys.update(f"{path}/part_{i}" for i in range(len(self.parts[path])))
@@ -344,10 +376,22 @@ class KerasModel:
         parts ``<path>/part_<i>``."""
         keys = []
         for k in self.keys:
-            keys += [f"{k}/part_{i}" for i in range(len(self.parts[k]))] if k in self.parts else [k]
+            if k in self.dynamic:
+                keys += self._dynamic_keys(k)
+            else:
+                keys += (
+                    [f"{k}/part_{i}" for i in range(len(self.parts[k]))] if k in self.parts else [k]
+                )
         return keys
 
+    def _dynamic_keys(self, path: str) -> list[str]:
+        """The parameter keys of a dynamic table's shards, one per parameter server."""
+        return [f"{path}/shard_{i}" for i in range(self._partitions)]
+
     def _pieces(self, w: Any) -> list[tuple[str, Optional[tuple[int, int]]]]:
+        if w.path in self.dynamic:
+            rows = shard_rows(self.dynamic[w.path].settings.capacity, self._partitions)
+            return [(key, (0, rows)) for key in self._dynamic_keys(w.path)]
         if w.path not in self.parts:
             return [(w.path, None)]
         return [(f"{w.path}/part_{i}", rows) for i, rows in enumerate(self.parts[w.path])]
@@ -411,7 +455,7 @@ class KerasModel:
                     use_resource=True,
                 )
                 rows = rows_of.get(key)
-                if rows is not None:
+                if rows is not None and "/part_" in key:
                     whole = params[key].op.name.rsplit("/part_", 1)[0]  # its name unsplit
                     _mark_slice(params[key], rows, full_shapes[key.rsplit("/part_", 1)[0]], whole)
         return params
@@ -428,18 +472,63 @@ class KerasModel:
         graph = v1.get_default_graph()
         for w in model.trainable_variables:
             var = _tf_variable(w)
-            if w.path not in self.parts:
+            if w.path in self.dynamic:
+                params.update(self._create_dynamic(model, w))
+            elif w.path in self.parts:
+                params.update(self._part_params(model, w, var))
+            else:
                 params[w.path] = var
                 continue
-            for key, rows in self._pieces(w):
-                assert rows is not None  # a partitioned variable's pieces have row ranges
-                params[key] = tf.Variable(
-                    self._part_value(model, w, rows), name=f"model/{key}", trainable=True
-                )
-                _mark_slice(params[key], rows, var.shape, var.op.name)
             for name in (v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES):
                 ref = graph.get_collection_ref(name)
                 ref[:] = [v for v in ref if v is not var]
+        return params
+
+    def _create_dynamic(self, model: Any, w: Any) -> Params:
+        """A dynamic table in the current graph, in place of ``w`` (its Keras variable, never
+        initialised): its shards' rows by parameter key."""
+        found = self.dynamic[w.path]
+        table = DynamicTable(
+            f"model/{w.path}",
+            found.settings,
+            found.width,
+            w.dtype,
+            found.key_dtype,
+            self._partitions,
+            getattr(found.layer, "embeddings_initializer", None),
+        )
+        self._dynamic_tables.setdefault(id(v1.get_default_graph()), {})[w.path] = table
+        return table.params(w.path)
+
+    def table_maintenance(self) -> Optional[Any]:
+        """The eviction op of every dynamic table in the current graph (build it after the
+        optimizer: it resets the freed rows' slots), a ``[tables, shards, 2]`` tensor of rows
+        evicted and resident; None without dynamic tables."""
+        tables = self._dynamic_tables.get(id(v1.get_default_graph()), {})
+        if not tables:
+            return None
+        return tf.stack([tables[path].maintenance() for path in sorted(tables)])
+
+    def dynamic_state(self) -> Params:
+        """The dynamic tables' variables beside their rows in the current graph (ids, last
+        seen steps, free rows, counters), by checkpoint name: what a reader of a checkpoint
+        restores with the parameters to look ids up."""
+        tables = self._dynamic_tables.get(id(v1.get_default_graph()), {})
+        return {v.op.name: v for path in sorted(tables) for v in tables[path].state_variables()}
+
+    def dynamic_paths(self) -> list[str]:
+        """The dynamic tables' paths, in :meth:`table_maintenance`'s order."""
+        return sorted(self.dynamic)
+
+    def _part_params(self, model: Any, w: Any, var: Any) -> Params:
+        """The parts of the split variable ``w`` (``var``), by parameter key."""
+        params: Params = {}
+        for key, rows in self._pieces(w):
+            assert rows is not None  # a partitioned variable's pieces have row ranges
+            params[key] = tf.Variable(
+                self._part_value(model, w, rows), name=f"model/{key}", trainable=True
+            )
+            _mark_slice(params[key], rows, var.shape, var.op.name)
         return params
 
     def _part_value(self, model: Any, w: Any, rows: tuple[int, int]) -> Any:
@@ -497,6 +586,12 @@ class KerasModel:
         parts are initialised where the strategy places them (:meth:`_part_value`), not copied
         from the eager build."""
         model = self.template()
+        if self.dynamic:
+            raise ModelError(
+                "model.dynamic: dynamic tables train with the parameter-server algorithms of "
+                "TF1 graph mode (hogwild, downpour, ...), not yet with this TF2 strategy: choose "
+                "one of those algorithms, or drop model.dynamic"
+            )
         params: Params = {}
         for w in model.trainable_variables:
             for key, rows in self._pieces(w):
@@ -538,7 +633,10 @@ class KerasModel:
         though the lookups never use the join; a stand-in nothing uses is pruned."""
         values = []
         for k in self.keys:
-            if k in stand_ins:
+            if k in self.dynamic:  # read through its table; this stand-in is never run
+                shape = [int(d) for d in self.dynamic[k].layer.embeddings.shape]
+                values.append(tf.zeros(shape, self.dynamic[k].layer.embeddings.dtype))
+            elif k in stand_ins:
                 rows = sum(hi - lo for _, lo, hi in stand_ins[k])
                 first = stand_ins[k][0][0]
                 values.append(tf.zeros([rows, *first.shape[1:]], first.dtype))
@@ -548,6 +646,24 @@ class KerasModel:
             else:
                 values.append(params[k])
         return values
+
+    def _dynamic_reading(
+        self, params: Params, training: bool
+    ) -> dict[str, tuple[DynamicTable, list[Any], bool]]:
+        """What each dynamic table reads in a forward pass from ``params``."""
+        if not self.dynamic:
+            return {}
+        tables = self._dynamic_tables.get(id(v1.get_default_graph()), {})
+        missing = sorted(set(self.dynamic) - set(tables))
+        if missing:
+            raise ModelError(
+                f"model.dynamic: the table {missing[0]!r} exists only in TF1 graph mode with its "
+                "parameter set made first (create_params)"
+            )
+        return {
+            path: (table, [params[k] for k in self._dynamic_keys(path)], training)
+            for path, table in tables.items()
+        }
 
     def forward(
         self,
@@ -573,7 +689,8 @@ class KerasModel:
         pieces = self._pieces_of_tables(params) if self._reads_rows() else {}
         in_function = bool(pieces) and v1.executing_eagerly_outside_functions()
         trainable = self._table_values(params, stand_ins=pieces if in_function else {})
-        with tables_in_use(pieces):
+        dynamic = self._dynamic_reading(params, training)
+        with tables_in_use(pieces), tables_reading(dynamic):
             outputs, new_state = model.stateless_call(
                 trainable, non_trainable, self._select(features), training=training
             )

@@ -227,6 +227,10 @@ def build_model(
             partition_bytes=cfg.model.partition_bytes,
             target=cfg.model.target,
             features=None if spec is None or spec.single else tuple(spec.features),
+            dynamic=cfg.model.dynamic,
+            capacity=cfg.model.capacity,
+            min_count=cfg.model.min_count,
+            ttl_steps=cfg.model.ttl_steps,
         )
     width = input_width(spec) if spec is not None else None
     # one output for binary classification and regression, one per class otherwise

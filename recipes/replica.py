@@ -27,6 +27,7 @@ import tensorflow as tf
 from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
+from recipes.dynamic_table import MaintenanceHook
 from recipes.errors import EXIT_NAN_LOSS, EXIT_PEER_TIMEOUT, TrainingFailed
 from recipes.evaluator import CheckpointScorer, result_scores
 from recipes.export import Exporter, finish_export
@@ -96,6 +97,8 @@ class ReplicaGraph:
     summary_op: Any
     local_init_op: Any  # the algorithm's local init (or the default one) and the input's
     saver_names: dict[str, Any]  # checkpoint name -> variable (workload.saver_names)
+    # the chief's: the dynamic tables' eviction op and their names (recipes/dynamic_table.py)
+    maintenance: Optional[tuple[Any, list[str]]] = None
 
 
 def placement_line(named: dict[str, Any], n_ps: int) -> str:
@@ -196,6 +199,12 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
         if local_init is None:
             local_init = v1.train.Scaffold.default_local_init_op()
         local_init = tf.group(local_init, iterator.initializer, name="local_init_with_input")
+    maintenance = None
+    if task.is_chief and hasattr(work.model, "table_maintenance"):
+        with v1.device(setter):
+            op = work.model.table_maintenance()
+        if op is not None:
+            maintenance = (op, [f"model/{p}" for p in work.model.dynamic_paths()])
     done_ops = done_token_ops(task.n_ps, task.n_replicas)
     done_sizes = done_queue_sizes(task.n_ps, task.n_replicas)
     names = saver_names(global_step, train.params, work.model.state_variables())
@@ -210,6 +219,7 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
         summary_op,
         local_init,
         names,
+        maintenance,
     )
 
 
@@ -317,6 +327,9 @@ def _hooks(
             ),
             _StepRateHook(every_n_steps=t.summary_steps, output_dir=cfg.output_dir),
         ]
+        if g.maintenance is not None:
+            op, paths = g.maintenance
+            hooks.append(MaintenanceHook(op, paths, g.global_step, cfg.output_dir))
     return hooks
 
 

@@ -399,6 +399,18 @@ def _table_lines(plan: Plan) -> list[Line]:
             else f"whole on every worker, {format_bytes(t.bytes * (1 + t.slots))} with slots"
         )
         lines.append(("", f"    {where}"))
+        if t.dynamic is not None:
+            d = t.dynamic
+            lines.append(
+                (
+                    "",
+                    f"    dynamic: raw {d.ids} ids, capacity {d.capacity:,} rows "
+                    f"({d.rows_per_shard:,} per ps, with its id index); a row once an id is "
+                    f"seen {d.min_count} time(s) (model.min_count), freed when unseen for "
+                    f"{d.ttl_steps:,} steps (model.ttl_steps) or, least recently seen first, "
+                    "above 90 % full",
+                )
+            )
         rows = f"<= {t.rows_per_step:,} rows" if t.rows_per_step is not None else "rows unknown"
         moved = f"reads {_READS[t.reads]}"
         if t.read_bytes_per_step is not None:

@@ -233,6 +233,13 @@ class ModelConfig:
     # rows into one part per parameter server when there are two or more (default 64 MiB: a
     # large table never sits whole on one ps unasked); null: never (docs/your_model.md)
     partition_bytes: int | None = DEFAULT_PARTITION_BYTES
+    # Embedding layers (by name) that take raw ids of any range, int64 or string: each id gets a
+    # row of its own in a table kept on the parameter servers, rows freed while training
+    # (docs/dynamic_tables.md)
+    dynamic: list[str] = field(default_factory=list)
+    capacity: int | None = None  # rows of each dynamic table; null: the layer's input_dim
+    min_count: int = 1  # an id gets its own row once seen this many times (before: zeros)
+    ttl_steps: int = 10000  # a row unseen for this many global steps is freed and reused
 
 
 @dataclass

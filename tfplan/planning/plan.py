@@ -229,6 +229,17 @@ class ShardPlacement:
 
 
 @dataclass(frozen=True)
+class DynamicTableSettings:
+    """A dynamic table's settings as the plan shows them (``model.dynamic``)."""
+
+    capacity: int  # rows over all parameter servers
+    rows_per_shard: int  # on each ps
+    ids: str  # int64 | string
+    min_count: int
+    ttl_steps: int
+
+
+@dataclass(frozen=True)
 class EmbeddingTable:
     """One embedding table of the user's model as the plan shows it (tfplan/planning/tables.py):
     its size, where it and its optimizer slots sit, and what one step moves at the configured
@@ -248,13 +259,21 @@ class EmbeddingTable:
     rows_per_step: int | None  # at most, at the configured batch (None: ids per example unknown)
     read_bytes_per_step: int | None  # from the ps to a worker per step, at most
     write_bytes_per_step: int | None  # back, at most (the batch's rows, with their ids)
+    dynamic: DynamicTableSettings | None = None  # raw ids mapped to rows (model.dynamic)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "bytes_per_ps": list(self.bytes_per_ps)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EmbeddingTable:
-        return cls(**{**data, "bytes_per_ps": tuple(data.get("bytes_per_ps", ()))})
+        dynamic = data.get("dynamic")
+        return cls(
+            **{
+                **data,
+                "bytes_per_ps": tuple(data.get("bytes_per_ps", ())),
+                "dynamic": None if dynamic is None else DynamicTableSettings(**dynamic),
+            }
+        )
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,20 @@ from dataclasses import fields
 from typing import Any
 
 from tfplan.config.algorithms import ALGORITHMS
-from tfplan.planning.plan import EmbeddingTable, ShardPlacement, VariableSpec
+from tfplan.planning.plan import (
+    DynamicTableSettings,
+    EmbeddingTable,
+    ShardPlacement,
+    VariableSpec,
+)
 
 __all__ = ["ID_BYTES", "SLOTS_PER_ROW", "WINDOWED", "describe_tables", "replicated_table_problem"]
 
 ID_BYTES = 8  # an int64 id travels with each row
+# a dynamic table's state beside its rows (recipes/dynamic_table.py): variables named
+# dynamic/<path>/shard_<i>/..., and its id -> row index, about this much per row
+DYNAMIC_PREFIX = "dynamic/"
+INDEX_BYTES_PER_ROW = 64
 SLOTS_PER_ROW = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
 # the TF1 algorithms whose workers train on a local copy and exchange it every window: those
 # whose schema has a window (the registry's own list, not a copy of it). A table they read row by
@@ -57,15 +66,25 @@ def describe_tables(
     tables = []
     for t in raw:
         name, rows, width, size = str(t["name"]), int(t["rows"]), int(t["width"]), int(t["bytes"])
+        dynamic = _dynamic(t.get("dynamic"))
+        if dynamic is not None:
+            size = size // max(1, rows) * dynamic.capacity
+            rows = dynamic.capacity
         per_ps = [0] * num_ps
         if placement is not None and num_ps > 0:
+            aux = DYNAMIC_PREFIX + name.split("/", 1)[-1] + "/"
             for var in variables:
-                if var.name == name or var.name.startswith(f"{name}/part_"):
-                    per_ps[placement.assignment.get(var.name, 0)] += var.bytes * (1 + slots)
+                where = placement.assignment.get(var.name, 0)
+                if var.name == name or var.name.startswith((f"{name}/part_", f"{name}/shard_")):
+                    per_ps[where] += var.bytes * (1 + slots)
+                elif dynamic is not None and var.name.startswith(aux):
+                    per_ps[where] += var.bytes
+                    if var.name.endswith("/last_seen"):  # one per shard: its index
+                        per_ps[where] += INDEX_BYTES_PER_ROW * dynamic.rows_per_shard
         ids = t.get("ids_per_example")
         touched = min(rows, batch_size * int(ids)) if ids else None
         row_bytes = size // max(1, rows)
-        reads = _reads(algo, bool(t.get("rows_only")))
+        reads = _reads(algo, bool(t.get("rows_only")) or dynamic is not None)
         moved = None if touched is None else touched * (row_bytes + ID_BYTES)
         read = {"rows": moved, "whole": size}.get(reads)  # window, replica: no ps read per step
         tables.append(
@@ -82,9 +101,22 @@ def describe_tables(
                 rows_per_step=touched,
                 read_bytes_per_step=read,
                 write_bytes_per_step=moved if reads in ("rows", "whole") else None,
+                dynamic=dynamic,
             )
         )
     return tuple(tables)
+
+
+def _dynamic(raw: Any) -> DynamicTableSettings | None:
+    if not raw:
+        return None
+    return DynamicTableSettings(
+        capacity=int(raw["capacity"]),
+        rows_per_shard=int(raw["rows_per_shard"]),
+        ids=str(raw["ids"]),
+        min_count=int(raw["min_count"]),
+        ttl_steps=int(raw["ttl_steps"]),
+    )
 
 
 def replicated_table_problem(

@@ -347,6 +347,41 @@ def _check_sync(algo: SyncConfig, replicas: int) -> None:
     _require(algo.stop_grace_secs >= 0, "algo.stop_grace_secs", "negative", "use e.g. 5")
 
 
+def _check_dynamic(cfg: Config) -> None:
+    """model.dynamic and its settings (what names a layer is checked with the model)."""
+    model = cfg.model
+    if not model.dynamic:
+        return
+    _require(
+        bool(model._target_),
+        "model.dynamic",
+        "dynamic tables are Embedding layers of your own Keras model",
+        "set model._target_=my_pkg.models.build (docs/dynamic_tables.md)",
+    )
+    _require(model.min_count >= 1, "model.min_count", f"{model.min_count} < 1", "use 1 or more")
+    _require(model.ttl_steps >= 1, "model.ttl_steps", f"{model.ttl_steps} < 1", "use e.g. 10000")
+    _require(
+        model.capacity is None or model.capacity >= 1,
+        "model.capacity",
+        f"{model.capacity} < 1",
+        "use the rows each dynamic table may hold, or null for the layer's input_dim",
+    )
+    name = cfg.algo.name
+    _require(
+        name not in ("allreduce", "pss"),
+        "model.dynamic",
+        f"algo={name} cannot train a dynamic table ("
+        + (
+            "every worker holds every table whole: there is no parameter server for the ids"
+            if name == "allreduce"
+            else "ParameterServerStrategy's functions cannot share the tables' lock yet"
+        )
+        + ")",
+        "use a parameter-server algorithm (algo=hogwild, downpour, ...) with cluster.ps >= 1, "
+        "or drop model.dynamic",
+    )
+
+
 def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
     model, data = cfg.model, cfg.data
     _require(
@@ -386,6 +421,7 @@ def _check_model_and_data(cfg: Config, counts: RoleCounts) -> None:
         f"{model.partition_bytes} < 1",
         "use e.g. 67108864 (64 MiB), or null to never split a variable",
     )
+    _check_dynamic(cfg)
     _require(
         all(h >= 1 for h in model.hidden),
         "model.hidden",

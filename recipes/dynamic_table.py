@@ -1,0 +1,502 @@
+"""Dynamic embedding tables: raw ids of any range, a row of its own per id, rows that come and go.
+
+A dynamic table replaces the row index of a ``keras.layers.Embedding`` (``model.dynamic``) by a
+map from raw id (int64 or string) to row, kept on the parameter servers (TF1 graph mode):
+
+- **Shards.** An id belongs to shard ``hash(id) mod N`` (N: the parameter servers; FarmHash of the
+  id's decimal text, the same in every process). Shard ``s`` is, all on one ps: ``rows``
+  (``capacity/N`` x width, the trainable variable, parameter key ``<path>/shard_<s>``), ``row_ids``
+  (the id each row holds), ``last_seen`` (the global step that last read each row, -1: free), a
+  stack of free rows with its count, the admission counters when ``min_count`` > 1, and a
+  ``MutableHashTable`` id -> row. Lookups and updates touch only the batch's rows.
+- **Atomic allocation.** Look up, admit, take free rows and insert are one critical section per
+  shard (``tf.CriticalSection`` shared by name across the workers' graphs, run on the ps): two
+  workers never take the same row, no row is leaked.
+- **Admission.** An id gets its own row once seen ``min_count`` times (counted in a counting Bloom
+  filter of ``COUNTERS_PER_ROW`` x capacity int32 counters, ``BLOOM_HASHES`` hashes: bounded
+  memory, and an id may be admitted early when its counters are shared with others: the
+  false-admission rate, measured in docs/bench_dynamic.md). The counters are cleared every
+  ``ttl_steps`` global steps: an id must be seen ``min_count`` times within one such window.
+  Before it has a row an id reads zeros and its gradient goes nowhere.
+- **Eviction, while training.** :meth:`DynamicTable.maintenance` (the chief runs it every few
+  steps, inside the same critical section) frees every row unseen for more than ``ttl_steps``
+  global steps, and when the resident rows pass ``HIGH_WATERMARK`` of a shard's capacity frees the
+  least recently seen down to ``LOW_WATERMARK``. A freed row's optimizer slots are reset to their
+  initial value; a row taken again gets fresh initial values (the layer's initializer). Resident
+  rows never exceed the capacity: an id that finds no free row reads zeros until a row is freed.
+- **Checkpoints and snapshots** hold only variables (``row_ids``, ``last_seen``, the free stack,
+  the counters, the rows and their slots): every saver tfplan has (sharded checkpoints, in-memory
+  snapshots of one ps) keeps a dynamic table with no special case. The hash table is an index,
+  rebuilt from ``row_ids`` and ``last_seen`` inside the critical section whenever its size is not
+  the resident count (a restore, a restarted ps).
+- **Evaluation** (``training=False``) looks ids up only: an id without a row reads zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import tensorflow as tf
+
+__all__ = [
+    "AUX_PREFIX",
+    "BLOOM_HASHES",
+    "COUNTERS_PER_ROW",
+    "HIGH_WATERMARK",
+    "INDEX_BYTES_PER_ROW",
+    "LOW_WATERMARK",
+    "DynamicSettings",
+    "DynamicTable",
+    "shard_rows",
+]
+
+v1 = tf.compat.v1
+
+HIGH_WATERMARK = 0.9  # a shard with more resident rows than this share of its capacity ...
+LOW_WATERMARK = 0.8  # ... has its least recently seen rows freed down to this share
+BLOOM_HASHES = 3  # admission counters per id
+COUNTERS_PER_ROW = 4  # admission counters per row of capacity (when min_count > 1)
+FREE = -1  # last_seen of a free row
+AUX_PREFIX = "dynamic/"  # the name of a table's variables beside its rows: dynamic/<path>/...
+INDEX_BYTES_PER_ROW = 64  # the id -> row index, per resident row (a hash map's entry, about)
+
+
+@dataclass(frozen=True)
+class DynamicSettings:
+    """One dynamic table's settings (``model.dynamic`` and the keys beside it)."""
+
+    capacity: int  # rows over all shards
+    min_count: int = 1
+    ttl_steps: int = 10_000
+
+
+def shard_rows(capacity: int, shards: int) -> int:
+    """Rows of each of ``shards`` shards of a table of ``capacity`` rows."""
+    return -(-int(capacity) // max(1, int(shards)))
+
+
+def _id_text(ids: Any) -> Any:
+    return ids if ids.dtype == tf.string else tf.strings.as_string(ids)
+
+
+def _shard_of(ids: Any, shards: int) -> Any:
+    """Each id's shard: FarmHash of its text, the same in every process."""
+    return tf.cast(tf.strings.to_hash_bucket_fast(_id_text(ids), shards), tf.int32)
+
+
+def _initial_fill(var: Any) -> float:
+    """The constant a slot variable was initialised with (its initializer's Fill or Const op:
+    0 for Adam's and momentum's slots, ``initial_accumulator_value`` for Adagrad's); 0 when it
+    is not a constant."""
+    try:
+        op = var.initial_value.op
+    except (AttributeError, ValueError):
+        return 0.0
+    while op.type == "Identity" and op.inputs:
+        op = op.inputs[0].op
+    if op.type == "Fill":
+        value = tf.get_static_value(op.inputs[1])
+        return 0.0 if value is None else float(value)
+    if op.type == "Const":
+        proto = op.get_attr("value")
+        for field in ("float_val", "double_val", "half_val"):
+            values = getattr(proto, field)
+            if len(values) == 1:
+                return float(values[0])
+    return 0.0
+
+
+def _random_rows(initializer: Any, shape: Any, dtype: Any) -> Any:
+    """New rows' values from a Keras initializer (uniform, normal, truncated normal, zeros,
+    constant), for a row count known only when the graph runs; uniform in +-0.05 (Keras'
+    Embedding default) for any other initializer."""
+    name = type(initializer).__name__
+    config = initializer.get_config() if hasattr(initializer, "get_config") else {}
+    if name == "RandomUniform":
+        return tf.random.uniform(shape, config["minval"], config["maxval"], dtype)
+    if name == "RandomNormal":
+        return tf.random.normal(shape, config["mean"], config["stddev"], dtype)
+    if name == "TruncatedNormal":
+        return tf.random.truncated_normal(shape, config["mean"], config["stddev"], dtype)
+    if name == "Zeros":
+        return tf.zeros(shape, dtype)
+    if name == "Ones":
+        return tf.ones(shape, dtype)
+    if name == "Constant":
+        return tf.fill(shape, tf.cast(config["value"], dtype))
+    return tf.random.uniform(shape, -0.05, 0.05, dtype)
+
+
+class _Shard:
+    """One shard's variables and index on one ps (created in the current device scope: the
+    device setter puts ``rows`` on a ps, everything else is colocated with it)."""
+
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        rows: int,
+        width: int,
+        dtype: Any,
+        key_dtype: Any,
+        counters: int,
+    ) -> None:
+        self.index, self.capacity, self.width, self.counters_size = index, rows, width, counters
+        self.key_dtype = key_dtype
+        self.rows = tf.Variable(
+            lambda: tf.zeros([rows, width], dtype), name=f"{name}/shard_{index}", trainable=True
+        )
+        # not under the rows' name (the optimizer's slots are) nor under model/ (the model's
+        # variables, which have slots): dynamic/<path>/shard_<i>/<what>
+        scope = f"{AUX_PREFIX}{name.split('/', 1)[-1]}/shard_{index}"
+
+        with v1.colocate_with(self.rows):
+            empty_id = "" if key_dtype == tf.string else 0
+            self.row_ids = tf.Variable(
+                lambda: tf.fill([rows], tf.constant(empty_id, key_dtype)),
+                name=f"{scope}/row_ids",
+                trainable=False,
+            )
+            self.last_seen = tf.Variable(
+                lambda: tf.fill([rows], tf.constant(FREE, tf.int64)),
+                name=f"{scope}/last_seen",
+                trainable=False,
+            )
+            # the free rows, a stack: free[0:free_count] (row 0 taken last)
+            self.free = tf.Variable(
+                lambda: tf.range(rows - 1, -1, -1, dtype=tf.int64),
+                name=f"{scope}/free",
+                trainable=False,
+            )
+            self.free_count = tf.Variable(
+                tf.constant(rows, tf.int64), name=f"{scope}/free_count", trainable=False
+            )
+            self.counters: Optional[Any] = None
+            self.window_end: Optional[Any] = None
+            if counters:
+                self.counters = tf.Variable(
+                    lambda: tf.zeros([counters], tf.int32),
+                    name=f"{scope}/admission",
+                    trainable=False,
+                )
+                self.window_end = tf.Variable(
+                    tf.constant(0, tf.int64), name=f"{scope}/admission_window", trainable=False
+                )
+            # shared by node name with every graph that builds the same table (every worker)
+            self.index_table = tf.lookup.experimental.MutableHashTable(
+                key_dtype,
+                tf.int64,
+                default_value=-1,
+                name=f"{scope}/index",
+                experimental_is_anonymous=False,
+            )
+            self.lock = tf.CriticalSection(name=f"{scope}/lock", shared_name=f"{scope}/lock")
+
+    def resident(self) -> Any:
+        return tf.constant(self.capacity, tf.int64) - self.free_count.read_value()
+
+    def _rebuild(self) -> Any:
+        """The index and the free stack again from ``row_ids`` and ``last_seen``: after a
+        restore (checkpoint or snapshot) the variables are back but the index is empty."""
+        seen = self.last_seen.read_value()
+        live = seen >= 0
+        rows = tf.cast(tf.where(live)[:, 0], tf.int64)
+        ids = tf.gather(self.row_ids.read_value(), rows)
+        keys, _ = self.index_table.export()
+        cleared = self.index_table.remove(keys)
+        with tf.control_dependencies([cleared]):
+            inserted = self.index_table.insert(ids, rows)
+        free_rows = tf.cast(tf.where(tf.logical_not(live))[:, 0], tf.int64)
+        n_free = tf.size(free_rows, out_type=tf.int64)
+        stacked = self.free.scatter_update(
+            tf.IndexedSlices(free_rows, tf.range(n_free, dtype=tf.int64))
+        )
+        with tf.control_dependencies([inserted, stacked]):
+            return tf.identity(self.free_count.assign(n_free, read_value=True))
+
+    def _indexed(self) -> Any:
+        """A tensor that is ready once the index matches the resident rows (rebuilt if not)."""
+        stale = tf.not_equal(self.index_table.size(), self.resident())
+        return tf.cond(stale, self._rebuild, lambda: tf.identity(self.free_count.read_value()))
+
+    def _admitted(self, missing: Any, counts: Any, min_count: int, step: Any) -> Any:
+        """The ids among ``missing`` (seen ``counts`` times in this batch) whose counters reach
+        ``min_count`` with this batch counted."""
+        if self.counters is None or min_count <= 1:
+            return missing
+        text = _id_text(missing)
+        positions = [
+            tf.strings.to_hash_bucket_strong(text, self.counters_size, key=[j + 1, 0x9E3779B9])
+            for j in range(BLOOM_HASHES)
+        ]
+        added = [
+            self.counters.scatter_add(tf.IndexedSlices(tf.cast(counts, tf.int32), p))
+            for p in positions
+        ]
+        with tf.control_dependencies(added):
+            estimate = tf.reduce_min(
+                tf.stack([tf.gather(self.counters, p) for p in positions]), axis=0
+            )
+        return tf.boolean_mask(missing, estimate >= min_count)
+
+    def allocate(
+        self,
+        ids: Any,
+        counts: Any,
+        step: Any,
+        min_count: int,
+        new_rows: Callable[[Any], Any],
+    ) -> Any:
+        """Inside the lock: each of ``ids`` (distinct) its row, taking free rows for the
+        admitted ids that have none; -1 for an id without a row (not admitted yet, or no free
+        row). Marks every row read as seen at ``step``."""
+        indexed = self._indexed()
+        with tf.control_dependencies([indexed]):
+            rows = self.index_table.lookup(ids)
+            count = self.free_count.read_value()
+        found = rows >= 0
+        held = tf.boolean_mask(rows, found)
+        touched = self.last_seen.scatter_update(
+            tf.IndexedSlices(tf.fill(tf.shape(held), step), held)
+        )
+        missing = tf.boolean_mask(ids, tf.logical_not(found))
+        counts = tf.boolean_mask(counts, tf.logical_not(found))
+        candidates = self._admitted(missing, counts, min_count, step)
+        n = tf.minimum(tf.size(candidates, out_type=tf.int64), count)
+        taken_ids = candidates[:n]
+        taken = tf.gather(self.free, tf.range(count - n, count))
+        writes = [
+            self.free_count.assign_sub(n),
+            self.index_table.insert(taken_ids, taken),
+            self.row_ids.scatter_update(tf.IndexedSlices(taken_ids, taken)),
+            self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(taken), step), taken)),
+            self.rows.scatter_update(tf.IndexedSlices(new_rows(tf.size(taken)), taken)),
+            touched,
+        ]
+        with tf.control_dependencies(writes):
+            return self.index_table.lookup(ids)
+
+    def find(self, ids: Any) -> Any:
+        """Inside the lock: each of ``ids`` its row, -1 for none; nothing changes but a stale
+        index (a restored evaluator's)."""
+        with tf.control_dependencies([self._indexed()]):
+            return self.index_table.lookup(ids)
+
+    def evict(self, step: Any, ttl_steps: int, slots: Sequence[tuple[Any, float]]) -> Any:
+        """Inside the lock: free the rows unseen for more than ``ttl_steps`` steps, then, above
+        the high watermark, the least recently seen down to the low one; reset their slots;
+        clear the admission counters at the end of their window. Returns [evicted, resident]."""
+        with tf.control_dependencies([self._indexed()]):
+            seen = self.last_seen.read_value()
+            count = self.free_count.read_value()
+        live = seen >= 0
+        expired = tf.logical_and(live, step - seen > ttl_steps)
+        n_expired = tf.reduce_sum(tf.cast(expired, tf.int64))
+        staying = tf.constant(self.capacity, tf.int64) - count - n_expired
+        high = int(self.capacity * HIGH_WATERMARK)
+        low = int(self.capacity * LOW_WATERMARK)
+        extra = tf.where(staying > high, staying - low, tf.constant(0, tf.int64))
+        candidates = tf.logical_and(live, tf.logical_not(expired))
+        age = tf.where(candidates, -seen, tf.fill(tf.shape(seen), tf.int64.min))
+        oldest = tf.math.top_k(age, k=tf.cast(extra, tf.int32), sorted=False).indices
+        rows = tf.concat([tf.cast(tf.where(expired)[:, 0], tf.int64), tf.cast(oldest, tf.int64)], 0)
+        n = tf.size(rows, out_type=tf.int64)
+        ids = tf.gather(self.row_ids.read_value(), rows)
+        # an id is removed only where the index still maps it to this row
+        mapped = tf.equal(self.index_table.lookup(ids), rows)
+        writes = [
+            self.index_table.remove(tf.boolean_mask(ids, mapped)),
+            self.last_seen.scatter_update(
+                tf.IndexedSlices(tf.fill(tf.shape(rows), tf.constant(FREE, tf.int64)), rows)
+            ),
+            self.free.scatter_update(tf.IndexedSlices(rows, tf.range(count, count + n))),
+            self.free_count.assign_add(n),
+        ]
+        for slot, fill in slots:
+            width = slot.shape[1:].as_list()
+            values = tf.fill(
+                tf.concat([[n], tf.constant(width, tf.int64)], 0), tf.cast(fill, slot.dtype)
+            )
+            writes.append(slot.scatter_update(tf.IndexedSlices(values, rows)))
+        if self.counters is not None and self.window_end is not None:
+            window_over = step >= self.window_end.read_value()
+            writes.append(
+                self.counters.assign(
+                    tf.where(window_over, tf.zeros_like(self.counters), self.counters)
+                )
+            )
+            writes.append(
+                self.window_end.assign(
+                    tf.where(window_over, step + ttl_steps, self.window_end.read_value())
+                )
+            )
+        with tf.control_dependencies(writes):
+            return tf.stack([n, self.resident()])
+
+
+class DynamicTable:
+    """A dynamic table in the current graph: ``shards`` shards of ``settings.capacity`` rows of
+    ``width``, ids of ``key_dtype`` (tf.int64 or tf.string); new rows from ``initializer`` (a
+    Keras initializer). Build under the replicas' device setter (or none, in a local graph)."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: DynamicSettings,
+        width: int,
+        dtype: Any,
+        key_dtype: Any,
+        shards: int,
+        initializer: Any = None,
+    ) -> None:
+        self.name, self.settings, self.width = name, settings, int(width)
+        self.dtype, self.key_dtype = tf.as_dtype(dtype), tf.as_dtype(key_dtype)
+        self.initializer = initializer
+        per_shard = shard_rows(settings.capacity, shards)
+        counters = COUNTERS_PER_ROW * per_shard if settings.min_count > 1 else 0
+        self.shards = [
+            _Shard(name, s, per_shard, self.width, self.dtype, self.key_dtype, counters)
+            for s in range(max(1, int(shards)))
+        ]
+
+    def params(self, key: str) -> dict[str, Any]:
+        """The trainable variables by parameter key, ``<key>/shard_<i>``."""
+        return {f"{key}/shard_{s.index}": s.rows for s in self.shards}
+
+    def state_variables(self) -> list[Any]:
+        """Every shard's variables beside its rows."""
+        out = []
+        for s in self.shards:
+            out += [s.row_ids, s.last_seen, s.free, s.free_count]
+            out += [v for v in (s.counters, s.window_end) if v is not None]
+        return out
+
+    def _step(self) -> Any:
+        step = v1.train.get_global_step()
+        return tf.constant(0, tf.int64) if step is None else tf.cast(step, tf.int64)
+
+    def _new_rows(self, n: Any) -> Any:
+        return _random_rows(self.initializer, tf.stack([n, self.width]), self.dtype)
+
+    def lookup(self, rows: Sequence[Any], ids: Any, training: bool) -> Any:
+        """The rows of ``ids`` (any shape), shaped ``ids.shape + [width]``, read from the shard
+        variables ``rows`` (this table's :meth:`params`, or the same variables passed through a
+        parameter set). Training: ids without a row get one (admission permitting)."""
+        if ids.dtype != self.key_dtype:
+            if self.key_dtype == tf.string or ids.dtype == tf.string:
+                raise TypeError(f"ids of {ids.dtype.name}, not {self.key_dtype.name}")
+            ids = tf.cast(ids, self.key_dtype)
+        flat = tf.reshape(ids, [-1])
+        unique, back, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+        n_shards = len(self.shards)
+        where = tf.range(tf.size(unique, out_type=tf.int64))
+        owner = _shard_of(unique, n_shards) if n_shards > 1 else None
+        positions, parts = [], []
+        step = self._step()
+        for shard, table in zip(self.shards, rows, strict=True):
+            if owner is None:
+                mine_at, mine, mine_counts = where, unique, counts
+            else:
+                is_mine = tf.equal(owner, shard.index)
+                mine_at = tf.boolean_mask(where, is_mine)
+                mine = tf.boolean_mask(unique, is_mine)
+                mine_counts = tf.boolean_mask(counts, is_mine)
+            with v1.colocate_with(shard.rows):
+                if training:
+                    found = shard.lock.execute(
+                        lambda s=shard, i=mine, c=mine_counts: s.allocate(
+                            i, c, step, self.settings.min_count, self._new_rows
+                        ),
+                        exclusive_resource_access=False,  # the global step, read by all
+                    )
+                else:
+                    found = shard.lock.execute(
+                        lambda s=shard, i=mine: s.find(i), exclusive_resource_access=False
+                    )
+                valid = found >= 0
+                got = tf.gather(table, tf.boolean_mask(found, valid))
+            # zeros where an id has no row; the gradient reaches only the rows read
+            dense = tf.scatter_nd(
+                tf.where(valid),
+                got,
+                tf.stack([tf.size(found, out_type=tf.int64), tf.constant(self.width, tf.int64)]),
+            )
+            positions.append(tf.cast(mine_at, tf.int32))
+            parts.append(dense)
+        joined = tf.dynamic_stitch(positions, parts) if n_shards > 1 else parts[0]
+        out = tf.gather(joined, back)
+        return tf.reshape(out, tf.concat([tf.shape(ids), [self.width]], axis=0))
+
+    def _slots(self, shard: _Shard) -> list[tuple[Any, float]]:
+        """The optimizer slots of ``shard``'s rows (variables named ``<rows>/<slot>`` shaped as
+        the rows), with the constant each was initialised with."""
+        prefix = shard.rows.op.name + "/"
+        shape = shard.rows.shape
+        return [
+            (var, _initial_fill(var))
+            for var in v1.global_variables()
+            if var.op.name.startswith(prefix) and var.shape == shape
+        ]
+
+    def maintenance(self) -> Any:
+        """Eviction on every shard (build it after the optimizer, which makes the slots): a
+        ``[shards, 2]`` tensor of rows evicted and rows resident per shard."""
+        step = self._step()
+        out = []
+        for shard in self.shards:
+            slots = self._slots(shard)
+            with v1.colocate_with(shard.rows):
+                out.append(
+                    shard.lock.execute(
+                        lambda s=shard, sl=slots: s.evict(step, self.settings.ttl_steps, sl),
+                        exclusive_resource_access=False,
+                    )
+                )
+        return tf.stack(out)
+
+
+MAINTENANCE_EVERY = 10  # the chief runs the tables' eviction after every this many of its steps
+EVENTS_FILE = "dynamic_tables.jsonl"  # output_dir/: one line per eviction that freed rows
+
+
+class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
+    """The chief's: runs the dynamic tables' eviction (``op``, from
+    ``KerasModel.table_maintenance``) after every :data:`MAINTENANCE_EVERY` of its steps, and
+    appends what it freed to ``output_dir/dynamic_tables.jsonl`` (``at``, ``step``, ``table``,
+    ``shard``, ``evicted``, ``resident``)."""
+
+    def __init__(self, op: Any, paths: Sequence[str], global_step: Any, output_dir: str) -> None:
+        self._op, self._paths, self._step = op, list(paths), global_step
+        self._path = f"{output_dir}/{EVENTS_FILE}"
+        self._runs = 0
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        self._runs += 1
+        if self._runs % MAINTENANCE_EVERY:
+            return
+        self.run(run_context.session)
+
+    def run(self, session: Any) -> None:
+        import json
+        import time
+
+        counts, step = session.run([self._op, self._step])
+        lines = [
+            json.dumps(
+                {
+                    "at": round(time.time(), 3),
+                    "step": int(step),
+                    "table": path,
+                    "shard": shard,
+                    "evicted": int(evicted),
+                    "resident": int(resident),
+                }
+            )
+            for path, per_shard in zip(self._paths, counts, strict=True)
+            for shard, (evicted, resident) in enumerate(per_shard)
+            if evicted
+        ]
+        if lines:
+            with open(self._path, "a", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
