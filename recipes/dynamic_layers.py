@@ -128,6 +128,13 @@ def dynamic_call(layer: Any, path: str, key_dtype: Any) -> Callable[[Any], Any]:
                 else own(inputs)
             )
         table, shards, training = active[path]
+        if inputs.dtype.is_floating or inputs.dtype.is_bool:
+            raise ModelError(
+                f"model.dynamic: the Embedding {layer.name!r} gets its ids as "
+                f"{inputs.dtype.name}: raw ids must be int64 or string (a float32 holds ids "
+                "exactly only up to 16,777,216)"
+                + (f": read the feature as data.features.{feature}.dtype=int64" if feature else "")
+            )
         if (inputs.dtype == tf.string) != (key_dtype == tf.string):
             got = inputs.dtype.name
             raise ModelError(

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from recipes.checkpoint_names import MODEL_PREFIX, OBJECT_SUFFIX, PART, model_name, object_based
 from recipes.config import load_run_config
+from recipes.dynamic_export import resident_rows, with_lookups
 from recipes.errors import ConfigError, RecipeError, report_failure
 from recipes.export_parts import join_limit, parts_folder, stateless_layout, write_parts
 
@@ -106,13 +107,22 @@ def export_model(
         raise ConfigError(f"--out {out}: Keras saves a model as a .keras file: end it in .keras")
     path = _checkpoint_path(checkpoint)
     entries = _Entries(path)
+    dynamic = set(cfg.model.dynamic)  # their tables are the resident ids' rows (joined always)
     if model is None:
-        layout = _too_large(cfg, join_bytes)
+        layout = None if dynamic else _too_large(cfg, join_bytes)
         if layout is not None:
             return write_parts(layout, entries.stored, entries.rows, os.path.abspath(out), path)
         model = build_model(cfg)
+    tables = {}
+    for name in sorted(dynamic):
+        table = model.get_layer(name).embeddings
+        tables[name] = resident_rows(entries.reader, table.path)
     for weight in [*model.trainable_variables, *model.non_trainable_variables]:
+        if any(weight is model.get_layer(name).embeddings for name in dynamic):
+            continue
         weight.assign(entries.value(weight.path, tuple(int(d) for d in weight.shape)))
+    if tables:
+        model = with_lookups(model, tables)
     out = os.path.abspath(out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     shutil.rmtree(parts_folder(out), ignore_errors=True)  # an earlier export as parts
@@ -178,6 +188,7 @@ class _Entries:
 
         self.path = path
         self._reader = tf.train.load_checkpoint(path)
+        self.reader = self._reader
         self._shapes = self._reader.get_variable_to_shape_map()
         self._dtypes = self._reader.get_variable_to_dtype_map()
         self._listing: Optional[bytes] = None  # the bundle's entries (:meth:`stored`)

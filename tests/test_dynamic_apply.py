@@ -1,0 +1,275 @@
+"""Dynamic tables through ``tfplan apply`` (real ps and worker processes), as a user runs them.
+
+``examples/drift`` is the user's project: a click model whose ``item`` ids are raw int64 values
+scattered over [0, 2^63), on a stream whose ids drift (about 2,700 distinct ids here, nine times
+the table's 300 rows). ``model.dynamic=[item_embedding]`` makes its Embedding a dynamic table;
+nothing else of the model changes. What is checked is read from the job's own files: the
+checkpoint (each shard's rows, the id each row holds, when each was last seen), the chief's
+eviction records (``dynamic_tables.jsonl``), ``result.json`` and the exported ``model.keras``,
+opened with Keras alone and fed raw ids.
+
+The fast tier runs one job (hogwild, two ps): rows evicted while training, never more resident
+than the capacity, no id with two rows, no row with two ids, every resident id one of the
+stream's; the export serves raw ids. The full tier resumes it (the ids keep their rows, the
+index rebuilt from the checkpoint) and trains a windowed algorithm (downpour) and a synchronous
+one (sync) on it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apply_helpers import (
+    base_overrides,
+    example_with_data,
+    free_port_base,
+    kill_groups,
+    recorded_groups,
+    tfplan,
+    topology,
+)
+
+CAPACITY = 300  # rows over both ps: 150 on each
+DRIFT = (
+    "model._target_=drift.models.build",
+    "model.dynamic=[item_embedding]",
+    f"model.rows={CAPACITY}",
+    "model.ttl_steps=40",
+    "data=tfrecord",
+    "data.train=data/part-*.tfrecord",
+    "data.eval=data/eval.tfrecord",
+    "data.label=clicked",
+    "data.batch_size=32",
+    "model.loss=binary_crossentropy",
+    "cluster.ps=2",
+)
+DATA = ("--examples", "6000", "--parts", "3", "--live", "200")
+
+# Reads a checkpoint's dynamic table and the stream's ids; with a .keras path, also serves it.
+READ = r"""
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import glob
+import numpy as np
+import tensorflow as tf
+ckpt, data = sys.argv[1], sys.argv[2]
+reader = tf.train.load_checkpoint(ckpt)
+shards = []
+for i in range(2):
+    aux = f"dynamic/item_embedding/embeddings/shard_{i}"
+    seen = reader.get_tensor(f"{aux}/last_seen")
+    ids = reader.get_tensor(f"{aux}/row_ids")
+    rows = reader.get_tensor(f"model/item_embedding/embeddings/shard_{i}")
+    live = np.flatnonzero(seen >= 0)
+    shards.append({
+        "capacity": int(seen.shape[0]),
+        "free_count": int(reader.get_tensor(f"{aux}/free_count")),
+        "pairs": [[str(int(ids[r])), int(r)] for r in live],
+        "rows": {str(int(ids[r])): rows[r].tolist() for r in live},
+    })
+stream = set()
+for path in sorted(glob.glob(os.path.join(data, "part-*.tfrecord"))):
+    for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
+        ex = tf.train.Example.FromString(raw)
+        stream.add(str(ex.features.feature["item"].int64_list.value[0]))
+out = {"step": int(reader.get_tensor("global_step")), "shards": shards, "stream": sorted(stream)}
+if len(sys.argv) > 3:
+    import keras
+    model = keras.saving.load_model(sys.argv[3])
+    layer = model.get_layer("item_embedding")
+    vocab = [str(int(v)) for v in layer.layers[0].get_vocabulary()[1:]]
+    table = layer.layers[1].get_weights()[0]
+    known = [int(k) for k in list(shards[0]["rows"])[:3] + list(shards[1]["rows"])[:3]]
+    ids = np.array(known + [12345, 67890], np.int64)
+    pred = model({"item": ids, "count0": np.zeros(len(ids), np.float32)}).numpy().ravel()
+    out["export"] = {
+        "vocab": sorted(vocab), "zero_row": float(np.abs(table[0]).max()),
+        "rows": {v: table[i + 1].tolist() for i, v in enumerate(vocab)},
+        "pred": pred.tolist(),
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return example_with_data("drift", tmp_path_factory.mktemp("elsewhere") / "project", *DATA)
+
+
+@pytest.fixture
+def project(generated: Path, tmp_path: Path) -> Iterator[Path]:
+    where = tmp_path / "project"
+    shutil.copytree(generated, where)
+    yield where
+    kill_groups(recorded_groups(where))
+
+
+def _apply(project: Path, algo: str, steps: int, *extra: str) -> Any:
+    proc = tfplan(
+        project,
+        "apply",
+        "--auto-approve",
+        *base_overrides(project, free_port_base()),
+        *DRIFT,
+        f"algo={algo}",
+        *topology(algo),
+        f"trainer.max_steps={steps}",
+        f"trainer.checkpoint_steps={steps}",
+        "trainer.log_steps=50",
+        *extra,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+    return proc
+
+
+def _read(project: Path, keras_file: Path | None = None) -> dict[str, Any]:
+    ckpt = (project / "out" / "checkpoint").read_text().split('"')[1]
+    args = [sys.executable, "-c", READ, str(project / "out" / ckpt), str(project / "data")]
+    proc = subprocess.run(
+        [*args, *([str(keras_file)] if keras_file else [])],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check_table(got: dict[str, Any]) -> dict[str, int]:
+    """No id with two rows, no row with two ids, never over capacity, ids from the stream, no
+    row leaked; returns each resident id's row index."""
+    where: dict[str, int] = {}
+    for shard in got["shards"]:
+        rows = [r for _, r in shard["pairs"]]
+        assert len(rows) == len(set(rows)), "a row holds two ids"
+        assert len(rows) <= shard["capacity"] == CAPACITY // 2
+        assert shard["free_count"] + len(rows) == shard["capacity"], "a row leaked"
+        for ident, row in shard["pairs"]:
+            assert ident not in where, f"id {ident} has two rows"
+            where[ident] = row
+    assert where and set(where) <= set(got["stream"]), "a resident id is not the stream's"
+    return where
+
+
+def test_a_dynamic_table_trains_on_raw_ids_evicts_and_exports_a_model_that_serves_them(
+    project: Path,
+) -> None:
+    proc = _apply(project, "hogwild", 240)
+    assert "dynamic: raw int64 ids, capacity 300 rows (150 per ps" in proc.stdout
+    result = json.loads((project / "out" / "result.json").read_text())
+    assert result["status"] == "succeeded" and result["global_step"] >= 240, result
+    # rows freed while training: the stream brings nine times the capacity
+    events = [
+        json.loads(line)
+        for line in (project / "out" / "dynamic_tables.jsonl").read_text().splitlines()
+    ]
+    assert sum(e["evicted"] for e in events) > CAPACITY, events[-3:]
+    assert all(e["resident"] <= CAPACITY // 2 for e in events), events
+    got = _read(project, project / "out" / "model.keras")
+    where = _check_table(got)
+    assert len(got["stream"]) > 5 * CAPACITY
+    # the export: a lookup of exactly the resident ids in front of their rows, row 0 zeros
+    export = got["export"]
+    assert export["vocab"] == sorted(where) and export["zero_row"] == 0.0
+    rows = {i: r for shard in got["shards"] for i, r in shard["rows"].items()}
+    assert all(export["rows"][i] == rows[i] for i in where)
+    # it serves raw ids: known ids give their own outputs, unknown ones the zeros row's
+    pred = export["pred"]
+    assert len(set(round(p, 6) for p in pred[:6])) > 1 and pred[6] == pred[7], pred
+
+
+@pytest.mark.full
+def test_a_dynamic_table_resumes_with_its_ids_and_trains_under_windowed_and_sync_algorithms(
+    project: Path,
+) -> None:
+    _apply(project, "hogwild", 120, "model.ttl_steps=100000")
+    before = _check_table(_read(project))
+    # resumed: the index is rebuilt from the checkpoint, every id keeps its row
+    proc = _apply(project, "hogwild", 130, "model.ttl_steps=100000")
+    assert "restor" in proc.stdout.lower(), proc.stdout[-2000:]
+    after = _read(project)
+    assert after["step"] >= 130
+    again = _check_table(after)
+    kept = [i for i in before if i in again]
+    assert kept and all(again[i] == before[i] for i in kept), "an id changed rows on resume"
+    for algo in ("downpour", "sync"):
+        fresh = project.parent / f"{algo}-project"
+        shutil.copytree(project, fresh, ignore=shutil.ignore_patterns("out", "work", ".tfplan"))
+        try:
+            _apply(fresh, algo, 60)
+            result = json.loads((fresh / "out" / "result.json").read_text())
+            assert result["status"] == "succeeded" and result["algo"] == algo, result
+            _check_table(_read(fresh))
+        finally:
+            kill_groups(recorded_groups(fresh))
+
+
+def _refused(project: Path, *overrides: str, command: str = "plan") -> str:
+    """The one line ``tfplan plan`` (or apply) refuses ``overrides`` with; nothing started."""
+    args = [command, "--auto-approve"] if command == "apply" else [command]
+    proc = tfplan(
+        project,
+        *args,
+        *base_overrides(project, free_port_base()),
+        *DRIFT,
+        "algo=hogwild",
+        *overrides,
+        timeout=120,
+    )
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert not recorded_groups(project), "something was started"
+    return lines[0]
+
+
+def test_bad_dynamic_settings_are_one_line_naming_the_key_and_the_fix(project: Path) -> None:
+    assert _refused(project, "model.min_count=0") == "error: model.min_count: 0 < 1; use 1 or more"
+    assert _refused(project, "model.ttl_steps=0") == (
+        "error: model.ttl_steps: 0 < 1; use e.g. 10000"
+    )
+    assert _refused(project, "algo=allreduce", "cluster.ps=0") == (
+        "error: model.dynamic: algo=allreduce cannot train a dynamic table (every worker holds "
+        "every table whole: there is no parameter server for the ids); use a parameter-server "
+        "algorithm (algo=hogwild, downpour, ...) with cluster.ps >= 1, or drop model.dynamic"
+    )
+    # a name that is no Embedding of the model (the inspection build finds it)
+    assert _refused(project, "model.dynamic=[logit]") == (
+        "error: model.dynamic: 'logit' is a Dense, not a keras.layers.Embedding: name one of "
+        "the model's Embedding layers (item_embedding)"
+    )
+
+
+FLOAT_IDS = '''
+import keras
+
+
+def build(rows=300):
+    """The drift model whose id input was left at Keras' default dtype, float32."""
+    item = keras.Input((), name="item")
+    count0 = keras.Input((), name="count0")
+    embedded = keras.layers.Embedding(rows, 4, name="item_embedding")(item)
+    x = keras.layers.Concatenate()([embedded, keras.layers.Reshape((1,))(count0)])
+    return keras.Model({"item": item, "count0": count0}, keras.layers.Dense(1)(x))
+'''
+
+
+@pytest.mark.full
+def test_float_ids_and_a_capacity_no_host_holds_are_refused(project: Path) -> None:
+    (project / "drift" / "float_ids.py").write_text(FLOAT_IDS)
+    assert _refused(project, "model._target_=drift.float_ids.build") == (
+        "error: model.dynamic: the Embedding 'item_embedding' gets its ids as float32: a dynamic "
+        'table takes raw ids as int64 or string: give the keras.Input that feeds it dtype="int64" '
+        'or dtype="string" (data.features.item.dtype to match)'
+    )
+    line = _refused(project, "model.capacity=4000000000", command="apply")
+    assert "need(s) at least" in line and "add parameter servers (cluster.ps)" in line, line
