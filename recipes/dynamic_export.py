@@ -14,7 +14,7 @@ needed (``clone_model`` rebuilds its graph); a subclassed one is refused in one 
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +57,6 @@ def with_lookups(model: Any, tables: dict[str, tuple[np.ndarray, np.ndarray]]) -
     """``model`` with each dynamic Embedding (by layer name, in ``tables``: its resident ids and
     rows) replaced by a lookup of those ids and a plain Embedding of their rows."""
     import keras
-
     from keras.src.models.functional import Functional  # no public name for the class
 
     if not isinstance(model, (keras.Sequential, Functional)):
