@@ -6,7 +6,9 @@ map from raw id (int64 or string) to row, kept on the parameter servers (TF1 gra
 - **Shards.** An id belongs to shard ``hash(id) mod N`` (N: the parameter servers; FarmHash of the
   id's decimal text, the same in every process). Shard ``s`` is, all on one ps: ``rows``
   (``capacity/N`` x width, the trainable variable, parameter key ``<path>/shard_<s>``), ``row_ids``
-  (the id each row holds), ``last_seen`` (the global step that last read each row, -1: free), a
+  (the id each row holds), ``last_seen`` (the global step that last read each row, -1: free;
+  the step as the chief's maintenance last read it, every :data:`MAINTENANCE_EVERY` of its
+  steps: the global step lives on one ps, which every other would wait for at each lookup), a
   stack of free rows with its count, the admission counters when ``min_count`` > 1, and a
   ``MutableHashTable`` id -> row. Lookups and updates touch only the batch's rows.
 - **Atomic allocation.** Look up, admit, take free rows and insert are one critical section per
@@ -141,6 +143,7 @@ class _Shard:
         dtype: Any,
         key_dtype: Any,
         counters: int,
+        window: int = 0,
     ) -> None:
         self.index, self.capacity, self.width, self.counters_size = index, rows, width, counters
         self.key_dtype = key_dtype
@@ -151,7 +154,9 @@ class _Shard:
         # variables, which have slots): dynamic/<path>/shard_<i>/<what>
         scope = f"{AUX_PREFIX}{name.split('/', 1)[-1]}/shard_{index}"
 
-        with v1.colocate_with(self.rows):
+        # beside the rows, and past the device setter: its round-robin counts every variable it
+        # sees (colocated or not), and the next shard's rows must go to the next ps
+        with v1.device(None), v1.colocate_with(self.rows):
             empty_id = "" if key_dtype == tf.string else 0
             self.row_ids = tf.Variable(
                 lambda: tf.fill([rows], tf.constant(empty_id, key_dtype)),
@@ -172,6 +177,10 @@ class _Shard:
             self.free_count = tf.Variable(
                 tf.constant(rows, tf.int64), name=f"{scope}/free_count", trainable=False
             )
+            # the global step as the chief's maintenance last read it: what rows are marked
+            # seen at, read on this ps (the global step lives on one ps: reading it at every
+            # lookup would make every other ps wait for it)
+            self.now = tf.Variable(tf.constant(0, tf.int64), name=f"{scope}/now", trainable=False)
             self.counters: Optional[Any] = None
             self.window_end: Optional[Any] = None
             if counters:
@@ -181,7 +190,7 @@ class _Shard:
                     trainable=False,
                 )
                 self.window_end = tf.Variable(
-                    tf.constant(0, tf.int64), name=f"{scope}/admission_window", trainable=False
+                    tf.constant(window, tf.int64), name=f"{scope}/admission_window", trainable=False
                 )
             # shared by node name with every graph that builds the same table (every worker)
             self.index_table = tf.lookup.experimental.MutableHashTable(
@@ -220,11 +229,10 @@ class _Shard:
         stale = tf.not_equal(self.index_table.size(), self.resident())
         return tf.cond(stale, self._rebuild, lambda: tf.identity(self.free_count.read_value()))
 
-    def _admitted(self, missing: Any, counts: Any, min_count: int, step: Any) -> Any:
+    def _admitted(self, missing: Any, counts: Any, min_count: int) -> Any:
         """The ids among ``missing`` (seen ``counts`` times in this batch) whose counters reach
         ``min_count`` with this batch counted."""
-        if self.counters is None or min_count <= 1:
-            return missing
+        assert self.counters is not None
         text = _id_text(missing)
         positions = [
             tf.strings.to_hash_bucket_strong(text, self.counters_size, key=[j + 1, 0x9E3779B9])
@@ -243,26 +251,29 @@ class _Shard:
     def allocate(
         self,
         ids: Any,
-        counts: Any,
-        step: Any,
+        counts: Optional[Any],
         min_count: int,
         new_rows: Callable[[Any], Any],
     ) -> Any:
         """Inside the lock: each of ``ids`` (distinct) its row, taking free rows for the
         admitted ids that have none; -1 for an id without a row (not admitted yet, or no free
-        row). Marks every row read as seen at ``step``."""
+        row). Marks every row read as seen now (:attr:`now`)."""
         indexed = self._indexed()
         with tf.control_dependencies([indexed]):
             rows = self.index_table.lookup(ids)
             count = self.free_count.read_value()
+            step = self.now.read_value()
         found = rows >= 0
         held = tf.boolean_mask(rows, found)
         touched = self.last_seen.scatter_update(
             tf.IndexedSlices(tf.fill(tf.shape(held), step), held)
         )
         missing = tf.boolean_mask(ids, tf.logical_not(found))
-        counts = tf.boolean_mask(counts, tf.logical_not(found))
-        candidates = self._admitted(missing, counts, min_count, step)
+        if counts is None or self.counters is None or min_count <= 1:
+            candidates = missing
+        else:
+            counts = tf.boolean_mask(counts, tf.logical_not(found))
+            candidates = self._admitted(missing, counts, min_count)
         n = tf.minimum(tf.size(candidates, out_type=tf.int64), count)
         taken_ids = candidates[:n]
         taken = tf.gather(self.free, tf.range(count - n, count))
@@ -284,10 +295,11 @@ class _Shard:
             return self.index_table.lookup(ids)
 
     def evict(self, step: Any, ttl_steps: int, slots: Sequence[tuple[Any, float]]) -> Any:
-        """Inside the lock: free the rows unseen for more than ``ttl_steps`` steps, then, above
-        the high watermark, the least recently seen down to the low one; reset their slots;
-        clear the admission counters at the end of their window. Returns [evicted, resident]."""
-        with tf.control_dependencies([self._indexed()]):
+        """Inside the lock: now is ``step`` (the global step); free the rows unseen for more
+        than ``ttl_steps`` steps, then, above the high watermark, the least recently seen down
+        to the low one; reset their slots; clear the admission counters at the end of their
+        window. Returns [evicted, resident]."""
+        with tf.control_dependencies([self._indexed(), self.now.assign(step)]):
             seen = self.last_seen.read_value()
             count = self.free_count.read_value()
         live = seen >= 0
@@ -356,7 +368,16 @@ class DynamicTable:
         per_shard = shard_rows(settings.capacity, shards)
         counters = COUNTERS_PER_ROW * per_shard if settings.min_count > 1 else 0
         self.shards = [
-            _Shard(name, s, per_shard, self.width, self.dtype, self.key_dtype, counters)
+            _Shard(
+                name,
+                s,
+                per_shard,
+                self.width,
+                self.dtype,
+                self.key_dtype,
+                counters,
+                settings.ttl_steps,
+            )
             for s in range(max(1, int(shards)))
         ]
 
@@ -368,7 +389,7 @@ class DynamicTable:
         """Every shard's variables beside its rows."""
         out = []
         for s in self.shards:
-            out += [s.row_ids, s.last_seen, s.free, s.free_count]
+            out += [s.row_ids, s.last_seen, s.free, s.free_count, s.now]
             out += [v for v in (s.counters, s.window_end) if v is not None]
         return out
 
@@ -388,27 +409,32 @@ class DynamicTable:
                 raise TypeError(f"ids of {ids.dtype.name}, not {self.key_dtype.name}")
             ids = tf.cast(ids, self.key_dtype)
         flat = tf.reshape(ids, [-1])
-        unique, back, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+        counting = training and self.settings.min_count > 1
+        if counting:
+            unique, back, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+        else:  # admission needs no counts
+            unique, back = tf.unique(flat, out_idx=tf.int64)
+            counts = None
         n_shards = len(self.shards)
-        where = tf.range(tf.size(unique, out_type=tf.int64))
-        owner = _shard_of(unique, n_shards) if n_shards > 1 else None
+        where = tf.range(tf.size(unique))
+        if n_shards > 1:
+            owner = _shard_of(unique, n_shards)
+            at_parts = tf.dynamic_partition(where, owner, n_shards)
+            id_parts = tf.dynamic_partition(unique, owner, n_shards)
+            count_parts = tf.dynamic_partition(counts, owner, n_shards) if counting else None
+        else:
+            at_parts, id_parts, count_parts = [where], [unique], [counts] if counting else None
         positions, parts = [], []
-        step = self._step()
         for shard, table in zip(self.shards, rows, strict=True):
-            if owner is None:
-                mine_at, mine, mine_counts = where, unique, counts
-            else:
-                is_mine = tf.equal(owner, shard.index)
-                mine_at = tf.boolean_mask(where, is_mine)
-                mine = tf.boolean_mask(unique, is_mine)
-                mine_counts = tf.boolean_mask(counts, is_mine)
+            mine_at, mine = at_parts[shard.index], id_parts[shard.index]
+            mine_counts = count_parts[shard.index] if count_parts else None
             with v1.colocate_with(shard.rows):
                 if training:
                     found = shard.lock.execute(
                         lambda s=shard, i=mine, c=mine_counts: s.allocate(
-                            i, c, step, self.settings.min_count, self._new_rows
+                            i, c, self.settings.min_count, self._new_rows
                         ),
-                        exclusive_resource_access=False,  # the global step, read by all
+                        exclusive_resource_access=False,
                     )
                 else:
                     found = shard.lock.execute(
@@ -422,7 +448,7 @@ class DynamicTable:
                 got,
                 tf.stack([tf.size(found, out_type=tf.int64), tf.constant(self.width, tf.int64)]),
             )
-            positions.append(tf.cast(mine_at, tf.int32))
+            positions.append(mine_at)
             parts.append(dense)
         joined = tf.dynamic_stitch(positions, parts) if n_shards > 1 else parts[0]
         out = tf.gather(joined, back)

@@ -65,6 +65,7 @@ class CheckpointScorer:
                 var_list={stored(name, True): v for name, v in names.items()}
             )
         self._splits: dict[str, tuple[Any, list[Any]]] = {}
+        self._tables: Any = None
         self._sess = v1.Session(graph=self.graph, config=config)
 
     def restore(self, ckpt: str) -> int:
@@ -78,6 +79,9 @@ class CheckpointScorer:
         # its graph takes the eager path, which cannot reach these graph variables.
         with self.graph.as_default():
             (self._tf2_saver if tf2 else self._saver).restore(self._sess, ckpt)
+            if self._tables is None:  # the model's own lookup tables (IntegerLookup's, ...)
+                self._tables = v1.tables_initializer()
+                self._sess.run(self._tables)
             return int(self._sess.run(self._step))
 
     def _split(self, split: str) -> tuple[Any, list[Any]]:

@@ -198,7 +198,11 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
         local_init = train.local_init_op
         if local_init is None:
             local_init = v1.train.Scaffold.default_local_init_op()
-        local_init = tf.group(local_init, iterator.initializer, name="local_init_with_input")
+        # the model's own lookup tables (a Keras IntegerLookup's, StringLookup's): each worker
+        # holds its own, filled at its local init (an algorithm's local init op leaves them out)
+        local_init = tf.group(
+            local_init, v1.tables_initializer(), iterator.initializer, name="local_init_with_input"
+        )
     maintenance = None
     if task.is_chief and hasattr(work.model, "table_maintenance"):
         with v1.device(setter):

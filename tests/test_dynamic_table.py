@@ -126,8 +126,9 @@ CASE = textwrap.dedent(
     b = build(0, DynamicSettings(capacity=20, min_count=3, ttl_steps=5), name="adm")
     b["s"].run(b["init"])
     def run(ids, step=None):
-        if step is not None:
+        if step is not None:  # the chief's maintenance tells the shards the step
             b["s"].run(b["set_step"], {{b["set_step"].op.inputs[1]: step}})
+            b["s"].run(b["evict"])
         return b["s"].run(b["out"], {{b["ids"]: ids}})
     first = run([7, 7])                 # seen twice (one batch): no row yet
     with b["g"].as_default():
