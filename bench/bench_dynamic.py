@@ -1,27 +1,29 @@
 """A dynamic table against a hashed table and a fixed vocabulary, side by side on a drifting
 id stream: collisions, each ps's memory, held-out quality, examples/s.
 
-    .venv/bin/python bench/bench_dynamic.py [--repeats 3] [--examples 60000] [--out docs/bench_dynamic.md]
+    .venv/bin/python bench/bench_dynamic.py [--repeats 3] [--examples 120000] [--live 1000]
+        [--turnover 20] [--capacity 1200] [--lr 0.5] [--out docs/bench_dynamic.md]
 
-examples/drift writes the stream (``make_data.py``: 60,000 clicks in 6 parts, in time order, the
-live ids a window of 2,000 that moves so that about ten times 2,000 distinct ids appear; held
-out: 2,500 clicks drawn as the last part is) and the three models. Each run is ``tfplan apply`` on
-the embedded local cluster, 2 ps and 2 workers, HOGWILD! with Adagrad, one pass over the stream
-in time order (``data.shard=record``: both workers walk the parts together; a shuffle buffer of
-256): the same model with its item ids
+examples/drift writes the stream (``make_data.py``: 120,000 clicks in 6 parts, in time order;
+at any time about ``--live`` ids are live, a window that moves ``--turnover`` times its size over
+the stream, so that over ten times the capacity of distinct ids appear; held out: clicks drawn
+as the stream's last half window is, its latest part) and the three models (the same wide and
+deep click model, ids to rows three ways). Each run is ``tfplan apply`` on the embedded local
+cluster, 2 ps and one worker (the stream read once, in time order: see ``WORKERS``), HOGWILD!
+with Adagrad, a shuffle buffer of 256:
 
-- ``dynamic``: raw ids, ``model.dynamic=[item_embedding]``, capacity 2,000 rows;
-- ``hashed``: ``keras.layers.Hashing`` into 2,000 rows (the same rows);
+- ``dynamic``: raw ids, ``model.dynamic=[item_embedding]``, ``--capacity`` rows;
+- ``hashed``: ``keras.layers.Hashing`` into as many rows;
 - ``hashed-mem``: ``Hashing`` into as many rows as the dynamic table's memory holds (its rows and
   Adagrad slots, plus the ids, last-seen steps, free rows and index per row);
-- ``vocab``: a fixed vocabulary, the 2,000 most frequent ids of the first part (every other id
-  one out-of-vocabulary row): what a vocabulary built once goes stale as.
+- ``vocab``: a fixed vocabulary, the ``--capacity`` most frequent ids of the first part (every
+  other id one out-of-vocabulary row): a vocabulary built once, gone stale.
 
-Measured: held-out log loss and AUC of each run's exported model (``model.keras``, fed the raw
-held-out ids); examples/s (the chief's ``result.json``); for ``dynamic``, the distinct ids that
-share a row in its final checkpoint and each ps's RSS sampled every 0.2 s (from the first
-eviction on: its range against its value then); for ``hashed``, the share of distinct ids that
-share a bucket. Medians over ``--repeats`` runs, variants interleaved.
+Measured: held-out log loss and AUC of each run's exported ``model.keras`` fed the raw held-out
+ids; examples/s (the chief's ``result.json``); for ``dynamic``, the distinct ids that share a row
+in its final checkpoint and each ps's RSS sampled every 0.2 s (from the first eviction on: its
+range against its value then); for ``hashed``, the share of distinct ids that share a bucket.
+Medians over ``--repeats`` runs, variants interleaved.
 """
 
 from __future__ import annotations
@@ -44,10 +46,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from apply_helpers import free_port_base, kill_groups, recorded_groups  # noqa: E402
 
-CAPACITY = 2000
+CAPACITY = 1000  # rows of the dynamic table (--capacity)
 WIDTH = 8  # drift.models' embed
 BATCH = 64
-WORKERS = 2
+# One worker reads the stream in time order, once: with two, each reads its half at its own
+# pace, and HOGWILD! lets the faster one wrap around to the stream's start (measured: the chief,
+# which also checkpoints and summarises, made a tenth of the steps; the other read its half and
+# began again), so the last steps would not be the stream's latest clicks.
+WORKERS = 1
 # per row of the dynamic table beyond its row and slot: id (8), last seen (8), free stack (8),
 # index entry (recipes/dynamic_table.py: INDEX_BYTES_PER_ROW)
 AUX_BYTES = 8 + 8 + 8 + 64
@@ -69,20 +75,23 @@ def variants(data: Path) -> dict[str, list[str]]:
     }
 
 
+LR = 0.1  # --lr
+
+
 def common(examples: int) -> list[str]:
-    steps = examples // (BATCH * WORKERS)  # one pass over the stream
+    steps = examples // BATCH  # one pass over the stream
     return [
         "data=tfrecord",
         "data.train=data/part-*.tfrecord",
         "data.eval=data/eval.tfrecord",
         "data.label=clicked",
-        "data.shard=record",
+        "data.shard=none",
         "data.shuffle_buffer=256",
         f"data.batch_size={BATCH}",
         "model.loss=binary_crossentropy",
         "algo=hogwild",
         "algo.optimizer=adagrad",
-        "algo.lr=0.1",
+        f"algo.lr={LR}",
         "cluster.ps=2",
         f"cluster.workers={WORKERS}",
         f"trainer.max_steps={steps}",
@@ -251,12 +260,18 @@ def hashed_shares(project: Path, rows: int) -> dict[str, float]:
 
 
 def main() -> None:
+    global CAPACITY, LR
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--examples", type=int, default=60_000)
+    parser.add_argument("--examples", type=int, default=120_000)
+    parser.add_argument("--live", type=int, default=1000, help="make_data.py --live")
+    parser.add_argument("--turnover", type=int, default=20, help="make_data.py --turnover")
+    parser.add_argument("--capacity", type=int, default=1200, help="the table's rows")
+    parser.add_argument("--lr", type=float, default=0.5, help="algo.lr (Adagrad)")
     parser.add_argument("--out", default=str(REPO / "docs" / "bench_dynamic.md"))
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    CAPACITY, LR = args.capacity, args.lr
     with tempfile.TemporaryDirectory(prefix="bench-dynamic-") as tmp:
         project = Path(tmp) / "drift"
         shutil.copytree(REPO / "examples" / "drift", project, ignore=shutil.ignore_patterns("data"))
@@ -271,6 +286,15 @@ def main() -> None:
                 "data/vocab.txt",
                 "--vocab-parts",
                 "1",
+                "--vocab-size",
+                str(CAPACITY),
+                "--live",
+                str(args.live),
+                "--turnover",
+                str(args.turnover),
+                # held out: the latest clicks (as the stream's last half window of ids is)
+                "--eval-span",
+                str(0.5 / args.turnover),
             ],
             cwd=project,
             capture_output=True,
@@ -287,8 +311,7 @@ def main() -> None:
                 found = apply(project, run, [*common(args.examples), *overrides], name == "dynamic")
                 runs.setdefault(name, []).append(found)
                 print(
-                    f"  {found['quality']}, "
-                    f"{found['result'].get('examples_per_sec')} examples/s",
+                    f"  {found['quality']}, {found['result'].get('examples_per_sec')} examples/s",
                     flush=True,
                 )
         shares = hashed_shares(project, CAPACITY)
@@ -344,14 +367,15 @@ def write_report(
             "# Dynamic tables on a drifting id stream (bench/bench_dynamic.py)",
             "",
             f"`.venv/bin/python bench/bench_dynamic.py --repeats {args.repeats} --examples "
-            f"{args.examples}` on {platform.node() and 'this machine'} ({os.cpu_count()} cores), "
+            f"{args.examples} --live {args.live} --turnover {args.turnover} --capacity "
+            f"{CAPACITY}` on {platform.node() and 'this machine'} ({os.cpu_count()} cores), "
             f"{elapsed / 60:.1f} min; medians of {args.repeats} runs per variant, variants "
             "interleaved.",
             "",
             f"The stream (examples/drift): {made}. Capacity {CAPACITY:,} rows of {WIDTH}; "
             f"{stream['distinct_ids']:,} distinct ids over the stream "
             f"({stream['distinct_ids'] / CAPACITY:.1f}x the capacity). Each run: 2 ps, "
-            f"{WORKERS} workers, HOGWILD!, Adagrad (lr 0.1), batch {BATCH}, one pass in time "
+            f"{WORKERS} workers, HOGWILD!, Adagrad (lr {LR:g}), batch {BATCH}, one pass in time "
             "order.",
             "",
             "## Quality and speed",

@@ -7,8 +7,8 @@ map from raw id (int64 or string) to row, kept on the parameter servers (TF1 gra
   id's decimal text, the same in every process). Shard ``s`` is, all on one ps: ``rows``
   (``capacity/N`` x width, the trainable variable, parameter key ``<path>/shard_<s>``), ``row_ids``
   (the id each row holds), ``last_seen`` (the global step that last read each row, -1: free;
-  the step as the chief's maintenance last read it, every :data:`MAINTENANCE_EVERY` of its
-  steps: the global step lives on one ps, which every other would wait for at each lookup), a
+  the step as the chief last told the shard, with its previous step: the global step lives on
+  one ps, which every other would wait for at each lookup), a
   stack of free rows with its count, the admission counters when ``min_count`` > 1, and a
   ``MutableHashTable`` id -> row. Lookups and updates touch only the batch's rows.
 - **Atomic allocation.** Look up, admit, take free rows and insert are one critical section per
@@ -17,13 +17,15 @@ map from raw id (int64 or string) to row, kept on the parameter servers (TF1 gra
 - **Admission.** An id gets its own row once seen ``min_count`` times (counted in a counting Bloom
   filter of ``COUNTERS_PER_ROW`` x capacity int32 counters, ``BLOOM_HASHES`` hashes: bounded
   memory, and an id may be admitted early when its counters are shared with others: the
-  false-admission rate, measured in docs/bench_dynamic.md). The counters are cleared every
+  false-admission rate: tests/test_dynamic_table.py). The counters are cleared every
   ``ttl_steps`` global steps: an id must be seen ``min_count`` times within one such window.
   Before it has a row an id reads zeros and its gradient goes nowhere.
-- **Eviction, while training.** :meth:`DynamicTable.maintenance` (the chief runs it every few
-  steps, inside the same critical section) frees every row unseen for more than ``ttl_steps``
-  global steps, and when the resident rows pass ``HIGH_WATERMARK`` of a shard's capacity frees the
-  least recently seen down to ``LOW_WATERMARK``. A freed row's optimizer slots are reset to their
+- **Eviction, while training.** With each of its steps the chief asks the shards whether any
+  needs maintenance (:meth:`DynamicTable.maintenance_due`: no lock, two scalars read); when one
+  does it runs :meth:`DynamicTable.maintenance`, inside the same critical section, which frees
+  every row unseen for more than ``ttl_steps`` global steps (a scan every tenth of it), and when
+  the resident rows pass ``HIGH_WATERMARK`` of a shard's capacity frees the least recently seen
+  down to ``LOW_WATERMARK``. A freed row's optimizer slots are reset to their
   initial value; a row taken again gets fresh initial values (the layer's initializer). Resident
   rows never exceed the capacity: an id that finds no free row reads zeros until a row is freed.
 - **Checkpoints and snapshots** hold only variables (``row_ids``, ``last_seen``, the free stack,
@@ -181,6 +183,10 @@ class _Shard:
             # seen at, read on this ps (the global step lives on one ps: reading it at every
             # lookup would make every other ps wait for it)
             self.now = tf.Variable(tf.constant(0, tf.int64), name=f"{scope}/now", trainable=False)
+            # the step from which the next scan for rows past their TTL is due
+            self.next_scan = tf.Variable(
+                tf.constant(0, tf.int64), name=f"{scope}/next_scan", trainable=False
+            )
             self.counters: Optional[Any] = None
             self.window_end: Optional[Any] = None
             if counters:
@@ -295,13 +301,56 @@ class _Shard:
             return self.index_table.lookup(ids)
 
     def evict(self, step: Any, ttl_steps: int, slots: Sequence[tuple[Any, float]]) -> Any:
-        """Inside the lock: now is ``step`` (the global step); free the rows unseen for more
-        than ``ttl_steps`` steps, then, above the high watermark, the least recently seen down
-        to the low one; reset their slots; clear the admission counters at the end of their
-        window. Returns [evicted, resident]."""
+        """Inside the lock: now is ``step`` (the global step). When the shard is above the high
+        watermark, or a scan for rows unseen for ``ttl_steps`` is due (every tenth of it), free
+        the rows unseen for more than ``ttl_steps`` steps, then, above the high watermark, the
+        least recently seen down to the low one, and reset their slots; at the end of the
+        admission window clear the counters. Nothing else: a call with nothing to do reads two
+        numbers. Returns [evicted, resident]."""
         with tf.control_dependencies([self._indexed(), self.now.assign(step)]):
-            seen = self.last_seen.read_value()
             count = self.free_count.read_value()
+            due = step >= self.next_scan.read_value()
+        high = int(self.capacity * HIGH_WATERMARK)
+        needed = tf.logical_or(tf.constant(self.capacity, tf.int64) - count > high, due)
+        evicted = tf.cond(
+            needed,
+            lambda: self._free_rows(step, ttl_steps, slots, count),
+            lambda: tf.constant(0, tf.int64),
+        )
+        writes = [evicted]
+        if self.counters is not None and self.window_end is not None:
+            counters, window_end = self.counters, self.window_end
+
+            def clear() -> Any:
+                with tf.control_dependencies(
+                    [counters.assign(tf.zeros_like(counters)), window_end.assign(step + ttl_steps)]
+                ):
+                    return tf.constant(True)
+
+            writes.append(
+                tf.cond(step >= window_end.read_value(), clear, lambda: tf.constant(False))
+            )
+        with tf.control_dependencies(writes):
+            return tf.stack([tf.identity(evicted), self.resident()])
+
+    def due(self, step: Any) -> Any:
+        """Outside the lock (what it reads may be a step old; the lock's holder decides):
+        now is ``step``; whether :meth:`evict` has anything to do."""
+        with v1.colocate_with(self.rows), tf.control_dependencies([self.now.assign(step)]):
+            count = self.free_count.read_value()
+            due = tf.logical_or(
+                tf.constant(self.capacity, tf.int64) - count > int(self.capacity * HIGH_WATERMARK),
+                step >= self.next_scan.read_value(),
+            )
+            if self.window_end is not None:
+                due = tf.logical_or(due, step >= self.window_end.read_value())
+            return due
+
+    def _free_rows(
+        self, step: Any, ttl_steps: int, slots: Sequence[tuple[Any, float]], count: Any
+    ) -> Any:
+        """The eviction itself (a scan of the shard); returns the rows freed."""
+        seen = self.last_seen.read_value()
         live = seen >= 0
         expired = tf.logical_and(live, step - seen > ttl_steps)
         n_expired = tf.reduce_sum(tf.cast(expired, tf.int64))
@@ -324,6 +373,7 @@ class _Shard:
             ),
             self.free.scatter_update(tf.IndexedSlices(rows, tf.range(count, count + n))),
             self.free_count.assign_add(n),
+            self.next_scan.assign(step + max(1, ttl_steps // 10)),
         ]
         for slot, fill in slots:
             width = slot.shape[1:].as_list()
@@ -331,20 +381,8 @@ class _Shard:
                 tf.concat([[n], tf.constant(width, tf.int64)], 0), tf.cast(fill, slot.dtype)
             )
             writes.append(slot.scatter_update(tf.IndexedSlices(values, rows)))
-        if self.counters is not None and self.window_end is not None:
-            window_over = step >= self.window_end.read_value()
-            writes.append(
-                self.counters.assign(
-                    tf.where(window_over, tf.zeros_like(self.counters), self.counters)
-                )
-            )
-            writes.append(
-                self.window_end.assign(
-                    tf.where(window_over, step + ttl_steps, self.window_end.read_value())
-                )
-            )
         with tf.control_dependencies(writes):
-            return tf.stack([n, self.resident()])
+            return tf.identity(n)
 
 
 class DynamicTable:
@@ -389,7 +427,7 @@ class DynamicTable:
         """Every shard's variables beside its rows."""
         out = []
         for s in self.shards:
-            out += [s.row_ids, s.last_seen, s.free, s.free_count, s.now]
+            out += [s.row_ids, s.last_seen, s.free, s.free_count, s.now, s.next_scan]
             out += [v for v in (s.counters, s.window_end) if v is not None]
         return out
 
@@ -465,6 +503,13 @@ class DynamicTable:
             if var.op.name.startswith(prefix) and var.shape == shape
         ]
 
+    def maintenance_due(self) -> Any:
+        """Cheap, and taking no lock: tells every shard the global step, and whether any of
+        them needs :meth:`maintenance` (above the high watermark, a TTL scan due, the end of an
+        admission window): a bool tensor."""
+        step = self._step()
+        return tf.reduce_any(tf.stack([shard.due(step) for shard in self.shards]))
+
     def maintenance(self) -> Any:
         """Eviction on every shard (build it after the optimizer, which makes the slots): a
         ``[shards, 2]`` tensor of rows evicted and rows resident per shard."""
@@ -482,28 +527,32 @@ class DynamicTable:
         return tf.stack(out)
 
 
-MAINTENANCE_EVERY = 10  # the chief runs the tables' eviction after every this many of its steps
 EVENTS_FILE = "dynamic_tables.jsonl"  # output_dir/: one line per eviction that freed rows
 
 
 class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
-    """The chief's: runs the dynamic tables' eviction (``op``, from
-    ``KerasModel.table_maintenance``) after every :data:`MAINTENANCE_EVERY` of its steps, and
-    appends what it freed to ``output_dir/dynamic_tables.jsonl`` (``at``, ``step``, ``table``,
-    ``shard``, ``evicted``, ``resident``)."""
+    """The chief's: with each of its training steps (in the same ``session.run``: no round trip
+    of its own) it tells the tables' shards the global step and asks whether any needs its
+    maintenance (``due``, no lock taken); when one does, it runs the maintenance (``op``, from
+    ``KerasModel.table_maintenance``) and appends what it freed to
+    ``output_dir/dynamic_tables.jsonl`` (``at``, ``step``, ``table``, ``shard``, ``evicted``,
+    ``resident``)."""
 
-    def __init__(self, op: Any, paths: Sequence[str], global_step: Any, output_dir: str) -> None:
-        self._op, self._paths, self._step = op, list(paths), global_step
+    def __init__(
+        self, due: Any, op: Any, paths: Sequence[str], global_step: Any, output_dir: str
+    ) -> None:
+        self._due, self._op, self._paths, self._step = due, op, list(paths), global_step
         self._path = f"{output_dir}/{EVENTS_FILE}"
-        self._runs = 0
+
+    def before_run(self, run_context: Any) -> Any:
+        return v1.train.SessionRunArgs(self._due)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        self._runs += 1
-        if self._runs % MAINTENANCE_EVERY:
-            return
-        self.run(run_context.session)
+        if run_values.results:
+            self.run(run_context.session)
 
     def run(self, session: Any) -> None:
+        """The maintenance itself, and its record."""
         import json
         import time
 

@@ -500,14 +500,17 @@ class KerasModel:
         self._dynamic_tables.setdefault(id(v1.get_default_graph()), {})[w.path] = table
         return table.params(w.path)
 
-    def table_maintenance(self) -> Optional[Any]:
-        """The eviction op of every dynamic table in the current graph (build it after the
-        optimizer: it resets the freed rows' slots), a ``[tables, shards, 2]`` tensor of rows
-        evicted and resident; None without dynamic tables."""
+    def table_maintenance(self) -> Optional[tuple[Any, Any]]:
+        """The dynamic tables of the current graph's maintenance (build it after the
+        optimizer: it resets the freed rows' slots): whether any is due (a bool, no lock
+        taken), and the eviction itself (a ``[tables, shards, 2]`` tensor of rows evicted and
+        resident); None without dynamic tables."""
         tables = self._dynamic_tables.get(id(v1.get_default_graph()), {})
         if not tables:
             return None
-        return tf.stack([tables[path].maintenance() for path in sorted(tables)])
+        paths = sorted(tables)
+        due = tf.reduce_any(tf.stack([tables[p].maintenance_due() for p in paths]))
+        return due, tf.stack([tables[p].maintenance() for p in paths])
 
     def dynamic_state(self) -> Params:
         """The dynamic tables' variables beside their rows in the current graph (ids, last
@@ -515,6 +518,10 @@ class KerasModel:
         restores with the parameters to look ids up."""
         tables = self._dynamic_tables.get(id(v1.get_default_graph()), {})
         return {v.op.name: v for path in sorted(tables) for v in tables[path].state_variables()}
+
+    def dynamic_tables(self) -> dict[str, DynamicTable]:
+        """The dynamic tables of the current graph, by path."""
+        return dict(self._dynamic_tables.get(id(v1.get_default_graph()), {}))
 
     def dynamic_paths(self) -> list[str]:
         """The dynamic tables' paths, in :meth:`table_maintenance`'s order."""

@@ -27,6 +27,7 @@ import tensorflow as tf
 from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
+from recipes.dynamic_reshard import Resharder
 from recipes.dynamic_table import MaintenanceHook
 from recipes.errors import EXIT_NAN_LOSS, EXIT_PEER_TIMEOUT, TrainingFailed
 from recipes.evaluator import CheckpointScorer, result_scores
@@ -97,8 +98,8 @@ class ReplicaGraph:
     summary_op: Any
     local_init_op: Any  # the algorithm's local init (or the default one) and the input's
     saver_names: dict[str, Any]  # checkpoint name -> variable (workload.saver_names)
-    # the chief's: the dynamic tables' eviction op and their names (recipes/dynamic_table.py)
-    maintenance: Optional[tuple[Any, list[str]]] = None
+    # the chief's: the dynamic tables' maintenance (whether due, the op) and their names
+    maintenance: Optional[tuple[Any, Any, list[str]]] = None
 
 
 def placement_line(named: dict[str, Any], n_ps: int) -> str:
@@ -206,9 +207,9 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
     maintenance = None
     if task.is_chief and hasattr(work.model, "table_maintenance"):
         with v1.device(setter):
-            op = work.model.table_maintenance()
-        if op is not None:
-            maintenance = (op, [f"model/{p}" for p in work.model.dynamic_paths()])
+            ops = work.model.table_maintenance()
+        if ops is not None:
+            maintenance = (*ops, [f"model/{p}" for p in work.model.dynamic_paths()])
     done_ops = done_token_ops(task.n_ps, task.n_replicas)
     done_sizes = done_queue_sizes(task.n_ps, task.n_replicas)
     names = saver_names(global_step, train.params, work.model.state_variables())
@@ -332,8 +333,8 @@ def _hooks(
             _StepRateHook(every_n_steps=t.summary_steps, output_dir=cfg.output_dir),
         ]
         if g.maintenance is not None:
-            op, paths = g.maintenance
-            hooks.append(MaintenanceHook(op, paths, g.global_step, cfg.output_dir))
+            due, op, paths = g.maintenance
+            hooks.append(MaintenanceHook(due, op, paths, g.global_step, cfg.output_dir))
     return hooks
 
 
@@ -450,6 +451,12 @@ def run_replica(
         saver=chief_saver(g.saver_names, cfg.trainer.keep_checkpoints, sharded=on_ps),
         local_init_feed_dict=graph_feeds() or None,  # an in-memory shard, fed at the init
     )
+    reshard = None  # a dynamic table resumed on another number of ps: its ids re-sharded
+    if task.is_chief and hasattr(work.model, "dynamic_tables"):
+        latest = tf.train.latest_checkpoint(cfg.output_dir)
+        tables = work.model.dynamic_tables()
+        if Resharder.needed(latest, tables):
+            reshard = Resharder(latest, tables, g.saver_names, log)
     snapshots = None
     if task.is_chief and task.n_ps and cfg.snapshots.secs > 0:
         snapshots = PsSnapshots(
@@ -464,6 +471,7 @@ def run_replica(
         g.probe,
         log=log,
         snapshots=snapshots,
+        reshard=reshard,
     )
     try:
         hooks = _hooks(cfg, g, scaffold, task.is_chief, max_steps, progress)

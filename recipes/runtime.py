@@ -464,7 +464,10 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
         join_timeout: float = 600.0,
         log: Any = print,
         snapshots: Any = None,
+        reshard: Any = None,
     ) -> None:
+        # recipes.dynamic_reshard.Resharder: the latest checkpoint's dynamic tables re-sharded
+        self._reshard = reshard
         self._snapshots = snapshots  # recipes.ps_snapshots.PsSnapshots: a ps back from its own
         self._scaffold = scaffold
         self._target = target
@@ -516,6 +519,18 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
                 tf.train.latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
             )
         alone = bool(missing) and self._restored_alone(missing, latest)
+        if missing and not alone and self._reshard is not None:
+            reshard = self._reshard
+            self._log(
+                f"parameter servers uninitialised: restoring {os.path.basename(reshard.checkpoint)}"
+                ", its dynamic tables re-sharded over this job's parameter servers"
+            )
+            return sm.prepare_session(
+                self._target,
+                config=self._config,
+                init_op=self._scaffold.init_op,
+                init_fn=reshard.restore,
+            )
         if missing and not alone:
             # Fresh ps (first start, or a ps restart before any snapshot): restore the last
             # checkpoint into every ps, else initialise them.

@@ -38,6 +38,7 @@ REPORTS = [
         "algorithms.md",
         "algorithms.png",
         "bench_apply.md",
+        "bench_dynamic.md",
         "bench_embeddings.md",
         "bench_explain.md",
         "bench_inputs.md",
@@ -128,6 +129,19 @@ def test_bench_apply(tmp_path: Path) -> None:
     assert figure(text, "training done -> all tasks exited") > 0
     assert figure(text, "tfplan destroy of a running cluster") > 0
     assert "| processes left after destroy (all rounds) | 0 | pass |" in text
+
+
+@pytest.mark.timeout(600)
+def test_bench_dynamic(tmp_path: Path) -> None:
+    out = tmp_path / "bench_dynamic.md"
+    args = ["--repeats", "1", "--examples", "6000", "--out", str(out)]
+    run_bench("bench_dynamic.py", *args, cwd=tmp_path, timeout=480)
+    text = out.read_text()
+    for variant in ("dynamic", "hashed", "hashed-mem", "vocab"):
+        assert figure(text, f"| {variant} |", column=0) > 0  # held-out log loss
+        assert figure(text, f"| {variant} |", column=2) > 0  # examples/s
+    assert "distinct ids sharing a row in the final checkpoint, per run: 0;" in text
+    assert figure(text, "| 1 | ps/0 |", column=0) > 0  # its RSS at the first eviction
 
 
 @pytest.mark.timeout(600)

@@ -101,6 +101,7 @@ def main(
     vocab_out=None,
     vocab_parts=1,
     vocab_size=None,
+    eval_span=None,
 ):
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng([seed, 0])
@@ -116,7 +117,8 @@ def main(
         )
 
     n_eval = n // parts // 4
-    t_eval = np.sort(np.random.default_rng([seed, 1]).uniform((parts - 1) / parts, 1, n_eval))
+    span = eval_span or 1 / parts  # the held-out clicks: drawn as the stream's last span is
+    t_eval = np.sort(np.random.default_rng([seed, 1]).uniform(1 - span, 1, n_eval))
     e_seq, e_count0, e_clicked = draw(t_eval, live, np.random.default_rng([seed, 2]), turnover)
     write(os.path.join(out, "eval.tfrecord"), raw_ids(e_seq), e_count0, e_clicked)
     unseen = ~np.isin(e_seq, seq)
@@ -173,6 +175,11 @@ if __name__ == "__main__":
     parser.add_argument("--vocab-out", help="write a fixed vocabulary here, one id a line")
     parser.add_argument("--vocab-parts", type=int, default=1, help="from the first K parts")
     parser.add_argument("--vocab-size", type=int, help="at most V ids (default: --live)")
+    parser.add_argument(
+        "--eval-span",
+        type=float,
+        help="the held-out clicks are drawn as the last F of the stream is (default: 1/parts)",
+    )
     args = parser.parse_args()
     main(
         args.out,
@@ -184,4 +191,5 @@ if __name__ == "__main__":
         args.vocab_out,
         args.vocab_parts,
         args.vocab_size,
+        args.eval_span,
     )

@@ -22,13 +22,15 @@ def _inputs():
 
 def _click_model(inputs, rows_of_item, rows, embed, units, name):
     """The embedding of ``rows_of_item`` (row indices below ``rows``) beside ``count0``, an MLP
-    of ``units``, one logit."""
+    of ``units``, and one logit over the MLP's output and the embedding itself (wide and deep:
+    the embedding's straight path to the logit is what learns each id's own click rate)."""
     embedded = keras.layers.Embedding(rows, embed, name="item_embedding")(rows_of_item)
     count0 = keras.layers.Reshape((1,), name="count0_column")(inputs["count0"])
     x = keras.layers.Concatenate(name="features")([embedded, count0])
     for layer, size in enumerate(units):
         x = keras.layers.Dense(size, activation="relu", name=f"deep_{layer + 1}")(x)
-    logit = keras.layers.Dense(1, name="logit")(x)
+    wide_and_deep = keras.layers.Concatenate(name="wide_and_deep")([embedded, x])
+    logit = keras.layers.Dense(1, name="logit")(wide_and_deep)
     return keras.Model(inputs, logit, name=name)
 
 
