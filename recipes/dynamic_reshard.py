@@ -69,7 +69,7 @@ class Resharder:
         )
         others = {k: v for k, v in saver_names.items() if not k.startswith(ours)}
         self._saver = v1.train.Saver(var_list=others, sharded=False, name="reshard_restore")
-        self._feeds: list[tuple[Any, Any, Callable[[], np.ndarray]]] = []
+        self._feeds: list[tuple[Any, tuple[str, int, str]]] = []  # placeholder, what it takes
         self._assigns: list[Any] = []
         self._plans: dict[str, dict[str, Any]] = {}
         for path, table in tables.items():
@@ -105,9 +105,9 @@ class Resharder:
                 holder = v1.placeholder(var.dtype.base_dtype, var.shape, name=None)
                 self._assigns.append(var.assign(holder, read_value=False))
                 key = (path, shard.index, what)
-                self._feeds.append((holder, key, lambda k=key: self._value(k)))
+                self._feeds.append((holder, key))
 
-    def _value(self, key: tuple[str, int, str]) -> np.ndarray:
+    def _value(self, key: tuple[str, int, str]) -> Any:
         path, index, what = key
         return self._plans[path]["values"][index][what]
 
@@ -117,7 +117,10 @@ class Resharder:
         table: DynamicTable = plan["table"]
         reader = self._reader
         old = checkpoint_shards(reader, path)
-        ids, rows, seen, slots = [], [], [], {}
+        ids: list[np.ndarray] = []
+        rows: list[np.ndarray] = []
+        seen: list[np.ndarray] = []
+        slots: dict[str, list[np.ndarray]] = {}
         slot_names = [w[len("slot:") :] for w in self._slot_keys(path)]
         for i in range(old):
             aux = f"{AUX_PREFIX}{path}/shard_{i}"
@@ -134,7 +137,7 @@ class Resharder:
         all_rows, all_seen = np.concatenate(rows), np.concatenate(seen)
         all_slots = {k: np.concatenate(v) for k, v in slots.items()}
         owner = _owner(all_ids, len(table.shards)) if len(all_ids) else np.zeros(0, np.int64)
-        values: list[dict[str, np.ndarray]] = []
+        values: list[dict[str, Any]] = []
         dropped = 0
         for shard in table.shards:
             mine = np.flatnonzero(owner == shard.index)
@@ -155,7 +158,7 @@ class Resharder:
             last_seen[:n] = all_seen[mine]
             free = np.zeros(cap, np.int64)
             free[: cap - n] = np.arange(cap - 1, n - 1, -1, dtype=np.int64)  # row n taken next
-            value = {
+            value: dict[str, Any] = {
                 "rows": new_rows,
                 "row_ids": row_ids,
                 "last_seen": last_seen,
@@ -182,8 +185,7 @@ class Resharder:
         )
 
     def _slot_keys(self, path: str) -> list[str]:
-        keys = [k for _, (p, _, k), _ in ((h, key, f) for h, key, f in self._feeds) if p == path]
-        return sorted({k for k in keys if k.startswith("slot:")})
+        return sorted({w for _, (p, _, w) in self._feeds if p == path and w.startswith("slot:")})
 
     def _initial_slot(self, path: str, index: int, key: str, cap: int, width: int) -> np.ndarray:
         table: DynamicTable = self._plans[path]["table"]
@@ -198,7 +200,7 @@ class Resharder:
         self._saver.restore(session, self.checkpoint)
         for path in self._plans:
             self._plan_table(path)
-        feed = {holder: value() for holder, _, value in self._feeds}
+        feed = {holder: self._value(key) for holder, key in self._feeds}
         session.run(self._assigns, feed_dict=feed)
         for path in self._plans:
             self._plans[path].pop("values", None)  # the table's copy, freed
