@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from apply_helpers import free_port_base, kill_groups, recorded_groups  # noqa: E402
+sys.path.insert(0, str(REPO / "bench"))
+from _example_runs import apply_example  # noqa: E402
 
 CAPACITY = 1000  # rows of the dynamic table (--capacity)
 WIDTH = 8  # drift.models' embed
@@ -142,35 +142,15 @@ class PsMemory:
 
 
 def apply(project: Path, run: str, overrides: list[str], memory: bool) -> dict[str, Any]:
-    ws = project / "runs" / run
-    ws.mkdir(parents=True)
-    args = [
-        "apply",
-        "--auto-approve",
-        f"experiment.id={run}",
-        f"cluster.port_base={free_port_base()}",
-        f"cluster.workdir={ws}/work",
-        f"cluster.output_dir={ws}/out",
-        *overrides,
-    ]
+    """One run (bench/_example_runs.py), each ps's RSS sampled meanwhile when ``memory``."""
     sampler = PsMemory(project, run) if memory else None
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tfplan", *args],
-            cwd=project,
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{run}: {proc.stdout[-2000:]}\n{proc.stderr[-1000:]}")
+        result = apply_example(project, REPO, run, overrides)
     finally:
         if sampler:
             sampler.stop()
-        kill_groups(recorded_groups(project))
-    out = ws / "out"
-    found: dict[str, Any] = {"result": json.loads((out / "result.json").read_text())}
+    out = project / "runs" / run / "out"
+    found: dict[str, Any] = {"result": result}
     found["quality"] = quality(out / "model.keras", project / "data" / "eval.tfrecord")
     if sampler:
         found["memory"] = memory_after_first_eviction(sampler.samples, out)
