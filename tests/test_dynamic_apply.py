@@ -165,10 +165,10 @@ def _check_table(got: dict[str, Any]) -> dict[str, int]:
 def test_a_dynamic_table_trains_on_raw_ids_evicts_and_exports_a_model_that_serves_them(
     project: Path,
 ) -> None:
-    proc = _apply(project, "hogwild", 240)
+    proc = _apply(project, "hogwild", 150)
     assert "dynamic: raw int64 ids, capacity 300 rows (150 per ps" in proc.stdout
     result = json.loads((project / "out" / "result.json").read_text())
-    assert result["status"] == "succeeded" and result["global_step"] >= 240, result
+    assert result["status"] == "succeeded" and result["global_step"] >= 150, result
     # rows freed while training: the stream brings nine times the capacity
     events = [
         json.loads(line)
