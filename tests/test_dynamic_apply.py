@@ -12,7 +12,8 @@ The fast tier runs one job (hogwild, two ps): rows evicted while training, never
 than the capacity, no id with two rows, no row with two ids, every resident id one of the
 stream's; the export serves raw ids. The full tier resumes it (the ids keep their rows, the
 index rebuilt from the checkpoint) and trains a windowed algorithm (downpour) and a synchronous
-one (sync) on it.
+one (sync) on it, re-shards it on 3 and 1 ps, and kills a ps mid-training (it comes back
+from its in-memory snapshot with its share of the table).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from apply_helpers import (
     example_with_data,
     free_port_base,
     kill_groups,
+    paced,
     recorded_groups,
     tfplan,
     topology,
 )
+from chaos_helpers import ApplyRun, kill_task
 
 CAPACITY = 300  # rows over both ps: 150 on each
 DRIFT = (
@@ -301,3 +304,44 @@ def test_a_dynamic_table_resumed_on_another_number_of_ps_keeps_every_id_and_its_
         same = sum(now[i] == before[i] for i in before)
         assert same >= len(before) - 4 * 32 * 2, (same, len(before))
         before = now
+
+
+RESTORED = r"^worker/0\s+\| ps/0 restored from its (snapshot|checkpoint)"
+FIRST_SNAPSHOT = r"^worker/0\s+\| snapshots: every [\d.]+s, each ps into \S+ on its own host"
+
+
+@pytest.mark.full
+@pytest.mark.timeout(600)
+def test_a_killed_ps_comes_back_with_its_share_of_the_table_and_no_id_gets_two_rows(
+    project: Path,
+) -> None:
+    """SIGKILL of a ps mid-training: it comes back from its in-memory snapshot (its shard's rows,
+    ids, last-seen steps, free rows: variables like any other), its index rebuilt at the first
+    lookup; training goes on allocating, and the final table has no id twice, no row twice, no
+    row leaked."""
+    run = ApplyRun(
+        project,
+        [
+            *base_overrides(project, free_port_base()),
+            *DRIFT,
+            "algo=hogwild",
+            "model.rows=4000",
+            "model.ttl_steps=100000",
+            "trainer.max_steps=1500",  # far past the kill: the job ends after it, by itself
+            *paced(0.02),
+            "trainer.log_steps=25",
+            "trainer.checkpoint_steps=100000",
+            "lifecycle.restart.backoff_secs=0.2",
+            "lifecycle.snapshot_secs=0.5",
+        ],
+    )
+    first = run.wait_for(FIRST_SNAPSHOT, 300)
+    before = run.wait_step(150, 300, task="worker/0")
+    kill_task(project, "ps/0")
+    restored = run.wait_for(RESTORED, 120, before)
+    assert "snapshot" in run.lines[restored][1], run.lines[restored][1]
+    assert run.finish(timeout=300) == 0, run.text()[-3000:]
+    assert first < before < restored
+    got = _read(project)
+    assert got["step"] >= 1500
+    _check_table(got)
