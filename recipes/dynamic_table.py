@@ -31,13 +31,19 @@ map from raw id (int64 or string) to row, kept on the parameter servers (TF1 gra
 - **Checkpoints and snapshots** hold only variables (``row_ids``, ``last_seen``, the free stack,
   the counters, the rows and their slots): every saver tfplan has (sharded checkpoints, in-memory
   snapshots of one ps) keeps a dynamic table with no special case. The hash table is an index,
-  rebuilt from ``row_ids`` and ``last_seen`` inside the critical section whenever its size is not
-  the resident count (a restore, a restarted ps).
+  rebuilt from ``row_ids`` and ``last_seen`` (the free stack too) inside the critical section
+  once in every ps process's life (a new job, a restarted or restored ps: a checkpoint taken
+  while a maintenance ran is made whole again) and whenever its size is not the resident count.
+- **Maintenance** runs on a thread of the chief's (:class:`MaintenanceHook`): a step never waits
+  for it.
 - **Evaluation** (``training=False``) looks ids up only: an id without a row reads zeros.
 """
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -206,6 +212,17 @@ class _Shard:
                 name=f"{scope}/index",
                 experimental_is_anonymous=False,
             )
+            # empty in a ps process that has not rebuilt the index yet (a new job, a restarted
+            # or restored ps): its one key is set by the rebuild, and, not being a variable, it
+            # is never restored: the index is rebuilt once in every ps life, whatever the
+            # variables a checkpoint or snapshot caught mid-maintenance say
+            self.index_built = tf.lookup.experimental.MutableHashTable(
+                tf.int64,
+                tf.int64,
+                default_value=-1,
+                name=f"{scope}/index_built",
+                experimental_is_anonymous=False,
+            )
             self.lock = tf.CriticalSection(name=f"{scope}/lock", shared_name=f"{scope}/lock")
 
     def resident(self) -> Any:
@@ -228,11 +245,18 @@ class _Shard:
             tf.IndexedSlices(free_rows, tf.range(n_free, dtype=tf.int64))
         )
         with tf.control_dependencies([inserted, stacked]):
-            return tf.identity(self.free_count.assign(n_free, read_value=True))
+            count = self.free_count.assign(n_free, read_value=True)
+        built = self.index_built.insert(tf.constant([0], tf.int64), tf.constant([1], tf.int64))
+        with tf.control_dependencies([built]):
+            return tf.identity(count)
 
     def _indexed(self) -> Any:
-        """A tensor that is ready once the index matches the resident rows (rebuilt if not)."""
-        stale = tf.not_equal(self.index_table.size(), self.resident())
+        """A tensor that is ready once the index matches the resident rows: rebuilt from the
+        variables once in every ps life, and whenever its size is not the resident count."""
+        stale = tf.logical_or(
+            tf.equal(self.index_built.size(), 0),
+            tf.not_equal(self.index_table.size(), self.resident()),
+        )
         return tf.cond(stale, self._rebuild, lambda: tf.identity(self.free_count.read_value()))
 
     def _admitted(self, missing: Any, counts: Any, min_count: int) -> Any:
@@ -534,28 +558,38 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
     """The chief's: with each of its training steps (in the same ``session.run``: no round trip
     of its own) it tells the tables' shards the global step and asks whether any needs its
     maintenance (``due``, no lock taken); when one does, it runs the maintenance (``op``, from
-    ``KerasModel.table_maintenance``) and appends what it freed to
-    ``output_dir/dynamic_tables.jsonl`` (``at``, ``step``, ``table``, ``shard``, ``evicted``,
-    ``resident``)."""
+    ``KerasModel.table_maintenance``) on a thread of its own (a step never waits for it; at
+    most one in flight), and appends what it freed to ``output_dir/dynamic_tables.jsonl``
+    (``at``, ``step``, ``table``, ``shard``, ``evicted``, ``resident``)."""
 
     def __init__(
         self, due: Any, op: Any, paths: Sequence[str], global_step: Any, output_dir: str
     ) -> None:
         self._due, self._op, self._paths, self._step = due, op, list(paths), global_step
         self._path = f"{output_dir}/{EVENTS_FILE}"
+        self._thread: Optional[threading.Thread] = None
 
     def before_run(self, run_context: Any) -> Any:
         return v1.train.SessionRunArgs(self._due)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        if run_values.results:
-            self.run(run_context.session)
+        if not run_values.results or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._thread = threading.Thread(
+            target=self._run, args=(run_context.session,), name="table-maintenance", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, session: Any) -> None:
+        try:
+            self.run(session)
+        except RuntimeError:  # "Attempted to use a closed Session": a recovery replaced it
+            return
+        except tf.errors.OpError:  # a ps went away, or the session closed: the next step asks
+            return
 
     def run(self, session: Any) -> None:
         """The maintenance itself, and its record."""
-        import json
-        import time
-
         counts, step = session.run([self._op, self._step])
         lines = [
             json.dumps(
@@ -575,3 +609,7 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         if lines:
             with open(self._path, "a", encoding="utf-8") as f:
                 f.write("\n".join(lines) + "\n")
+
+    def end(self, session: Any) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=60)

@@ -168,16 +168,16 @@ def _check_table(got: dict[str, Any]) -> dict[str, int]:
 def test_a_dynamic_table_trains_on_raw_ids_evicts_and_exports_a_model_that_serves_them(
     project: Path,
 ) -> None:
-    proc = _apply(project, "hogwild", 150)
+    proc = _apply(project, "hogwild", 240)
     assert "dynamic: raw int64 ids, capacity 300 rows (150 per ps" in proc.stdout
     result = json.loads((project / "out" / "result.json").read_text())
-    assert result["status"] == "succeeded" and result["global_step"] >= 150, result
+    assert result["status"] == "succeeded" and result["global_step"] >= 240, result
     # rows freed while training: the stream brings nine times the capacity
     events = [
         json.loads(line)
         for line in (project / "out" / "dynamic_tables.jsonl").read_text().splitlines()
     ]
-    assert sum(e["evicted"] for e in events) > CAPACITY, events[-3:]
+    assert sum(e["evicted"] for e in events) >= CAPACITY, events[-3:]
     assert all(e["resident"] <= CAPACITY // 2 for e in events), events
     got = _read(project, project / "out" / "model.keras")
     where = _check_table(got)
@@ -197,16 +197,18 @@ def test_a_dynamic_table_trains_on_raw_ids_evicts_and_exports_a_model_that_serve
 def test_a_dynamic_table_resumes_with_its_ids_and_trains_under_windowed_and_sync_algorithms(
     project: Path,
 ) -> None:
-    _apply(project, "hogwild", 120, "model.ttl_steps=100000")
+    # room for every id: none is freed, so every id must keep its row across the resume
+    wide = ("model.rows=4000", "model.ttl_steps=100000")
+    _apply(project, "hogwild", 120, *wide)
     before = _check_table(_read(project))
     # resumed: the index is rebuilt from the checkpoint, every id keeps its row
-    proc = _apply(project, "hogwild", 130, "model.ttl_steps=100000")
-    assert "restor" in proc.stdout.lower(), proc.stdout[-2000:]
+    proc = _apply(project, "hogwild", 130, *wide)
+    assert "restoring model.ckpt-" in proc.stdout, proc.stdout[-2000:]
     after = _read(project)
     assert after["step"] >= 130
     again = _check_table(after)
-    kept = [i for i in before if i in again]
-    assert kept and all(again[i] == before[i] for i in kept), "an id changed rows on resume"
+    assert set(before) <= set(again), "an id was lost on resume"
+    assert all(again[i] == before[i] for i in before), "an id changed rows on resume"
     for algo in ("downpour", "sync"):
         fresh = project.parent / f"{algo}-project"
         shutil.copytree(project, fresh, ignore=shutil.ignore_patterns("out", "work", ".tfplan"))
