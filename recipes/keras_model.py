@@ -455,7 +455,7 @@ class KerasModel:
                     use_resource=True,
                 )
                 rows = rows_of.get(key)
-                if rows is not None and "/part_" in key:
+                if rows is not None and "/part_" in key:  # a dynamic table's shards: no slices
                     whole = params[key].op.name.rsplit("/part_", 1)[0]  # its name unsplit
                     _mark_slice(params[key], rows, full_shapes[key.rsplit("/part_", 1)[0]], whole)
         return params
