@@ -39,6 +39,8 @@ from apply_helpers import (
 )
 from chaos_helpers import ApplyRun, kill_task
 
+pytestmark = pytest.mark.cluster
+
 CAPACITY = 300  # rows over both ps: 150 on each
 DRIFT = (
     "model._target_=drift.models.build",
