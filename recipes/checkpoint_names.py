@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "DYNAMIC_PREFIX",
     "GLOBAL_STEP",
     "MODEL_PREFIX",
     "OBJECT_SUFFIX",
@@ -26,6 +27,9 @@ __all__ = [
 ]
 
 GLOBAL_STEP = "global_step"
+# A dynamic table's variables beside its rows (recipes/dynamic_table.py):
+# ``dynamic/<path>/shard_<i>/<what>`` (the id each row holds, when it was last seen, ...)
+DYNAMIC_PREFIX = "dynamic/"
 MODEL_PREFIX = "model/"
 # A TF2 object checkpoint stores variable "model/dense0/w" under "model/dense0/w" + this suffix.
 OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"

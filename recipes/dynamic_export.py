@@ -18,12 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from recipes.checkpoint_names import model_name
+from recipes.checkpoint_names import DYNAMIC_PREFIX, model_name
 from recipes.errors import ConfigError
 
 __all__ = ["resident_rows", "with_lookups"]
-
-AUX_PREFIX = "dynamic/"  # recipes/dynamic_table.py: AUX_PREFIX (no TensorFlow import here)
 
 
 def resident_rows(reader: Any, path: str) -> tuple[np.ndarray, np.ndarray]:
@@ -42,7 +40,7 @@ def resident_rows(reader: Any, path: str) -> tuple[np.ndarray, np.ndarray]:
         )
     ids, rows = [], []
     for index, name in names:
-        aux = f"{AUX_PREFIX}{path}/shard_{index}"
+        aux = f"{DYNAMIC_PREFIX}{path}/shard_{index}"
         seen = reader.get_tensor(f"{aux}/last_seen")
         live = seen >= 0
         ids.append(reader.get_tensor(f"{aux}/row_ids")[live])

@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from recipes.dynamic_table import AUX_PREFIX, FREE, DynamicTable
+from recipes.checkpoint_names import DYNAMIC_PREFIX
+from recipes.dynamic_table import FREE, DynamicTable
 
 __all__ = ["Resharder", "checkpoint_shards"]
 
@@ -65,7 +66,7 @@ class Resharder:
         self.checkpoint, self.tables, self._log = checkpoint, tables, log
         self._reader = tf.train.load_checkpoint(checkpoint)
         ours = tuple(f"model/{p}/shard_" for p in tables) + tuple(
-            f"{AUX_PREFIX}{p}/" for p in tables
+            f"{DYNAMIC_PREFIX}{p}/" for p in tables
         )
         others = {k: v for k, v in saver_names.items() if not k.startswith(ours)}
         self._saver = v1.train.Saver(var_list=others, sharded=False, name="reshard_restore")
@@ -123,7 +124,7 @@ class Resharder:
         slots: dict[str, list[np.ndarray]] = {}
         slot_names = [w[len("slot:") :] for w in self._slot_keys(path)]
         for i in range(old):
-            aux = f"{AUX_PREFIX}{path}/shard_{i}"
+            aux = f"{DYNAMIC_PREFIX}{path}/shard_{i}"
             last = reader.get_tensor(f"{aux}/last_seen")
             live = np.flatnonzero(last >= 0)
             ids.append(reader.get_tensor(f"{aux}/row_ids")[live])

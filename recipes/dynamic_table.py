@@ -49,12 +49,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from recipes.checkpoint_names import DYNAMIC_PREFIX
+
 __all__ = [
-    "AUX_PREFIX",
     "BLOOM_HASHES",
     "COUNTERS_PER_ROW",
     "HIGH_WATERMARK",
-    "INDEX_BYTES_PER_ROW",
     "LOW_WATERMARK",
     "DynamicSettings",
     "DynamicTable",
@@ -68,8 +68,6 @@ LOW_WATERMARK = 0.8  # ... has its least recently seen rows freed down to this s
 BLOOM_HASHES = 3  # admission counters per id
 COUNTERS_PER_ROW = 4  # admission counters per row of capacity (when min_count > 1)
 FREE = -1  # last_seen of a free row
-AUX_PREFIX = "dynamic/"  # the name of a table's variables beside its rows: dynamic/<path>/...
-INDEX_BYTES_PER_ROW = 64  # the id -> row index, per resident row (a hash map's entry, about)
 
 
 @dataclass(frozen=True)
@@ -160,7 +158,7 @@ class _Shard:
         )
         # not under the rows' name (the optimizer's slots are) nor under model/ (the model's
         # variables, which have slots): dynamic/<path>/shard_<i>/<what>
-        scope = f"{AUX_PREFIX}{name.split('/', 1)[-1]}/shard_{index}"
+        scope = f"{DYNAMIC_PREFIX}{name.split('/', 1)[-1]}/shard_{index}"
 
         # beside the rows, and past the device setter: its round-robin counts every variable it
         # sees (colocated or not), and the next shard's rows must go to the next ps

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from recipes.checkpoint_names import DYNAMIC_PREFIX
 from tfplan.config.algorithms import ALGORITHMS
 from tfplan.planning.plan import (
     DynamicTableSettings,
@@ -25,9 +26,8 @@ from tfplan.planning.plan import (
 __all__ = ["ID_BYTES", "SLOTS_PER_ROW", "WINDOWED", "describe_tables", "replicated_table_problem"]
 
 ID_BYTES = 8  # an int64 id travels with each row
-# a dynamic table's state beside its rows (recipes/dynamic_table.py): variables named
-# dynamic/<path>/shard_<i>/..., and its id -> row index, about this much per row
-DYNAMIC_PREFIX = "dynamic/"
+# a dynamic table's id -> row index (recipes/dynamic_table.py), about this much per row: a hash
+# map's entry; its other state is variables, named DYNAMIC_PREFIX<path>/shard_<i>/...
 INDEX_BYTES_PER_ROW = 64
 SLOTS_PER_ROW = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}
 # the TF1 algorithms whose workers train on a local copy and exchange it every window: those
