@@ -50,9 +50,9 @@ CAPACITY = 1000  # rows of the dynamic table (--capacity)
 WIDTH = 8  # drift.models' embed
 BATCH = 64
 # One worker reads the stream in time order, once: with two, each reads its half at its own
-# pace, and HOGWILD! lets the faster one wrap around to the stream's start (measured: the chief,
-# which also checkpoints and summarises, made a tenth of the steps; the other read its half and
-# began again), so the last steps would not be the stream's latest clicks.
+# pace, and HOGWILD! lets the faster one wrap around to the stream's start (measured: with two
+# workers the final table held the ids of the start of the last part and none of its end, the
+# chief being slower than the other worker), so the last steps would not be the latest clicks.
 WORKERS = 1
 # per row of the dynamic table beyond its row and slot: id (8), last seen (8), free stack (8),
 # index entry (recipes/dynamic_table.py: INDEX_BYTES_PER_ROW)
