@@ -4,9 +4,7 @@ dynamic (``model.dynamic``), the dtype of their ids, and the ``call`` that reads
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -14,7 +12,7 @@ import tensorflow as tf
 
 from recipes.dynamic_table import DynamicSettings, DynamicTable
 from recipes.errors import ModelError
-from recipes.sparse_lookup import fed_by, sparse_capable
+from recipes.sparse_lookup import ForwardContext, fed_by, sparse_capable
 
 __all__ = [
     "DynamicLayer",
@@ -23,7 +21,7 @@ __all__ = [
     "tables_reading",
 ]
 
-_active = threading.local()  # table path -> (table, shard variables, training), in a forward
+_tables = ForwardContext()  # table path -> (table, shard variables, training), in a forward
 
 
 @dataclass(frozen=True)
@@ -97,17 +95,9 @@ def dynamic_layers(
     return out
 
 
-@contextlib.contextmanager
-def tables_reading(
-    active: Mapping[str, tuple[DynamicTable, Sequence[Any], bool]],
-) -> Iterator[None]:
+def tables_reading(active: Mapping[str, tuple[DynamicTable, Sequence[Any], bool]]) -> Any:
     """While inside, a dynamic Embedding whose path is in ``active`` reads through its table."""
-    before = getattr(_active, "tables", None)
-    _active.tables = active
-    try:
-        yield
-    finally:
-        _active.tables = before
+    return _tables.holding(active)
 
 
 def dynamic_call(layer: Any, path: str, key_dtype: Any) -> Callable[[Any], Any]:
@@ -120,7 +110,7 @@ def dynamic_call(layer: Any, path: str, key_dtype: Any) -> Callable[[Any], Any]:
     feature = fed_by(layer)
 
     def call(inputs: Any) -> Any:
-        active = getattr(_active, "tables", None)
+        active = _tables.get()
         if not active or path not in active:
             return (
                 own(tf.zeros_like(inputs, dtype=tf.int32))

@@ -26,6 +26,7 @@ from recipes.errors import ModelError
 
 __all__ = [
     "OUT_OF_RANGE",
+    "ForwardContext",
     "Piece",
     "fed_by",
     "float_ids_error",
@@ -39,18 +40,33 @@ __all__ = [
 # A part of a table: its value (a variable or a tensor) and the rows [lo, hi) it holds.
 Piece = tuple[Any, int, int]
 
-_active = threading.local()  # table path -> its pieces, during one forward pass
+
+class ForwardContext:
+    """A value the layers' replaced calls read during one forward pass (this thread's, and
+    restored after: forward passes nest when a model calls another)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def holding(self, value: Any) -> Iterator[None]:
+        before = self.get()
+        self._local.value = value
+        try:
+            yield
+        finally:
+            self._local.value = before
+
+    def get(self) -> Any:
+        return getattr(self._local, "value", None)
 
 
-@contextlib.contextmanager
-def tables_in_use(pieces: Mapping[str, Sequence[Piece]]) -> Iterator[None]:
+_pieces = ForwardContext()  # table path -> its pieces, during one forward pass
+
+
+def tables_in_use(pieces: Mapping[str, Sequence[Piece]]) -> Any:
     """While inside, an Embedding whose table path is in ``pieces`` reads through them."""
-    before = getattr(_active, "pieces", None)
-    _active.pieces = pieces
-    try:
-        yield
-    finally:
-        _active.pieces = before
+    return _pieces.holding(pieces)
 
 
 def _gather_where_it_lives(table: Any, ids: Any) -> Any:
@@ -132,7 +148,7 @@ def sparse_call(layer: Any, path: str) -> Callable[[Any], Any]:
     what = f"the Embedding {layer.name!r}" + (f" (feature {feature!r})" if feature else "")
 
     def call(inputs: Any) -> Any:
-        pieces: Optional[Mapping[str, Sequence[Piece]]] = getattr(_active, "pieces", None)
+        pieces: Optional[Mapping[str, Sequence[Piece]]] = _pieces.get()
         if not pieces or path not in pieces:
             return own(inputs)
         if inputs.dtype.is_floating:
