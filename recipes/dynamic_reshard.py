@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from recipes.checkpoint_names import DYNAMIC_PREFIX
-from recipes.dynamic_table import FREE, DynamicTable
+from recipes.dynamic_table import FREE, DynamicTable, shard_of
 
 __all__ = ["Resharder", "checkpoint_shards"]
 
@@ -43,11 +43,9 @@ def checkpoint_shards(reader: Any, path: str) -> int:
 
 
 def _owner(ids: np.ndarray, shards: int) -> np.ndarray:
-    """Each id's shard, as recipes/dynamic_table.py's lookups compute it."""
+    """Each id's shard, by the lookups' own function."""
     with tf.Graph().as_default():
-        value = tf.constant(ids)
-        text = value if value.dtype == tf.string else tf.strings.as_string(value)
-        bucket = tf.strings.to_hash_bucket_fast(text, shards)
+        bucket = shard_of(tf.constant(ids), shards)
         with v1.Session() as sess:
             return np.asarray(sess.run(bucket))
 

@@ -58,6 +58,7 @@ __all__ = [
     "LOW_WATERMARK",
     "DynamicSettings",
     "DynamicTable",
+    "shard_of",
     "shard_rows",
 ]
 
@@ -88,7 +89,7 @@ def _id_text(ids: Any) -> Any:
     return ids if ids.dtype == tf.string else tf.strings.as_string(ids)
 
 
-def _shard_of(ids: Any, shards: int) -> Any:
+def shard_of(ids: Any, shards: int) -> Any:
     """Each id's shard: FarmHash of its text, the same in every process."""
     return tf.cast(tf.strings.to_hash_bucket_fast(_id_text(ids), shards), tf.int32)
 
@@ -478,7 +479,7 @@ class DynamicTable:
         n_shards = len(self.shards)
         where = tf.range(tf.size(unique))
         if n_shards > 1:
-            owner = _shard_of(unique, n_shards)
+            owner = shard_of(unique, n_shards)
             at_parts = tf.dynamic_partition(where, owner, n_shards)
             id_parts = tf.dynamic_partition(unique, owner, n_shards)
             count_parts = tf.dynamic_partition(counts, owner, n_shards) if counting else None

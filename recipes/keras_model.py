@@ -505,7 +505,7 @@ class KerasModel:
         optimizer: it resets the freed rows' slots): whether any is due (a bool, no lock
         taken), and the eviction itself (a ``[tables, shards, 2]`` tensor of rows evicted and
         resident); None without dynamic tables."""
-        tables = self._dynamic_tables.get(id(v1.get_default_graph()), {})
+        tables = self.dynamic_tables()
         if not tables:
             return None
         paths = sorted(tables)
@@ -516,7 +516,7 @@ class KerasModel:
         """The dynamic tables' variables beside their rows in the current graph (ids, last
         seen steps, free rows, counters), by checkpoint name: what a reader of a checkpoint
         restores with the parameters to look ids up."""
-        tables = self._dynamic_tables.get(id(v1.get_default_graph()), {})
+        tables = self.dynamic_tables()
         return {v.op.name: v for path in sorted(tables) for v in tables[path].state_variables()}
 
     def dynamic_tables(self) -> dict[str, DynamicTable]:
@@ -660,7 +660,7 @@ class KerasModel:
         """What each dynamic table reads in a forward pass from ``params``."""
         if not self.dynamic:
             return {}
-        tables = self._dynamic_tables.get(id(v1.get_default_graph()), {})
+        tables = self.dynamic_tables()
         missing = sorted(set(self.dynamic) - set(tables))
         if missing:
             raise ModelError(
