@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development machine: system packages the tests need (a real sshd, iproute2 for
-# network namespaces, nftables and iptables for the firewall tests, a real Slurm with munge),
+# network namespaces, nftables and iptables for the firewall tests, a real Slurm with munge,
+# Java for Spark),
 # then a virtualenv in .venv with tfplan installed editable. Idempotent: only what is missing is
 # installed.
 set -euo pipefail
@@ -18,6 +19,9 @@ command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptab
 [ -x /usr/sbin/slurmd ] || need+=(slurmd)
 command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
 [ -x /usr/sbin/munged ] || need+=(munge)
+# Spark test bed (tests/spark_testbed.py): Java for Spark's daemons and drivers (pyspark, which
+# carries Spark itself, comes with the dev extra below).
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${need[*]}"
@@ -26,7 +30,7 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
       --no-install-recommends "${need[@]}" >/dev/null
   else
-    echo "setup: please install ${need[*]} (the SSH, multi-host, firewall and Slurm tests need them)" >&2
+    echo "setup: please install ${need[*]} (the SSH, multi-host, firewall, Slurm and Spark tests need them)" >&2
   fi
 fi
 

@@ -12,6 +12,9 @@ full tier.
 - ``slurm_cluster`` (session): a :class:`~slurm_testbed.SlurmTestbed`, a real Slurm cluster
   (munged, slurmctld, slurmd n1..n3 in network namespaces), idle and ready; clients need
   ``env=slurm_cluster.env()`` (SLURM_CONF).
+- ``spark_cluster`` (session): a :class:`~spark_testbed.SparkTestbed`, a real Spark standalone
+  cluster (a master on a bridge address, workers 0..2 in network namespaces), every worker
+  ALIVE; clients need ``env=spark_cluster.env()`` and ``spark.driver.host=driver_host``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import pytest
 from recipe_cluster import stop_warm_seed
 from slurm_testbed import SlurmTestbed, slurm_missing
+from spark_testbed import SparkTestbed, spark_missing
 from testbed import LoopbackSshd, NetnsTestbed  # tests/ is on sys.path (no __init__.py)
 
 from tfplan.backends.transports.specs import HostTarget
@@ -65,7 +69,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # A test that uses a test bed carries its mark, whether or not it says so: CI runs those apart
 # (.ci/run, -m "slurm or netns"), and a test bed built by both parts at once would race.
-TESTBED_MARKS = {"netns_testbed": "netns", "netns_hosts": "netns", "slurm_cluster": "slurm"}
+TESTBED_MARKS = {
+    "netns_testbed": "netns",
+    "netns_hosts": "netns",
+    "slurm_cluster": "slurm",
+    "spark_cluster": "spark",
+}
 
 
 # With --dist loadgroup (.ci/run, the README) each test goes to whichever worker is free
@@ -210,3 +219,24 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTes
         problems = bed.stop()
         if problems:
             print("Slurm test bed teardown problems:", "; ".join(problems))
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkTestbed]:
+    """One real Spark standalone cluster shared by every Spark test of the run."""
+    if os.geteuid() != 0:
+        pytest.skip("the Spark test bed needs root for network namespaces (CI runs as root)")
+    missing = spark_missing()
+    if missing:
+        pytest.fail(f"Spark is not installed ({', '.join(missing)}): run scripts/setup.sh")
+    bed = SparkTestbed(tmp_path_factory.mktemp("spark"))
+    try:
+        try:
+            bed.start()
+        except Exception as exc:  # noqa: BLE001 - we are root: this must fail, loudly
+            pytest.fail(f"could not build the Spark test bed as root: {exc}")
+        yield bed
+    finally:
+        problems = bed.stop()
+        if problems:
+            print("Spark test bed teardown problems:", "; ".join(problems))

@@ -691,9 +691,7 @@ def test_a_session_past_its_deadline_is_reported_as_such_with_what_ran(tmp_path:
         tmp_path / "s.sh", tmp_path, dict(os.environ), tmp_path / "log", time.monotonic() + 3
     )
     assert session.returncode is None
-    report = failure_report(
-        "d.md", blocks, script, session, tmp_path / "log", ["123 sleep 600"]
-    )
+    report = failure_report("d.md", blocks, script, session, tmp_path / "log", ["123 sleep 600"])
     assert "the session ran past" in report and "in block 0" in report, report
     assert "123 sleep 600" in report and "waiting for the chief" in report, report
     assert "started" in report, report

@@ -1,6 +1,6 @@
 """Backends: where tasks run. One interface (:mod:`tfplan.backends.api`), one module per engine.
 
-Built in: ``process`` (local and SSH hosts), ``slurm``, ``kubernetes``. Others register under
+Built in: ``process`` (local and SSH hosts), ``slurm``, ``kubernetes``, ``spark``. Others register under
 the entry-point group ``tfplan.backends`` in their own package::
 
     [project.entry-points."tfplan.backends"]
@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "process": "tfplan.backends.process:ProcessBackend",
     "slurm": "tfplan.backends.slurm:SlurmBackend",
     "kubernetes": "tfplan.backends.kubernetes:KubernetesBackend",
+    "spark": "tfplan.backends.spark:SparkBackend",
 }
 
 

@@ -230,10 +230,11 @@ class ProcessBackend(Backend):
         transport = self.pool[request.host]
         if request.keep_log_as:
             transport.move(request.log_path, request.keep_log_as)
-        # SSH sends the whole environment inside one `sh -c` script: TF_CONFIG shares its limit
-        ssh = transport.target.kind == "ssh"
+        # a remote start (SSH, a Spark executor's agent) sends the whole environment inside one
+        # `sh -c` script: TF_CONFIG shares its limit
+        remote = transport.target.resolved_kind() != "local"
         delivery = deliver(
-            request, overhead=shell_bytes(request.command, request.env) if ssh else 0
+            request, overhead=shell_bytes(request.command, request.env) if remote else 0
         )
         for path, text in delivery.files.items():
             transport.write_file(path, text.encode())

@@ -54,8 +54,12 @@ class TransportPool:
                         f"host {name} is not one of this cluster's hosts "
                         f"({', '.join(self.targets)}): was the state written by another plan?"
                     )
-                self._open[name] = transport_for(self.targets[name])
+                self._open[name] = self._make(self.targets[name])
             return self._open[name]
+
+    def _make(self, target: HostTarget) -> Transport:
+        """A new transport to ``target`` (a pool of other transports overrides it)."""
+        return transport_for(target)
 
     def close(self) -> None:
         for transport in self._open.values():

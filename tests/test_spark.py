@@ -1,0 +1,261 @@
+"""The Spark backend on a real Spark standalone cluster (a master and three workers in network
+namespaces: tests/spark_testbed.py).
+
+Through the real CLI: plan shows the spark-submit request and executors "known after apply";
+apply submits one application whose executors each run a tfplan agent, binds the plan's places to
+the agents' hosts, starts every task through them, streams their logs, supervises, and ends the
+application when training is done (nothing left on any worker host); a ps killed inside its
+executor is restarted there; a killed executor is replaced by Spark and its task restarted; destroy
+mid-training ends everything; bad input is one line and starts nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apply_helpers import FAKE_TASK, kill_groups, recorded_groups, state_of, tfplan, wait_until
+from chaos_helpers import ApplyRun
+from spark_testbed import SparkTestbed
+
+from tfplan.backends.spark import agent
+
+pytestmark = [pytest.mark.spark]
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    ApplyRun.kill_all(tmp_path)
+    kill_groups(recorded_groups(tmp_path))  # a driver a failed test left behind, by group
+
+
+def _args(ws: Path, bed: SparkTestbed | None, *extra: str, executors: int = 3) -> list[str]:
+    master = bed.master_url if bed is not None else "spark://127.0.0.1:1"
+    options = [
+        f"cluster.options.master={master}",
+        f"cluster.options.executors={executors}",
+        "cluster.options.tasks_per_executor=2",
+        "cluster.options.executor_cores=1",
+        "cluster.options.executor_memory=512m",
+        "cluster.options.start_timeout_secs=300",
+    ]
+    if bed is not None:
+        options += [
+            f"cluster.options.driver_host={bed.driver_host}",
+            f"cluster.options.master_web_url={bed.web_url}",
+        ]
+    return [
+        "cluster=spark",
+        "experiment.id=t",
+        f"cluster.python={sys.executable}",
+        f"cluster.workdir={ws / 'work'}",
+        f"cluster.output_dir={ws / 'out'}",
+        "lifecycle.stop_grace_secs=2",
+        *options,
+        *extra,
+    ]
+
+
+def _fake(ws: Path, **args: str) -> list[str]:
+    script = ws / "fake_task.py"
+    script.write_text(FAKE_TASK)
+    extra = " ".join(f"{k}={v}" for k, v in args.items())
+    return ["recipe=command", f"recipe.command='{sys.executable} {script} {extra}'"]
+
+
+def _nothing_left(bed: SparkTestbed, timeout: float = 60) -> None:
+    """No application active on the master and no process of one on any worker host."""
+
+    def clean() -> bool:
+        state = bed.master_state()
+        return not state.get("activeapps") and all(
+            not bed.processes_on_worker(i) for i in range(len(bed.worker_addresses))
+        )
+
+    wait_until(clean, timeout, "the application and its executors gone from every worker")
+
+
+def test_plan_shows_the_request_and_executors_known_after_apply(ws: Path) -> None:
+    planned = tfplan(ws, "plan", *_args(ws, None), check=True)
+    out = planned.stdout
+    assert "spark-submit --master spark://127.0.0.1:1 --deploy-mode client" in out
+    assert "--conf spark.executor.cores=1 --conf spark.task.cpus=1 --conf spark.cores.max=3" in out
+    assert '+ host       = "executor-0" (known after apply)' in out
+    # each executor has its own ports: two executors on one host never clash
+    ports = [int(p) for p in re.findall(r"\+ port       = (\d+)", out)]
+    assert len(ports) == len(set(ports)) == 3, out
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "expected"),
+    [
+        ((), {}, "cluster.options.master: spark://127.0.0.1:1 does not answer"),
+        (("cluster.options.executor_memory=lots",), {}, "cluster.options.executor_memory: 'lots'"),
+        (("+cluster.options.exectors=3",), {}, "cluster.options.exectors: no such Spark option"),
+        ((), {"PATH": "/nonexistent", "JAVA_HOME": ""}, "no Java on this machine"),
+        (("cluster.hosts=[{name: a, address: 10.0.0.1}]",), {}, "cluster.hosts: the spark backend"),
+    ],
+    ids=["master-unreachable", "bad-memory", "typo", "no-java", "hosts-listed"],
+)
+def test_bad_input_is_one_line_and_starts_nothing(
+    ws: Path, extra: tuple[str, ...], env: dict[str, str], expected: str
+) -> None:
+    proc = tfplan(ws, "apply", "--auto-approve", *_args(ws, None, *extra), env=env)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert expected in proc.stderr, proc.stderr
+    assert not recorded_groups(ws)  # no driver was started
+
+
+def test_an_unsupported_spark_is_refused(ws: Path) -> None:
+    home = ws / "spark-3.1"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "spark-submit").write_text("#!/bin/sh\nexit 1\n")
+    (home / "bin" / "spark-submit").chmod(0o755)
+    (home / "version.py").write_text('__version__: str = "3.1.3"\n')
+    proc = tfplan(
+        ws, "apply", "--auto-approve", *_args(ws, None, f"cluster.options.spark_home={home}")
+    )
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"Spark 3.1 in {home} is not supported" in proc.stderr, proc.stderr
+
+
+def test_the_agents_guard_ends_what_the_agent_started_when_the_agent_dies(tmp_path: Path) -> None:
+    """The guard follows the agent's descendants, detached ones included (the agent is their
+    subreaper), and kills them once the agent is gone: a killed executor leaves no task."""
+    import multiprocessing
+
+    ready = tmp_path / "pids"
+
+    def fake_agent() -> None:
+        agent._become_subreaper()
+        agent._start_guard()
+        # a detached task, as tfplan's start script makes one (setsid, its parent exits)
+        os.system(f"setsid sh -c 'sleep 600 & echo $! > {ready}' &")  # noqa: S605
+        time.sleep(600)
+
+    proc = multiprocessing.get_context("fork").Process(target=fake_agent)
+    proc.start()
+    wait_until(lambda: ready.exists() and ready.read_text().strip() != "", 30, "the task")
+    task = int(ready.read_text())
+    time.sleep(2 * agent.GUARD_TICK_SECS)  # seen by the guard
+    assert task in agent.descendants(proc.pid or 0)
+    os.kill(proc.pid or 0, signal.SIGKILL)
+    proc.join()
+    wait_until(lambda: not _alive(task), 30, "the task killed by the guard")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.cluster
+def test_downpour_across_three_spark_workers_trains_and_leaves_nothing(
+    ws: Path, spark_cluster: SparkTestbed
+) -> None:
+    args = _args(
+        ws,
+        spark_cluster,
+        "algo=downpour",
+        "trainer.max_steps=200",
+        "trainer.log_steps=50",
+        "trainer.checkpoint_steps=100",
+    )
+    proc = tfplan(ws, "apply", "--auto-approve", *args, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr
+    assert "submitted the Spark application to " + spark_cluster.master_url in out
+    bound = re.search(r"runs its agents on (.*)", out)
+    assert bound, out
+    started = dict(re.findall(r"(ps/0|worker/0|worker/1): started on (executor-\d)", out))
+    assert sorted(started.values()) == ["executor-0", "executor-1", "executor-2"], out
+    assert "worker/0     | step=" in out and "Training complete" in out
+    result = json.loads((ws / "out" / "result.json").read_text())
+    assert result["global_step"] >= 200 and result["algo"] == "downpour"
+    state = state_of(ws)
+    assert state["allocation"] is None
+    # every task ran on a Spark worker's host, at that worker's address: one task per worker
+    addresses = {t["name"]: t["address"] for t in state["tasks"]}
+    assert sorted(addresses.values()) == sorted(spark_cluster.worker_addresses), addresses
+    assert all(t["handle"].get("forked") for t in state["tasks"]), state["tasks"]  # warm
+    _nothing_left(spark_cluster)
+    completed = [a["name"] for a in spark_cluster.master_state()["completedapps"]]
+    assert "tfplan-t" in completed
+
+
+@pytest.mark.full
+def test_status_logs_and_destroy_mid_training_leave_nothing(
+    ws: Path, spark_cluster: SparkTestbed
+) -> None:
+    args = _args(ws, spark_cluster, *_fake(ws, steps="5000", step_secs="0.05", worker_secs="600"))
+    tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True, timeout=600)
+    wait_until(
+        lambda: "step=" in (ws / "work" / "worker-0" / "task.log").read_text(), 120, "a step"
+    )
+    status = tfplan(ws, "status", "--json", check=True)
+    data = json.loads(status.stdout)
+    assert data["backend"] == "spark" and data["allocation"]["id"].startswith("driver-")
+    rows = {r["task"]: r for r in data["tasks"]}
+    assert {r["state"] for r in rows.values()} == {"running"}, rows
+    logs = tfplan(ws, "logs", "worker/0", check=True)
+    assert "step=" in logs.stdout
+    assert spark_cluster.master_state()["activeapps"]
+    began = time.monotonic()
+    destroyed = tfplan(ws, "destroy", check=True, timeout=120)
+    print(f"destroy took {time.monotonic() - began:.1f}s")
+    assert "Destroy complete! 3 task(s) stopped" in destroyed.stdout, destroyed.stdout
+    _nothing_left(spark_cluster)
+
+
+@pytest.mark.full
+@pytest.mark.cluster
+def test_a_killed_ps_is_restarted_in_its_executor(ws: Path, spark_cluster: SparkTestbed) -> None:
+    args = _args(
+        ws,
+        spark_cluster,
+        "trainer.max_steps=1200",
+        "trainer.log_steps=50",
+        "trainer.checkpoint_steps=100",
+        "lifecycle.restart.backoff_secs=0.2",
+    )
+    run = ApplyRun(ws, args)
+    fault = run.wait_step(100, timeout=400, task="worker/0")
+    tasks = {t["name"]: t for t in state_of(ws)["tasks"]}
+    ps = tasks["ps/0"]
+    # Both workers are frozen while the ps dies and comes back, so the steps left cannot end
+    # the job before the restart: an order of events, not a race against the machine's speed.
+    # Their programs were forked by their executors' warm seeds: the PIDs are the programs'.
+    workers = [int(tasks[name]["handle"]["pid"]) for name in ("worker/0", "worker/1")]
+    for pid in workers:
+        os.killpg(pid, signal.SIGSTOP)
+    try:
+        os.kill(int(ps["handle"]["pid"]), signal.SIGKILL)
+        run.wait_for(r"ps/0 failed \(exit code 137\): restarting", timeout=120, after=fault)
+        run.wait_for(r"ps/0: restarted on executor-\d", timeout=120, after=fault)
+        chief_steps = [step for task, step in run.steps(after=fault) if task == "worker/0"]
+        assert max(chief_steps, default=0) < 1200, "the chief trained to the end while frozen"
+    finally:
+        for pid in workers:
+            os.killpg(pid, signal.SIGCONT)
+    code = run.finish(timeout=400)
+    assert code == 0, run.text()[-4000:]
+    restarted = next(t for t in state_of(ws)["tasks"] if t["name"] == "ps/0")
+    assert restarted["host"] == ps["host"] and restarted["address"] == ps["address"]
+    assert restarted["restarts"] == 1 and restarted["handle"].get("forked")
+    assert re.search(r"^worker/0\s+\| ps/0 restored from its", run.text(), re.M), run.text()[-3000:]
+    result = json.loads((ws / "out" / "result.json").read_text())
+    assert result["global_step"] >= 1200
+    assert [r["ps"] for r in result["ps_recoveries"]] == [0], result["ps_recoveries"]
+    _nothing_left(spark_cluster)
