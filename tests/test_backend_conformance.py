@@ -1,6 +1,7 @@
 """One conformance suite for every backend: the contract of tfplan/backends/api.py, with real
 processes (the process backend over its local and SSH transports, cold and forked from a warm
-seed, Slurm on the real bed, and Kubernetes).
+seed, Slurm on the real bed, Spark on the real bed (one application for all its cases), and
+Kubernetes).
 
 Kubernetes is included through the fake API server of tests/kube_fake.py: no API server, and no
 cluster, can run here. The backend and the official client are the real ones; the kubelet is
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 from kube_fake import NODE, FakeKube
 from slurm_testbed import SlurmTestbed
+from spark_testbed import SparkTestbed
 from testbed import LoopbackSshd
 
 import tfplan.backends.process.seeds as process_seeds
@@ -37,6 +39,7 @@ from tfplan.backends.kubernetes import KubernetesBackend
 from tfplan.backends.kubernetes.options import KubeOptions
 from tfplan.backends.process import ProcessBackend
 from tfplan.backends.slurm import SlurmBackend
+from tfplan.backends.spark import SparkBackend
 from tfplan.errors import TfplanError
 from tfplan.planning.plan import BackendRef
 from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
@@ -57,6 +60,7 @@ class Case:
     # where a restarted task's previous log is kept: at the request's keep_log_as (None), or in
     # the backend's own folder as <role>-<index>.log.<n> (Kubernetes: logs are the API's)
     kept_logs: Path | None = None
+    shared: bool = False  # the allocation serves several tests: released by its own fixture
 
 
 def _process_case(tmp: Path, kind: str, sshd: LoopbackSshd | None) -> Case:
@@ -150,6 +154,7 @@ def _kubernetes_case(tmp: Path, fake: FakeKube) -> Case:
         "process-warm",
         "process-ssh",
         pytest.param("slurm", marks=[pytest.mark.slurm, pytest.mark.netns]),
+        pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.full]),
         "docs-example",
         "kubernetes",
     ]
@@ -170,6 +175,9 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
         made = _process_case(tmp_path, "ssh", request.getfixturevalue("sshd_server"))
     elif request.param == "kubernetes":
         made = _kubernetes_case(tmp_path, request.getfixturevalue("kube_pods"))
+    elif request.param == "spark":
+        backend, allocation = request.getfixturevalue("spark_application")
+        made = Case(backend, allocation, "executor-0", tmp_path, shared=True)
     else:
         bed: SlurmTestbed = request.getfixturevalue("slurm_cluster")
         request.getfixturevalue("slurm_env")
@@ -187,10 +195,37 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     try:
         yield made
     finally:
-        made.backend.release(made.allocation)
-        made.backend.close()
-        for seed in made.allocation.data.get("seeds", []):
-            assert not _alive(int(seed["pid"])), "release left the warm seed running"
+        if not made.shared:
+            made.backend.release(made.allocation)
+            made.backend.close()
+            for seed in made.allocation.data.get("seeds", []):
+                assert not _alive(int(seed["pid"])), "release left the warm seed running"
+
+
+@pytest.fixture(scope="module")
+def spark_application(
+    spark_cluster: SparkTestbed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[SparkBackend, Allocation]]:
+    """One Spark application (one executor, its agent) for every Spark case of the module:
+    an application's start is the JVMs' (seconds of both cores), the contract is the agent's."""
+    options = {
+        "master": spark_cluster.master_url,
+        "executors": 1,
+        "tasks_per_executor": 4,
+        "executor_cores": 1,
+        "executor_memory": "512m",
+        "driver_host": spark_cluster.driver_host,
+        "start_timeout_secs": 300,
+    }
+    ref = BackendRef("spark", {"options": options, "python": PY, "warm": False})
+    backend = SparkBackend(ref, tmp_path_factory.mktemp("spark-conformance"))
+    allocation = backend.submit("conformance", lambda line: None, lambda a: None)
+    try:
+        allocation = Allocation(allocation.id, allocation.data, backend.wait_agents(allocation))
+        yield backend, allocation
+    finally:
+        backend.release(allocation)
+        backend.close()
 
 
 @pytest.fixture

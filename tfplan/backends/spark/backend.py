@@ -323,9 +323,9 @@ class SparkBackend(ProcessBackend):
             return super().allocate(plan, tasks, _with(current, bound), say, submitted)
         if current is not None and current.data.get("driver"):
             self._stop_driver(current)
-        allocation = self._submit(plan, say, submitted)
+        allocation = self.submit(plan.experiment_id, say, submitted)
         try:
-            bound = self._wait_agents(allocation, say)
+            bound = self.wait_agents(allocation)
         except BaseException:
             self._stop_driver(allocation)
             raise
@@ -339,7 +339,14 @@ class SparkBackend(ProcessBackend):
         )
         return super().allocate(plan, tasks, allocation, say, submitted)
 
-    def _submit(self, plan: Plan, say: Say, submitted: Callable[[Allocation], None]) -> Allocation:
+    def submit(
+        self, experiment_id: str, say: Say, submitted: Callable[[Allocation], None]
+    ) -> Allocation:
+        """``spark-submit`` the application, detached; recorded (``submitted``) at once.
+
+        Raises:
+            BackendError: no Spark here, or spark-submit could not be started.
+        """
         options = self.options
         home = spark_home(options)
         if home is None:
@@ -365,7 +372,7 @@ class SparkBackend(ProcessBackend):
             "--deploy-mode",
             "client",
             "--name",
-            f"tfplan-{plan.experiment_id}",
+            f"tfplan-{experiment_id}",
             "--py-files",
             str(agent_file),
             *[w for k, v in options.submit_conf().items() for w in ("--conf", f"{k}={v}")],
@@ -380,7 +387,7 @@ class SparkBackend(ProcessBackend):
         ]
         env = {
             driver_app.TOKEN_ENV: token,
-            "TFPLAN_SPARK_APP": f"tfplan-{plan.experiment_id}",
+            "TFPLAN_SPARK_APP": f"tfplan-{experiment_id}",
             "SPARK_HOME": home,
             "PYSPARK_PYTHON": python,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
@@ -401,7 +408,7 @@ class SparkBackend(ProcessBackend):
             data={
                 "driver": {"pid": started.pid, "pgid": started.pgid},
                 "master": options.master,
-                "experiment": plan.experiment_id,
+                "experiment": experiment_id,
                 "log": str(self.folder / "driver.log"),
                 "request": options.to_dict(),
             },
@@ -413,7 +420,12 @@ class SparkBackend(ProcessBackend):
         )
         return allocation
 
-    def _wait_agents(self, allocation: Allocation, say: Say) -> dict[str, tuple[str, str]]:
+    def wait_agents(self, allocation: Allocation) -> dict[str, tuple[str, str]]:
+        """Wait until every executor's agent registered; the places bound to their hosts.
+
+        Raises:
+            BackendError: the driver ended, or too few agents within ``start_timeout_secs``.
+        """
         wanted = self.options.executors
         deadline = time.monotonic() + self.options.start_timeout_secs
         while True:
