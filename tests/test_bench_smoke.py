@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from slurm_testbed import SlurmTestbed
+from spark_testbed import spark_missing
 
 pytestmark = [pytest.mark.full, pytest.mark.cluster]
 
@@ -47,6 +48,7 @@ REPORTS = [
         "bench_scale.md",
         "bench_scale.png",
         "bench_slurm.md",
+        "bench_spark.md",
         "bench_streaming.md",
         "bench_strategies.md",
         "bench_sweep.md",
@@ -412,6 +414,36 @@ def test_bench_slurm(tmp_path: Path, slurm_cluster: SlurmTestbed) -> None:
     assert figure(text, "the same tasks by hand") > 0
     assert figure(text, "training done (chief exited) -> job gone from squeue") >= 0
     assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""  # nothing left queued
+
+
+@pytest.mark.spark
+@pytest.mark.netns
+@pytest.mark.timeout(900)
+def test_bench_spark(tmp_path: Path) -> None:
+    """The bench starts its own Spark test bed (a master and 3 workers in namespaces) and
+    stops it: one round of each measure, few steps."""
+    if os.geteuid() != 0:
+        pytest.skip("the Spark test bed needs root for network namespaces (CI runs as root)")
+    if spark_missing():
+        pytest.fail(f"Spark is not installed ({', '.join(spark_missing())}): run scripts/setup.sh")
+    out = tmp_path / "bench_spark.md"
+    run_bench("bench_spark.py", "--smoke", "--out", str(out), cwd=tmp_path, timeout=780)
+    text = out.read_text()
+    assert figure(text, "apply -> first step of every worker, tfplan") > 0
+    assert figure(text, "the same tasks by hand") > 0
+    assert figure(text, "ratio of the medians, tfplan / by hand") > 0
+    assert 0 < figure(text, "ps SIGKILLed -> training again") < 120
+    assert figure(text, "global steps lost") >= 0
+    assert re.search(r"restored from its (snapshot|checkpoint) of step \d+", text), text
+    assert figure(text, "tfplan destroy of a running job") > 0
+    assert figure(text, "destroy's start -> nothing left") > 0
+    assert "| processes left on the worker hosts when destroy returned (all rounds) | 0 |" in text
+    assert "Destroy complete! 3 task(s) stopped" in text
+    for daemon in ("| master |", "| worker 0 |", "| worker 2 |"):
+        assert figure(text, daemon, column=0) >= 0 and figure(text, daemon, column=1) > 0
+    assert figure(text, "| executors' JVMs |", column=0) > 0  # RSS
+    assert figure(text, "| TensorFlow tasks", column=0) > 0
+    assert not re.search(r"^\| .* \| nan", text, re.M), text  # every phase was seen
 
 
 @pytest.mark.slurm

@@ -21,7 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apply_helpers import FAKE_TASK, kill_groups, recorded_groups, state_of, tfplan, wait_until
+from apply_helpers import (
+    FAKE_TASK,
+    kill_groups,
+    paced,
+    recorded_groups,
+    state_of,
+    tfplan,
+    wait_until,
+)
 from chaos_helpers import ApplyRun
 from spark_testbed import SparkTestbed
 
@@ -229,9 +237,14 @@ def test_a_killed_ps_is_restarted_in_its_executor(ws: Path, spark_cluster: Spark
         "trainer.log_steps=50",
         "trainer.checkpoint_steps=100",
         "lifecycle.restart.backoff_secs=0.2",
+        *paced(0.01),  # at least 6 s of training: the first snapshot comes before its end
     )
     run = ApplyRun(ws, args)
-    fault = run.wait_step(100, timeout=400, task="worker/0")
+    # killed once its first in-memory snapshot exists: the ps comes back from it (before that,
+    # the chief restores every ps from the last checkpoint, a path of its own)
+    first = run.wait_for(r"worker/0\s+\| snapshots: .* the first at step \d+", timeout=400)
+    snapshot_step = int(run.lines[first][1].rsplit(" ", 1)[1])
+    fault = run.wait_step(snapshot_step + 50, timeout=400, task="worker/0")
     tasks = {t["name"]: t for t in state_of(ws)["tasks"]}
     ps = tasks["ps/0"]
     # Both workers are frozen while the ps dies and comes back, so the steps left cannot end
@@ -291,3 +304,74 @@ def test_a_killed_executor_is_replaced_by_spark_and_its_task_restarted(
     run.finish(timeout=120)
     assert state_of(ws)["allocation"] is None, state_of(ws)
     _nothing_left(spark_cluster)
+
+
+@pytest.mark.full
+def test_a_dead_driver_ends_the_run_with_its_reason_and_leaves_nothing(
+    ws: Path, spark_cluster: SparkTestbed
+) -> None:
+    """The driver is the application: when its JVM dies, Spark ends the executors, their agents
+    and (the agents' guards) every task; tfplan does not restart into the dead application but
+    ends the run saying why (docs/spark.md: what a dead driver costs)."""
+    args = _args(ws, spark_cluster, *_fake(ws, steps="100000", step_secs="0.05", worker_secs="600"))
+    run = ApplyRun(ws, args)
+    run.wait_for(r"worker/0\s+\| step=", timeout=300)
+    driver = state_of(ws)["allocation"]["data"]["driver"]
+    jvm = [
+        pid
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+        if _group(pid) == int(driver["pgid"]) and b"SparkSubmit" in _cmdline(pid)
+    ]
+    assert len(jvm) == 1, jvm
+    os.kill(jvm[0], signal.SIGKILL)
+    code = run.finish(timeout=180)
+    assert code == 1, run.text()[-3000:]
+    assert f"the Spark driver (pid {driver['pid']}) ended" in run.text(), run.text()[-3000:]
+    _nothing_left(spark_cluster)
+    tasks = state_of(ws)["tasks"]
+    assert all(t["status"] != "running" for t in tasks), (tasks, run.text()[-2500:])
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_an_agent_started_again_on_another_host_ends_the_run_with_the_fix(tmp_path: Path) -> None:
+    """A TensorFlow cluster's addresses are fixed: an executor's agent that Spark ran again on
+    another host cannot take its tasks back; the allocation says so (and how to go on)."""
+    from tfplan.backends.spark import SparkBackend
+    from tfplan.planning.plan import BackendRef
+    from tfplan.planning.state import Allocation
+
+    backend = SparkBackend(BackendRef("spark", {"options": {"executors": 2}}), tmp_path)
+    backend.folder.mkdir(parents=True)
+    backend.token_file.write_text("t\n")
+
+    def register(address: str) -> None:
+        agents = {
+            str(i): {"index": i, "attempt": 0, "port": 1000 + i, "address": a, "hostname": a}
+            for i, a in enumerate(["10.0.0.1", address])
+        }
+        backend.registry.write_text(json.dumps({"app_id": "app-1", "agents": agents}))
+        os.utime(backend.registry, (time.time() + len(address), time.time() + len(address)))
+
+    register("10.0.0.2")
+    driver = {"pid": os.getpid(), "pgid": os.getpgid(0)}
+    allocation = Allocation("driver-1", {"driver": driver}, backend._bound())  # noqa: SLF001
+    assert backend.allocation_problem(allocation) is None
+    assert backend.agents["executor-1"].target.address == "10.0.0.2"
+    register("10.0.0.99")  # Spark ran executor-1's agent again, elsewhere
+    problem = backend.allocation_problem(allocation)
+    assert problem is not None and "executor-1's agent again on another host" in problem, problem
+    assert "(10.0.0.2 -> 10.0.0.99)" in problem and "run `tfplan apply` again" in problem
+    assert backend.agents["executor-1"].target.address == "10.0.0.99"  # reached where it is now

@@ -267,6 +267,16 @@ class Supervisor:
             if host not in silent:
                 del self._unreachable_since[host]
                 self._say(f"host {host} answers again")
+        if silent and state.allocation is not None and self._done_at is None and not self._fatal:
+            # hosts that stop answering because the allocation itself ended (a Spark driver
+            # that died took its executors along): say so now, not after host_timeout_secs
+            self._fatal = self.backend.allocation_problem(state.allocation)
+            if self._fatal is not None:
+                self._say(f"{self._fatal}: its tasks are lost")
+                for task in state.running:
+                    if task.host in silent:
+                        state = state.with_task(replace(task, status=TaskStatus.UNREACHABLE))
+                return self.store.write(state)
         down = []
         for host in sorted(silent):
             since = self._unreachable_since.setdefault(host, now)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfplan.backends.api import Backend, Capabilities, OutputPlace, Say
+from tfplan.backends.api import Backend, CancelResult, Capabilities, OutputPlace, Say
 from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.process import ProcessBackend
 from tfplan.backends.process.backend import LAUNCH_FANOUT
@@ -51,7 +51,7 @@ from tfplan.backends.transports.pool import TransportPool
 from tfplan.backends.transports.specs import HostTarget, LaunchSpec
 from tfplan.errors import BackendError, ConfigError, PreflightError
 from tfplan.planning.plan import BackendRef, Plan, Task
-from tfplan.planning.state import Allocation
+from tfplan.planning.state import Allocation, TaskRecord
 from tfplan.planning.topology import Place, Target, Topology
 
 if TYPE_CHECKING:
@@ -476,12 +476,26 @@ class SparkBackend(ProcessBackend):
         if not driver:
             return None
         if _alive(int(driver["pid"])):
-            return None
+            return self._moved(allocation)
         log = Path(str(allocation.data.get("log", self.folder / "driver.log")))
         return (
             f"the Spark driver (pid {driver['pid']}) ended, and the application with it: "
             f"{_last_line(log)} (its log: {log})"
         )
+
+    def _moved(self, allocation: Allocation) -> str | None:
+        """An executor whose agent Spark started again on another host: the TensorFlow
+        cluster's addresses are fixed, so its tasks cannot come back there."""
+        now = self._bound()
+        for place, (_, address) in sorted(allocation.bound.items()):
+            moved = now.get(place)
+            if moved is not None and moved[1] != address:
+                return (
+                    f"Spark started {place}'s agent again on another host ({address} -> "
+                    f"{moved[1]}): a TensorFlow cluster's addresses are fixed; run `tfplan apply` "
+                    "again to start the job anew from its last checkpoint"
+                )
+        return None
 
     def release(self, allocation: Allocation) -> None:
         """The process backend's release (seeds, leftovers), then the driver: SIGTERM, which
@@ -519,6 +533,24 @@ class SparkBackend(ProcessBackend):
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def cancel(
+        self, tasks: Sequence[TaskRecord], grace_secs: float
+    ) -> dict[str, CancelResult | Exception]:
+        """The process backend's stop, through each task's agent. A task whose agent does not
+        answer because the application is over (its driver is gone) is gone too: the agent
+        died with its executor, and its guard killed what it had started."""
+        results = super().cancel(tasks, grace_secs)
+        if any(isinstance(r, Exception) for r in results.values()) and not self._driver_alive():
+            results = {
+                name: CancelResult("none", 0.0) if isinstance(r, Exception) else r
+                for name, r in results.items()
+            }
+        return results
+
+    def _driver_alive(self) -> bool:
+        """Whether spark-submit still runs: its wrapper records its exit status when it ends."""
+        return not Path(_scripts.exit_file(str(self.folder))).exists()
 
     def allocation_text(self, allocation: Allocation) -> str | None:
         driver = allocation.data.get("driver") or {}

@@ -150,8 +150,10 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    jvm = os.getppid()  # spark-submit's JVM runs this program: it does not outlive the JVM
     while not stopping.wait(0.5):
-        pass
+        if os.getppid() != jvm:
+            os._exit(1)
     try:
         sc.cancelAllJobs()
     finally:
