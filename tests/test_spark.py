@@ -375,3 +375,20 @@ def test_an_agent_started_again_on_another_host_ends_the_run_with_the_fix(tmp_pa
     assert problem is not None and "executor-1's agent again on another host" in problem, problem
     assert "(10.0.0.2 -> 10.0.0.99)" in problem and "run `tfplan apply` again" in problem
     assert backend.agents["executor-1"].target.address == "10.0.0.99"  # reached where it is now
+
+
+@pytest.mark.full
+def test_more_cores_than_the_cluster_has_is_refused_before_submitting(
+    ws: Path, spark_cluster: SparkTestbed
+) -> None:
+    free = spark_cluster.workers * spark_cluster.cores
+    args = _args(ws, spark_cluster, *_fake(ws), executors=spark_cluster.workers + 1)
+    proc = tfplan(ws, "apply", "--auto-approve", *args, "cluster.options.executor_cores=2")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    needed = (spark_cluster.workers + 1) * 2
+    assert (
+        f"cluster.options.executors: the plan needs {spark_cluster.workers + 1} executor(s) of 2 "
+        f"core(s) ({needed} cores); the master has {free} free core(s) on "
+        f"{spark_cluster.workers} alive worker(s)"
+    ) in proc.stderr, proc.stderr
+    assert not recorded_groups(ws) and not spark_cluster.master_state()["activeapps"]
