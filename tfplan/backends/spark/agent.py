@@ -38,9 +38,18 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["GUARD_TICK_SECS", "descendants", "read_exact", "read_line", "serve"]
+__all__ = [
+    "GUARD_TICK_SECS",
+    "ProcStat",
+    "descendants",
+    "proc_stat",
+    "processes",
+    "read_exact",
+    "read_line",
+    "serve",
+]
 
 GUARD_TICK_SECS = 0.25
 PR_SET_CHILD_SUBREAPER = 36
@@ -69,37 +78,46 @@ def read_exact(sock: socket.socket, count: int) -> bytes:
     return bytes(data)
 
 
-def _stat(pid: int) -> tuple[int, int, int] | None:
-    """(ppid, pgid, start time) of ``pid`` from /proc, or None when it is gone."""
+class ProcStat(NamedTuple):
+    state: str  # R, S, Z, ...
+    ppid: int
+    pgid: int
+    start: int  # clock ticks after boot: tells a reused PID apart
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """``pid``'s state, parent, group and start time from /proc, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read().decode(errors="replace")
     except OSError:
         return None
     fields = text[text.rfind(")") + 2 :].split()
-    return int(fields[1]), int(fields[2]), int(fields[19])
+    return ProcStat(fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def processes() -> dict[int, ProcStat]:
+    """Every process this one can see."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (stat := proc_stat(int(name))) is not None:
+            found[int(name)] = stat
+    return found
 
 
 def descendants(root: int) -> dict[int, tuple[int, int]]:
     """Every live descendant of ``root``: pid -> (pgid, start time)."""
     children: dict[int, list[int]] = {}
-    stats: dict[int, tuple[int, int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        stat = _stat(int(name))
-        if stat is None:
-            continue
-        ppid, pgid, start = stat
-        children.setdefault(ppid, []).append(int(name))
-        stats[int(name)] = (pgid, start)
+    stats = processes()
+    for pid, stat in stats.items():
+        children.setdefault(stat.ppid, []).append(pid)
     found: dict[int, tuple[int, int]] = {}
     todo = list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        if pid in found or pid not in stats:
+        if pid in found:
             continue
-        found[pid] = stats[pid]
+        found[pid] = (stats[pid].pgid, stats[pid].start)
         todo.extend(children.get(pid, []))
     return found
 
@@ -109,16 +127,16 @@ def _guard(agent: int) -> None:
     every one still alive (by process group, then by PID), then exit. Never returns."""
     me = os.getpid()
     seen: dict[int, tuple[int, int]] = {}
-    while _stat(agent) is not None and os.getppid() == agent:
+    while proc_stat(agent) is not None and os.getppid() == agent:
         now = descendants(agent)
         now.pop(me, None)
-        seen = {p: v for p, v in seen.items() if _stat(p) is not None}
+        seen = {p: v for p, v in seen.items() if proc_stat(p) is not None}
         seen.update(now)
         time.sleep(GUARD_TICK_SECS)
     for sig in (signal.SIGKILL,):
         for pid, (pgid, start) in seen.items():
-            stat = _stat(pid)
-            if stat is None or stat[2] != start:
+            stat = proc_stat(pid)
+            if stat is None or stat.start != start:
                 continue  # gone, or its PID was reused
             for target in (-pgid, pid):
                 try:
@@ -166,8 +184,8 @@ class _Reaper:
                 if not name.isdigit():
                     continue
                 pid = int(name)
-                stat = _stat(pid)
-                if stat is None or stat[0] != me:
+                stat = proc_stat(pid)
+                if stat is None or stat.ppid != me:
                     continue
                 with self.lock:
                     if pid in self.managed:

@@ -619,49 +619,20 @@ def _with(allocation: Allocation, bound: dict[str, tuple[str, str]]) -> Allocati
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().split(b") ")[-1][:1] != b"Z"
-    except OSError:
-        return False
+    stat = agent_module.proc_stat(pid)
+    return stat is not None and stat.state != "Z"
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return any(_alive(pid) for pid, group in _group_members() if group == pgid)
-
-
-def _group_members() -> list[tuple[int, int]]:
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().split(b") ")[-1].split()
-        except OSError:
-            continue
-        members.append((int(name), int(fields[2])))
-    return members
+    return any(s.pgid == pgid and s.state != "Z" for s in agent_module.processes().values())
 
 
 def _driver_program(pgid: int) -> int | None:
     """The driver's Python process: spark-submit execs a JVM, which runs the application's
     Python as its child, all in the group tfplan started. SIGTERM to it ends the application
     politely (it cancels the agents' jobs and stops the SparkContext)."""
-    for pid, group in _group_members():
-        if group != pgid:
+    for pid, stat in agent_module.processes().items():
+        if stat.pgid != pgid:
             continue
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

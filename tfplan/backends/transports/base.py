@@ -293,6 +293,23 @@ class Transport(ABC):
             raise BackendError(f"host {self.target.name}: task {spec.name}: {error}") from None
         return self._start(spec)
 
+    def _start_by_script(self, spec: LaunchSpec) -> Launched:
+        """``_start`` for a host reached through scripts (SSH, a Spark executor's agent): the
+        detached start script runs there and prints the wrapper's PID."""
+        began = time.time()
+        script = _scripts.remote_start_script(
+            spec.command, spec.env, spec.workdir, spec.log_path, spec.exit_file
+        )
+        result = self.run_script(script, f"start task {spec.name} in {spec.workdir}", timeout=30)
+        last = result.stdout.decode().strip().splitlines()[-1:] or [""]
+        if not last[0].isdigit():
+            raise BackendError(
+                f"host {self.target.name}: starting task {spec.name} printed no PID: "
+                f"{result.stdout.decode(errors='replace')[-200:]!r}"
+            )
+        pid = int(last[0])
+        return Launched(pid=pid, pgid=pid, started_at=began)
+
     def move(self, source: str, target: str) -> None:
         """Rename a file on the host (nothing happens when ``source`` does not exist).
 

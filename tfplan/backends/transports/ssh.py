@@ -242,19 +242,7 @@ class SSHTransport(Transport):
         return CommandResult(status, out, b"".join(err))
 
     def _start(self, spec: LaunchSpec) -> Launched:
-        began = time.time()
-        script = _scripts.remote_start_script(
-            spec.command, spec.env, spec.workdir, spec.log_path, spec.exit_file
-        )
-        result = self.run_script(script, f"start task {spec.name} in {spec.workdir}", timeout=30)
-        last = result.stdout.decode().strip().splitlines()[-1:] or [""]
-        if not last[0].isdigit():
-            raise BackendError(
-                f"host {self.target.name}: starting task {spec.name} printed no PID: "
-                f"{result.stdout.decode(errors='replace')[-200:]!r}"
-            )
-        pid = int(last[0])
-        return Launched(pid=pid, pgid=pid, started_at=began)
+        return self._start_by_script(spec)
 
     def _open_stream(self, script: str) -> StreamPipe:
         chan = self._open_channel()
