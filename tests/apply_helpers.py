@@ -221,14 +221,17 @@ def kill_groups(pgids: list[int]) -> None:
 def recorded_groups(cwd: Path) -> list[int]:
     """The process groups of every task and warm standby the experiments' states record (a
     test that failed half-way leaves its standbys too: on Slurm their srun clients), and of
-    the warm seeds a sweep folder (``cwd`` or a folder in it) or an apply's allocation records."""
+    the warm seeds a sweep folder (``cwd`` or a folder in it) or an apply's allocation records,
+    and of a Spark application's driver."""
     groups: list[int] = []
     for path in [*cwd.glob("seeds.json"), *cwd.glob("*/seeds.json")]:  # a sweep's warm seeds
         groups += [int(seed["pgid"]) for seed in json.loads(path.read_text())["seeds"]]
     for path in (cwd / ".tfplan").glob("*/state.json"):
         state = json.loads(path.read_text())
-        seeds = ((state.get("allocation") or {}).get("data") or {}).get("seeds") or []
-        groups += [int(seed["pgid"]) for seed in seeds]  # an apply's warm seeds
+        data = (state.get("allocation") or {}).get("data") or {}
+        groups += [int(seed["pgid"]) for seed in data.get("seeds") or []]  # an apply's seeds
+        if data.get("driver"):  # a Spark application's driver (spark-submit, detached)
+            groups.append(int(data["driver"]["pgid"]))
         for task in [*state["tasks"], *state.get("standbys", [])]:
             pgid = task.get("handle", {}).get("pgid")
             if pgid is not None:

@@ -79,8 +79,9 @@ def _fake(ws: Path, **args: str) -> list[str]:
     return ["recipe=command", f"recipe.command='{sys.executable} {script} {extra}'"]
 
 
-def _nothing_left(bed: SparkTestbed, timeout: float = 60) -> None:
-    """No application active on the master and no process of one on any worker host."""
+def _nothing_left(bed: SparkTestbed, output: str, timeout: float = 60) -> None:
+    """No application active on the master, no process of one on any worker host, and no
+    process left of the drivers the apply's ``output`` says it started on this machine."""
 
     def clean() -> bool:
         state = bed.master_state()
@@ -89,6 +90,13 @@ def _nothing_left(bed: SparkTestbed, timeout: float = 60) -> None:
         )
 
     wait_until(clean, timeout, "the application and its executors gone from every worker")
+    drivers = {int(pid) for pid in re.findall(r"\(driver pid (\d+),", output)}
+    assert drivers, output[-2000:]
+    wait_until(  # each driver's wrapper leads its process group
+        lambda: not [p for p, s in agent.processes().items() if s.pgid in drivers],
+        timeout,
+        "the driver's processes gone from this machine",
+    )
 
 
 def test_plan_shows_the_request_and_executors_known_after_apply(ws: Path) -> None:
@@ -198,7 +206,7 @@ def test_downpour_across_three_spark_workers_trains_and_leaves_nothing(
     addresses = {t["name"]: t["address"] for t in state["tasks"]}
     assert sorted(addresses.values()) == sorted(spark_cluster.worker_addresses), addresses
     assert all(t["handle"].get("forked") for t in state["tasks"]), state["tasks"]  # warm
-    _nothing_left(spark_cluster)
+    _nothing_left(spark_cluster, out)
     completed = [a["name"] for a in spark_cluster.master_state()["completedapps"]]
     assert "tfplan-t" in completed
 
@@ -208,7 +216,7 @@ def test_status_logs_and_destroy_mid_training_leave_nothing(
     ws: Path, spark_cluster: SparkTestbed
 ) -> None:
     args = _args(ws, spark_cluster, *_fake(ws, steps="5000", step_secs="0.05", worker_secs="600"))
-    tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True, timeout=600)
+    applied = tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True, timeout=600)
     wait_until(
         lambda: "step=" in (ws / "work" / "worker-0" / "task.log").read_text(), 120, "a step"
     )
@@ -224,7 +232,7 @@ def test_status_logs_and_destroy_mid_training_leave_nothing(
     destroyed = tfplan(ws, "destroy", check=True, timeout=120)
     print(f"destroy took {time.monotonic() - began:.1f}s")
     assert "Destroy complete! 3 task(s) stopped" in destroyed.stdout, destroyed.stdout
-    _nothing_left(spark_cluster)
+    _nothing_left(spark_cluster, applied.stdout)
 
 
 @pytest.mark.full
@@ -271,7 +279,7 @@ def test_a_killed_ps_is_restarted_in_its_executor(ws: Path, spark_cluster: Spark
     result = json.loads((ws / "out" / "result.json").read_text())
     assert result["global_step"] >= 1200
     assert [r["ps"] for r in result["ps_recoveries"]] == [0], result["ps_recoveries"]
-    _nothing_left(spark_cluster)
+    _nothing_left(spark_cluster, run.text())
 
 
 @pytest.mark.full
@@ -303,7 +311,7 @@ def test_a_killed_executor_is_replaced_by_spark_and_its_task_restarted(
     run.proc.send_signal(signal.SIGINT)  # Ctrl-C: apply stops the tasks and the application
     run.finish(timeout=120)
     assert state_of(ws)["allocation"] is None, state_of(ws)
-    _nothing_left(spark_cluster)
+    _nothing_left(spark_cluster, run.text())
 
 
 @pytest.mark.full
@@ -327,7 +335,7 @@ def test_a_dead_driver_ends_the_run_with_its_reason_and_leaves_nothing(
     code = run.finish(timeout=180)
     assert code == 1, run.text()[-3000:]
     assert f"the Spark driver (pid {driver['pid']}) ended" in run.text(), run.text()[-3000:]
-    _nothing_left(spark_cluster)
+    _nothing_left(spark_cluster, run.text())
     tasks = state_of(ws)["tasks"]
     assert all(t["status"] != "running" for t in tasks), (tasks, run.text()[-2500:])
 
