@@ -20,8 +20,9 @@ the default MLP recipe (hogwild on digits), one task per executor, executors of 
 2. A ps SIGKILLed inside its executor (its program's PID from the state) during paced training
    (``TFPLAN_STEP_PAUSE_SECS``) of a job started with `tfplan apply --detach`: the kill -> the
    chief's "ps/0 restored from its snapshot" line and its next step line (goal: training again
-   within 5 s), read from the background supervisor's log, and the steps lost (the global step
-   the chief saw against the step restored).
+   within 5 s), from the tasks' own logs, and the steps lost (the highest
+   global step any line gave before the restore: the chief's "saw step N", a worker's "back
+   from global step N", the progress lines; against the step restored).
 3. `tfplan destroy` of that job once it trains again (goal <= 3 s), its lines timed, and until
    nothing is left: no process on any worker host, the application completed on the master.
 4. What a waiting Spark cluster costs: the master's and each worker daemon's RSS and CPU over
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,7 +155,7 @@ class Launch:
 
 @dataclass
 class Kill:
-    at_step: int  # the global step the chief saw at the kill
+    at_step: int  # the global step at the kill (the highest any line gives)
     restored: int  # the step the ps was restored to
     source: str  # snapshot or checkpoint
     stages: dict[str, float]  # seconds from the kill to: seen, restarted, serving, restored, step
@@ -424,29 +426,35 @@ def training_memory(ws: Path, bed: SparkTestbed) -> dict[str, tuple[float, float
 
 
 class LogTail:
-    """The lines of a growing file (the background supervisor's log: the same lines an attached
-    apply prints), each with the monotonic time it was read at (every 20 ms)."""
+    """The lines of a growing file, each with the monotonic time it was read at (every 20 ms):
+    the background supervisor's log (the lines an attached apply prints) or a task's own log
+    (its lines shown as the supervisor shows them, ``NAME | line``); a file made anew (a
+    restarted task's) is read from its start."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, task: str | None = None) -> None:
         self.path = path
+        self.prefix = f"{task:<12} | " if task else ""
         self.lines: list[tuple[float, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
-        offset, partial = 0, ""
+        offset, partial, inode = 0, "", -1
         while not self._stop.wait(0.02):
             try:
-                with open(self.path, errors="replace") as f:
+                with open(self.path, "rb") as f:
+                    info = os.fstat(f.fileno())
+                    if info.st_ino != inode or info.st_size < offset:
+                        offset, partial, inode = 0, "", info.st_ino
                     f.seek(offset)
-                    chunk = f.read()
+                    chunk = f.read().decode(errors="replace")
                     offset = f.tell()
             except OSError:
                 continue
             now = time.monotonic()
             *whole, partial = (partial + chunk).split("\n")
-            self.lines.extend((now, line) for line in whole)
+            self.lines.extend((now, self.prefix + line) for line in whole)
 
     def close(self) -> None:
         self._stop.set()
@@ -473,46 +481,71 @@ class LogTail:
         return [(m.group(1), int(m.group(2))) for m in found if m]
 
 
-def kill_ps(ws: Path, log: LogTail, opts: Options) -> Kill:
+CHIEF_STEP = r"^worker/0\s+\| .*\bstep=\d+"
+
+
+def next_step(log: LogTail, after: int) -> int:
+    """The chief's first progress line after line ``after``."""
+    i = after
+    while True:
+        i = log.wait_for(CHIEF_STEP, 120, i + 1)
+        if STEP.match(log.lines[i][1]):
+            return i
+
+
+def kill_ps(ws: Path, opts: Options, at_fault: Callable[[], None]) -> Kill:
     """SIGKILL of the ps's program inside its executor, once the chief printed step
-    ``opts.fault_at`` and took a snapshot; until the chief trains again."""
-    mark = 0
-    while not any(s >= opts.fault_at for name, s in log.steps(mark) if name == "worker/0"):
-        mark = log.wait_for(r"^worker/0\s+\| .*\bstep=\d+", 300, mark + 1)
-    log.wait_for(r"^worker/0\s+\| snapshots: every", 60)
-    ps = next(t for t in state_of(ws, EXPERIMENT)["tasks"] if t["name"] == "ps/0")
-    fault = len(log.lines)
-    at = time.monotonic()
-    os.kill(int(ps["handle"]["pid"]), signal.SIGKILL)
-    seen = log.wait_for(r"^tfplan\s+\| ps/0(: no log line| failed)", 120, fault)
-    restarted = log.wait_for(r"ps/0: restarted on executor-\d", 120, seen)
-    serving = log.wait_for(r"^ps/0\s+\| ps/0 serving on", 120, restarted)
-    restored = log.wait_for(r"^worker/0\s+\| " + RESTORED.pattern, 120, serving)
-    step = restored
-    while True:  # the chief's next progress line
-        step = log.wait_for(r"^worker/0\s+\| .*\bstep=\d+", 120, step + 1)
-        if STEP.match(log.lines[step][1]):
-            break
-    line = log.lines[restored][1]
-    match = RESTORED.search(line)
-    assert match is not None
-    saw = SAW.search(line)
-    if saw:
-        at_step = int(saw.group(1).replace(",", ""))
-    else:  # the chief's "back from global step N", else the last step printed before the kill
-        back = [int(m.group(2)) for _, text in log.lines[fault:] if (m := BACK.search(text))]
-        at_step = max(back or [s for name, s in log.steps(0, fault) if name in WORKERS])
-    stages = {
-        name: log.lines[i][0] - at
-        for name, i in (
-            ("seen", seen),
-            ("restarted", restarted),
-            ("serving", serving),
-            ("restored", restored),
-            ("step", step),
-        )
-    }
-    return Kill(at_step, int(match.group(2).replace(",", "")), match.group(1), stages)
+    ``opts.fault_at`` and took a snapshot (``at_fault`` called just before); until the chief
+    trains again. tfplan's lines from
+    the background supervisor's log, the tasks' from their own logs (what the supervisor shows
+    of them comes later: it is timed too)."""
+    work = ws / "work"
+    sup = LogTail(ws / ".tfplan" / EXPERIMENT / "supervisor.log")
+    chief, other = (LogTail(work / n.replace("/", "-") / "task.log", n) for n in WORKERS)
+    ps_log = LogTail(work / "ps-0" / "task.log", "ps/0")
+    try:
+        mark = 0
+        while not any(s >= opts.fault_at for _, s in chief.steps(mark)):
+            mark = chief.wait_for(CHIEF_STEP, 300, mark + 1)
+        chief.wait_for(r"\| snapshots: every", 60)
+        at_fault()
+        ps = next(t for t in state_of(ws, EXPERIMENT)["tasks"] if t["name"] == "ps/0")
+        faults = [len(t.lines) for t in (sup, chief, other, ps_log)]
+        at = time.monotonic()
+        os.kill(int(ps["handle"]["pid"]), signal.SIGKILL)
+        seen = sup.wait_for(r"^tfplan\s+\| ps/0(: no log line| failed)", 120, faults[0])
+        restarted = sup.wait_for(r"ps/0: restarted on executor-\d", 120, seen)
+        serving = ps_log.wait_for(r"\| ps/0 serving on", 120, faults[3])
+        restored = chief.wait_for(r"\| " + RESTORED.pattern, 120, faults[1])
+        step = next_step(chief, restored)
+        shown = next_step(sup, sup.wait_for(RESTORED.pattern, 120, restarted))
+        line = chief.lines[restored][1]
+        match = RESTORED.search(line)
+        assert match is not None
+        # the global step at the kill: the highest any account gives (the chief's restore
+        # line says the step it last saw; a worker that went back says from where; the
+        # progress lines printed before the kill, every 10 steps)
+        saw = [int(m.group(1).replace(",", "")) for m in [SAW.search(line)] if m]
+        back = [
+            int(m.group(2))
+            for log, fault in ((chief, faults[1]), (other, faults[2]))
+            for _, text in log.lines[fault:]
+            if (m := BACK.search(text))
+        ]
+        printed = [s for _, s in chief.steps(0, faults[1]) + other.steps(0, faults[2])]
+        stages = {
+            "seen": sup.lines[seen][0] - at,
+            "restarted": sup.lines[restarted][0] - at,
+            "serving": ps_log.lines[serving][0] - at,
+            "restored": chief.lines[restored][0] - at,
+            "step": chief.lines[step][0] - at,
+            "shown": sup.lines[shown][0] - at,
+        }
+        restored_step = int(match.group(2).replace(",", ""))
+        return Kill(max(saw + back + printed), restored_step, match.group(1), stages)
+    finally:
+        for tail in (sup, chief, other, ps_log):
+            tail.close()
 
 
 def run_job(
@@ -525,7 +558,6 @@ def run_job(
     extra = ["trainer.log_steps=10", "trainer.checkpoint_steps=100000", *paced(opts.pause)]
     if opts.backoff is not None:
         extra.append(f"lifecycle.restart.backoff_secs={opts.backoff}")
-    log = LogTail(ws / ".tfplan" / EXPERIMENT / "supervisor.log")
     try:
         subprocess.run(
             [*TFPLAN, "apply", "--auto-approve", "--detach", *spark_args(ws, bed, 10**6, *extra)],
@@ -535,10 +567,8 @@ def run_job(
             capture_output=True,
             timeout=600,
         )
-        first_steps(ws / "work", time.monotonic())
-        log.wait_for(r"^worker/0\s+\| .*\bstep=\d+", 60)
-        memory = training_memory(ws, bed)
-        kill = kill_ps(ws, log, opts)
+        memory: dict[str, tuple[float, float]] = {}
+        kill = kill_ps(ws, opts, lambda: memory.update(training_memory(ws, bed)))
         app = state_of(ws, EXPERIMENT)["allocation"]["data"].get("app_id")
         began = time.monotonic()
         destroy = subprocess.Popen(
@@ -563,7 +593,6 @@ def run_job(
         summary = next((x for _, x in said if "Destroy complete" in x), "")
         return kill, Destroy(secs, clean, left, summary, phases), memory
     finally:
-        log.close()
         cleanup(ws)
 
 
@@ -651,7 +680,7 @@ def summary_rows(results: Results) -> list[tuple[str, str, str]]:
             _verdict(back, GOALS["back"]),
         ),
         (
-            "global steps lost (the step the chief saw - the step restored)",
+            "global steps lost (the highest step seen before the restore - the step restored)",
             f"{_med([float(k.at_step - k.restored) for k in kills]):.0f}",
             "",
         ),
@@ -708,7 +737,7 @@ def detail_rows(results: Results) -> dict[str, list[str]]:
         launch.append(f"| {worker}'s first step | {a:.2f} | {b:.2f} |")
     kill = " | ".join(
         f"{_med([k.stages[s] for k in results.kills]):.2f}"
-        for s in ("seen", "restarted", "serving", "restored", "step")
+        for s in ("seen", "restarted", "serving", "restored", "step", "shown")
     )
     destroy = [
         f"| {name} | {_med([d.phases[name] for d in results.destroys]):.2f} |"
@@ -785,12 +814,14 @@ def report(results: Results, opts: Options, args: argparse.Namespace) -> str:
         f"{opts.pause}); once the chief printed step >= {opts.fault_at} and took its first "
         "snapshot, SIGKILL to the ps's program (the PID in the state: forked from its "
         f"executor's warm seed). Restart backoff {backoff}, snapshots every second (the "
-        "default), no checkpoint before the kill. The times are those of the background "
-        "supervisor's log lines (the lines an attached apply prints), read every 20 ms.",
+        "default), no checkpoint before the kill. tfplan's own lines are timed in the background "
+        "supervisor's log (the lines an attached apply prints), the tasks' in their own logs "
+        "(each file read every 20 ms); the last column is when the chief's step reached "
+        "tfplan's output.",
         "",
         "| seen by tfplan | restarted | the new ps serves | the chief's 'restored' line | "
-        "the chief's next step |",
-        "|---|---|---|---|---|",
+        "the chief's next step | that step in tfplan's output |",
+        "|---|---|---|---|---|---|",
         *rows["kill"],
         "",
         "## Destroy (medians, s from its start)",
