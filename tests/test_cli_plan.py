@@ -396,7 +396,7 @@ def test_a_conf_folder_adds_the_users_groups_without_a_config_yaml(tmp_path: Pat
     wrong = tfplan(tmp_path, "plan", "cluster=nope", "--no-save")
     assert wrong.stderr == (
         "error: cluster: no option 'nope'; available options: 3node, gpu2x4, k8s, local, "
-        "local_allreduce, local_chief, mine, slurm\n"
+        "local_allreduce, local_chief, mine, slurm, spark\n"
     )
 
 

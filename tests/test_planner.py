@@ -49,6 +49,7 @@ def test_conf_holds_the_expected_options() -> None:
         "local_allreduce",
         "local_chief",
         "slurm",
+        "spark",
     ]
     assert ALGOS == [
         "adag",

@@ -195,6 +195,7 @@ def test_downpour_across_three_spark_workers_trains_and_leaves_nothing(
     assert "submitted the Spark application to " + spark_cluster.master_url in out
     bound = re.search(r"runs its agents on (.*)", out)
     assert bound, out
+    assert all(address in bound.group(1) for address in spark_cluster.worker_addresses), out
     started = dict(re.findall(r"(ps/0|worker/0|worker/1): started on (executor-\d)", out))
     assert sorted(started.values()) == ["executor-0", "executor-1", "executor-2"], out
     assert "worker/0     | step=" in out and "Training complete" in out

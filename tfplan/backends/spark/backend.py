@@ -335,7 +335,10 @@ class SparkBackend(ProcessBackend):
             "Spark application "
             + str(allocation.id)
             + " runs its agents on "
-            + ", ".join(f"{name}={host}" for name, (host, _) in sorted(bound.items()))
+            + ", ".join(
+                f"{name}={address}" + (f" ({host})" if host != address else "")
+                for name, (host, address) in sorted(bound.items())
+            )
         )
         return super().allocate(plan, tasks, allocation, say, submitted)
 
