@@ -213,14 +213,43 @@ def test_downpour_across_three_spark_workers_trains_and_leaves_nothing(
 
 
 @pytest.mark.full
-def test_status_logs_and_destroy_mid_training_leave_nothing(
+def test_a_killed_executor_is_replaced_then_status_logs_and_destroy_leave_nothing(
     ws: Path, spark_cluster: SparkTestbed
 ) -> None:
-    args = _args(ws, spark_cluster, *_fake(ws, steps="5000", step_secs="0.05", worker_secs="600"))
-    applied = tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True, timeout=600)
-    wait_until(
-        lambda: "step=" in (ws / "work" / "worker-0" / "task.log").read_text(), 120, "a step"
+    """A detached job (one application for the two stories, each a Spark start saved):
+
+    - SIGKILL of the executor JVM that hosts worker/0: its agent dies with it (the PySpark
+      daemon hangs up on its workers), the agent's guard kills the task, Spark runs the agent's
+      task again in a new executor, which registers anew; the background supervisor waits for the
+      host, then restarts the task through the new agent;
+    - then status, logs and destroy mid-training: nothing left anywhere."""
+    args = _args(
+        ws,
+        spark_cluster,
+        *_fake(ws, steps="100000", step_secs="0.05", worker_secs="600"),
+        "lifecycle.restart.backoff_secs=0.2",
     )
+    applied = tfplan(ws, "apply", "--auto-approve", "--detach", *args, check=True, timeout=600)
+    log = ws / "work" / "worker-0" / "task.log"
+    wait_until(lambda: "step=" in log.read_text(), 120, "a step")
+    chief = next(t for t in state_of(ws)["tasks"] if t["name"] == "worker/0")
+    host = spark_cluster.worker_addresses.index(chief["address"])
+    executors = [
+        pid
+        for pid, line in spark_cluster.processes_on_worker(host)
+        if "CoarseGrainedExecutorBackend" in line
+    ]
+    assert len(executors) == 1, spark_cluster.processes_on_worker(host)
+    os.kill(executors[0], signal.SIGKILL)
+    supervisor = ws / ".tfplan" / "t" / "supervisor.log"
+    restarted = f"worker/0: restarted on {chief['host']} (restart 1;"
+    wait_until(lambda: restarted in supervisor.read_text(), 180, "worker/0 restarted")
+    assert "worker/0 failed (killed or vanished): restarting" in supervisor.read_text()
+    registry = json.loads((ws / ".tfplan" / "t" / "backend" / "spark" / "agents.json").read_text())
+    index = chief["host"].removeprefix("executor-")
+    assert registry["agents"][index]["attempt"] >= 1, registry  # Spark ran the agent again
+    wait_until(lambda: "step=" in log.read_text(), 120, "a step of the restarted worker/0")
+
     status = tfplan(ws, "status", "--json", check=True)
     data = json.loads(status.stdout)
     assert data["backend"] == "spark" and data["allocation"]["id"].startswith("driver-")
@@ -280,38 +309,6 @@ def test_a_killed_ps_is_restarted_in_its_executor(ws: Path, spark_cluster: Spark
     result = json.loads((ws / "out" / "result.json").read_text())
     assert result["global_step"] >= 1200
     assert [r["ps"] for r in result["ps_recoveries"]] == [0], result["ps_recoveries"]
-    _nothing_left(spark_cluster, run.text())
-
-
-@pytest.mark.full
-def test_a_killed_executor_is_replaced_by_spark_and_its_task_restarted(
-    ws: Path, spark_cluster: SparkTestbed
-) -> None:
-    """SIGKILL of the executor JVM that hosts worker/0: its agent dies with it (the PySpark
-    daemon hangs up on its workers), the agent's guard kills the task, Spark runs the agent's
-    task again in a new executor, which registers anew; tfplan waits for the host, then
-    restarts the task through the new agent."""
-    args = _args(ws, spark_cluster, *_fake(ws, steps="100000", step_secs="0.05", worker_secs="600"))
-    run = ApplyRun(ws, [*args, "lifecycle.restart.backoff_secs=0.2"])
-    run.wait_for(r"worker/0\s+\| step=", timeout=300)
-    chief = next(t for t in state_of(ws)["tasks"] if t["name"] == "worker/0")
-    host = spark_cluster.worker_addresses.index(chief["address"])
-    executors = [
-        pid
-        for pid, line in spark_cluster.processes_on_worker(host)
-        if "CoarseGrainedExecutorBackend" in line
-    ]
-    assert len(executors) == 1, spark_cluster.processes_on_worker(host)
-    os.kill(executors[0], signal.SIGKILL)
-    run.wait_for(r"worker/0 failed \(killed or vanished\): restarting", timeout=180)
-    run.wait_for(rf"worker/0: restarted on {chief['host']} \(restart 1;", timeout=180)
-    registry = json.loads((ws / ".tfplan" / "t" / "backend" / "spark" / "agents.json").read_text())
-    index = chief["host"].removeprefix("executor-")
-    assert registry["agents"][index]["attempt"] >= 1, registry  # Spark ran the agent again
-    run.wait_for(r"worker/0\s+\| step=", timeout=120, after=len(run.lines) - 1)
-    run.proc.send_signal(signal.SIGINT)  # Ctrl-C: apply stops the tasks and the application
-    run.finish(timeout=120)
-    assert state_of(ws)["allocation"] is None, state_of(ws)
     _nothing_left(spark_cluster, run.text())
 
 
