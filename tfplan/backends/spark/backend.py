@@ -113,18 +113,20 @@ class AgentPool(TransportPool):
         self.registry = registry
         self.token_file = token_file
         self.python = python
-        self._seen_mtime: float | None = None
+        self._seen_mtime: int | None = None
+        self._data: dict[str, Any] = {}
 
     def refresh(self) -> dict[str, Any]:
-        """Re-read the registry when it changed; the registry's content."""
+        """Re-read the registry when it changed (every transport lookup asks: a stat, not
+        two reads, when it did not); the registry's content."""
         try:
-            mtime = self.registry.stat().st_mtime
+            mtime = self.registry.stat().st_mtime_ns
+            if mtime == self._seen_mtime:
+                return self._data
             data: dict[str, Any] = json.loads(self.registry.read_text())
             token = self.token_file.read_text().strip()
         except (OSError, ValueError):
             return {}
-        if mtime == self._seen_mtime:
-            return data
         targets = {}
         for index, record in data.get("agents", {}).items():
             name = f"executor-{index}"
@@ -142,7 +144,7 @@ class AgentPool(TransportPool):
                     opened.close()
                     del self._open[name]
             self.targets = dict(targets)
-            self._seen_mtime = mtime
+            self._seen_mtime, self._data = mtime, data
         return data
 
     def __getitem__(self, name: str) -> Transport:
