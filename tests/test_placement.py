@@ -12,7 +12,7 @@ from tfplan.errors import PlanError
 from tfplan.planning import placement
 from tfplan.planning.placement import PortRange, Slot
 from tfplan.planning.plan import Role
-from tfplan.planning.roles import role_counts
+from tfplan.planning.roles import RoleCounts, role_counts
 from tfplan.planning.topology import Place, Topology
 
 
@@ -190,6 +190,49 @@ def test_per_gpu_worker_on_a_full_host_is_refused() -> None:
     # per_gpu pins each worker to its GPU's host; 1 ps + 4 workers do not fit in 4 slots
     with pytest.raises(PlanError, match="no free slot"):
         place(_cluster([4], [4], ps=1, workers="per_gpu"))
+
+
+def test_places_for_some_roles_take_only_those_roles() -> None:
+    # a Spark application's executors of their own per role: 2 ps places, 2 for the rest
+    places = (
+        Place("ps-executor-0", None, 2, roles=("ps",)),
+        Place("ps-executor-1", None, 2, roles=("ps",)),
+        Place("executor-0", None, 3, roles=("chief", "worker", "evaluator")),
+        Place("executor-1", None, 3, roles=("chief", "worker", "evaluator")),
+    )
+    counts = RoleCounts(ps=3, workers=4, chief=True, evaluator=True, per_gpu=False)
+    slots = placement.place(places, counts)
+    by_role: dict[Role, list[int]] = {}
+    for s in slots:
+        by_role.setdefault(s.role, []).append(s.host)
+    assert by_role[Role.PS] == [0, 1, 0]  # round-robin over the ps places only
+    assert by_role[Role.CHIEF] == [2]
+    assert by_role[Role.WORKER] == [3, 2, 3, 2]
+    assert by_role[Role.EVALUATOR] == [3]
+
+
+def test_a_role_no_place_takes_is_refused_naming_it() -> None:
+    places = (Place("ps-executor-0", None, 2, roles=("ps",)),)
+    counts = RoleCounts(ps=1, workers=1, chief=False, evaluator=False, per_gpu=False)
+    with pytest.raises(PlanError, match="no place takes worker tasks"):
+        placement.place(places, counts)
+    roomy = RoleCounts(ps=3, workers=0, chief=False, evaluator=False, per_gpu=False)
+    with pytest.raises(PlanError, match="no free slot for ps/2: the places that take ps tasks"):
+        placement.place(places, roomy)
+
+
+def test_per_gpu_workers_skip_gpu_places_for_other_roles() -> None:
+    places = (
+        Place("ps-0", None, 1, gpus=1, roles=("ps",)),
+        Place("w-0", None, 2, gpus=2, roles=("worker",)),
+    )
+    counts = RoleCounts(ps=1, workers=0, chief=False, evaluator=False, per_gpu=True)
+    slots = placement.place(places, counts)
+    assert [(s.role, s.host, s.devices) for s in slots] == [
+        (Role.PS, 0, ()),
+        (Role.WORKER, 1, ("0",)),
+        (Role.WORKER, 1, ("1",)),
+    ]
 
 
 def _reference_place(cluster: ClusterConfig) -> tuple[Slot, ...]:

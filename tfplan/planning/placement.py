@@ -4,7 +4,8 @@ Deterministic: the same config and the same held ports always give the same plac
 Parameter servers are spread first (round-robin over the hosts; a full host passes its ps to
 the least used host with a free slot), then the chief, the workers and
 the evaluator each go to the host with the fewest tasks so far (ties to the earlier host), within
-each host's ``cpu_slots``. Workers on a host with GPUs take that host's next free GPU. Where the
+each host's ``cpu_slots`` and among the hosts that take the task's role (``Place.roles``: a Spark
+application's ps executors take only ps tasks). Workers on a host with GPUs take that host's next free GPU. Where the
 hosts may not share the output folder, the evaluator goes to the chief's host instead: it reads
 the chief's checkpoints there (docs/per_host_output.md).
 """
@@ -53,8 +54,16 @@ class _Hosts:
         # 1,000 hosts took 15 s that way). Entries go stale when a host takes a task; they are
         # dropped when they reach the top. The list is sorted, hence already a heap.
         self._free = [(0, i) for i, h in enumerate(hosts) if h.cpu_slots > 0]
+        self._by_role = any(h.roles for h in hosts)
 
-    def _least_used(self) -> int | None:
+    def _least_used(self, role: Role) -> int | None:
+        if self._by_role:  # a few places, each for some roles: a scan
+            free = [
+                (self.used[i], i)
+                for i, h in enumerate(self.hosts)
+                if h.takes(role.value) and self.used[i] < h.cpu_slots
+            ]
+            return min(free)[1] if free else None
         while self._free:
             used, i = self._free[0]
             if used == self.used[i] and used < self.hosts[i].cpu_slots:
@@ -65,10 +74,17 @@ class _Hosts:
     def take(self, role: Role, index: int, host: int | None = None, fallback: bool = False) -> Slot:
         """A slot on ``host``, or on the least used host with a free slot (ties to the earlier
         host) when ``host`` is None, or when it is full and ``fallback`` is set."""
-        if host is not None and self.used[host] >= self.hosts[host].cpu_slots and fallback:
+        if (
+            host is not None
+            and fallback
+            and (
+                self.used[host] >= self.hosts[host].cpu_slots
+                or not self.hosts[host].takes(role.value)
+            )
+        ):
             host = None
         if host is None:
-            host = self._least_used()
+            host = self._least_used(role)
             if host is None:
                 raise self._full(role, index)
         elif self.used[host] >= self.hosts[host].cpu_slots:
@@ -84,6 +100,18 @@ class _Hosts:
 
     def _full(self, role: Role, index: int) -> PlanError:
         total = sum(h.cpu_slots for h in self.hosts)
+        if self._by_role:
+            mine = [h for h in self.hosts if h.takes(role.value)]
+            if not mine:
+                return PlanError(
+                    f"{self.keys[0]}: no place takes {role.value} tasks: add places for "
+                    f"{role.value} tasks, or places that take any role"
+                )
+            return PlanError(
+                f"{self.keys[0]}: no free slot for {role.value}/{index}: the places that take "
+                f"{role.value} tasks have {sum(h.cpu_slots for h in mine)} slots in all; raise "
+                f"{self.keys[1]}, add more, or ask for fewer tasks"
+            )
         return PlanError(
             f"{self.keys[0]}: no free slot for {role.value}/{index}: the cluster has {total} "
             f"slots in all; raise {self.keys[1]}, add more, or ask for fewer tasks"
@@ -117,11 +145,15 @@ def place(
         slots.append(hosts.take(Role.PS, index, host=index % len(places), fallback=True))
     if counts.chief:
         # One training replica per GPU: a separate chief is one of them, on the first GPU.
-        first_gpu_host = next((i for i, h in enumerate(places) if h.gpus > 0), None)
+        first_gpu_host = next(
+            (i for i, h in enumerate(places) if h.gpus > 0 and h.takes(Role.CHIEF.value)), None
+        )
         slots.append(hosts.take(Role.CHIEF, 0, host=first_gpu_host if counts.per_gpu else None))
     if counts.per_gpu:
         index = 0
         for position, host in enumerate(places):
+            if not host.takes(Role.WORKER.value):
+                continue
             for _ in range(host.gpus - hosts.next_gpu[position]):
                 slots.append(hosts.take(Role.WORKER, index, host=position))
                 index += 1

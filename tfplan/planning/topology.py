@@ -27,6 +27,10 @@ class Place:
     gpus: int = 0
     port_base: int | None = None  # overrides cluster.port_base here
     python: str = "python3"  # the interpreter that runs the built-in recipes there
+    roles: tuple[str, ...] = ()  # the roles whose tasks it takes ("ps", "worker"...); (): any
+
+    def takes(self, role: str) -> bool:
+        return not self.roles or role in self.roles
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,8 @@ class Topology:
 
     @property
     def total_gpus(self) -> int:
-        return sum(p.gpus for p in self.places)
+        """The GPUs of the places that take training replicas (one per GPU, per_gpu)."""
+        return sum(p.gpus for p in self.places if p.takes("worker"))
 
 
 @dataclass(frozen=True)
