@@ -136,13 +136,16 @@ class SparkTestbed:
     ``start()`` and ``stop()`` in a ``finally`` (``stop()`` also undoes a half-made bed).
     """
 
-    def __init__(self, tmp: Path, workers: int = 3, cores: int = 2, memory: str = "2g") -> None:
+    def __init__(
+        self, tmp: Path, workers: int = 3, cores: int = 2, memory: str = "2g", gpus: int = 2
+    ) -> None:
         if not 1 <= workers <= 9:
             raise ValueError("1..9 workers")
         self.tmp = Path(tmp)
         self.workers = workers
         self.cores = cores
         self.memory = memory
+        self.gpus = gpus  # stand-ins: a discovery script names them, nothing computes on them
         # unique per bed: PID + counter; interface names stay <= 15 chars (sp + 7 + 2 + br)
         prefix = f"sp{os.getpid()}{next(_counter)}"
         self.bridge = f"{prefix}br"
@@ -258,8 +261,8 @@ class SparkTestbed:
             self._check_daemons(workers)
             try:
                 seen = self.alive_workers()
-            except OSError as exc:  # the master's web UI is not up yet
-                seen = f"master's web UI: {exc}"
+            except (OSError, ValueError) as exc:  # the web UI is not up yet, or half up: an
+                seen = f"master's web UI: {exc}"  # empty answer was seen once while it starts
             if isinstance(seen, dict) and all(
                 (w := seen.get(self.worker_addresses[i])) is not None
                 and w["cores"] == self.cores
@@ -393,9 +396,22 @@ class SparkTestbed:
         from SPARK_CONF_DIR): JVMs that start cheaply, and nothing an application must say
         itself (no master, no driver host): a client that forgets those still fails here."""
         jvm = " ".join(_QUICK_JVM)
-        (self.conf_dir / "spark-defaults.conf").write_text(
+        defaults = (
             f"spark.driver.defaultJavaOptions {jvm}\nspark.executor.defaultJavaOptions {jvm}\n"
         )
+        if self.gpus:
+            # each worker offers GPUs by name (no machine here has one): Spark's standalone
+            # scheduling of them is real (an executor that asks for one is given an address, the
+            # worker's free list shrinks); nothing runs on them
+            script = self.conf_dir / "gpus.sh"
+            found = {"name": "gpu", "addresses": [str(i) for i in range(self.gpus)]}
+            script.write_text(f"#!/bin/sh\necho '{json.dumps(found)}'\n")
+            script.chmod(0o755)
+            defaults += (
+                f"spark.worker.resource.gpu.amount {self.gpus}\n"
+                f"spark.worker.resource.gpu.discoveryScript {script}\n"
+            )
+        (self.conf_dir / "spark-defaults.conf").write_text(defaults)
 
     def _daemon_env(self, local_ip: str, local_dirs: Path) -> dict[str, str]:
         env = self.env()

@@ -110,6 +110,53 @@ def test_plan_shows_the_request_and_executors_known_after_apply(ws: Path) -> Non
     assert len(ports) == len(set(ports)) == 3, out
 
 
+ROLES = "cluster.options.roles={ps: {executors: 1, cores: 1, memory: 512m}, worker: {executors: 2, cores: 2, memory: 768m, gpus: 1}}"
+
+
+def test_plan_gives_each_listed_role_executors_of_its_own_shape(ws: Path) -> None:
+    extra = ("cluster.options.executors=0", ROLES)
+    planned = tfplan(ws, "plan", "--json", "--no-save", *_args(ws, None, *extra), check=True)
+    hosts = {f"{t['role']}/{t['index']}": t["host"] for t in json.loads(planned.stdout)["tasks"]}
+    assert hosts == {
+        "ps/0": "ps-executor-0",
+        "worker/0": "worker-executor-0",
+        "worker/1": "worker-executor-1",
+    }
+    out = tfplan(ws, "plan", *_args(ws, None, *extra), check=True).stdout
+    assert "3 executor(s), 5 core(s) in all" in out
+    assert "ps-executor-0 (ps): 1 executor(s) of 1 core(s), 512m, 2 task(s) each" in out
+    assert (
+        "worker-executor-0..worker-executor-1 (worker): 2 executor(s) of 2 core(s), 768m, "
+        "1 GPU(s), 2 task(s) each (a resource profile)"
+    ) in out
+    # executors of several shapes in one application: resource profiles, dynamic allocation
+    assert "--conf spark.dynamicAllocation.enabled=true" in out
+    assert "--conf spark.dynamicAllocation.maxExecutors=3" in out
+    ports = [int(p) for p in re.findall(r"\+ port       = (\d+)", out)]
+    assert len(ports) == len(set(ports)) == 3, out
+    # a worker is planned on its executor's first GPU; the chief (a separate one) and the ps
+    # elsewhere: the chief goes to the default executors, which the roles listed leave
+    chief = ("cluster.chief=separate", "cluster.options.executors=1", ROLES)
+    planned = tfplan(ws, "plan", "--json", "--no-save", *_args(ws, None, *chief), check=True)
+    after = {f"{t['role']}/{t['index']}": t for t in json.loads(planned.stdout)["tasks"]}
+    assert after["chief/0"]["host"] == "executor-0"
+    assert after["worker/0"]["devices"] == ["0"] and after["ps/0"]["devices"] == []
+
+
+def test_a_workers_planned_gpu_is_the_one_spark_gave_its_executor() -> None:
+    from tfplan.backends.api import LaunchRequest
+    from tfplan.backends.spark.backend import _on_gpus
+
+    def request(devices: str) -> LaunchRequest:
+        env = {"CUDA_VISIBLE_DEVICES": devices, "A": "1"}
+        return LaunchRequest("worker/0", "worker", 0, "w-0", ("python",), env, "/w", "/w/log")
+
+    assert _on_gpus(request("0"), ("3", "5")).env == {"CUDA_VISIBLE_DEVICES": "3", "A": "1"}
+    assert _on_gpus(request("1,0"), ("3", "5")).env["CUDA_VISIBLE_DEVICES"] == "5,3"
+    assert _on_gpus(request(""), ("3",)).env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU: none
+    assert _on_gpus(request("0"), ()).env["CUDA_VISIBLE_DEVICES"] == "0"  # none given: as planned
+
+
 @pytest.mark.parametrize(
     ("extra", "env", "expected"),
     [
@@ -118,8 +165,32 @@ def test_plan_shows_the_request_and_executors_known_after_apply(ws: Path) -> Non
         (("+cluster.options.exectors=3",), {}, "cluster.options.exectors: no such Spark option"),
         ((), {"PATH": "/nonexistent", "JAVA_HOME": ""}, "no Java on this machine"),
         (("cluster.hosts=[{name: a, address: 10.0.0.1}]",), {}, "cluster.hosts: the spark backend"),
+        (
+            ("cluster.options.roles={pss: {executors: 1}}",),
+            {},
+            "cluster.options.roles.pss: not a role; use ps, chief, worker, evaluator",
+        ),
+        (
+            ("cluster.options.roles={ps: {executors: 1, memory: lots}}",),
+            {},
+            "cluster.options.roles.ps.memory: 'lots' is not a JVM memory size",
+        ),
+        (
+            ("cluster.options.executors=0", "cluster.options.roles={ps: {executors: 1}}"),
+            {},
+            "cluster.options.roles: no place takes worker tasks",
+        ),
     ],
-    ids=["master-unreachable", "bad-memory", "typo", "no-java", "hosts-listed"],
+    ids=[
+        "master-unreachable",
+        "bad-memory",
+        "typo",
+        "no-java",
+        "hosts-listed",
+        "not-a-role",
+        "role-memory",
+        "role-unplaced",
+    ],
 )
 def test_bad_input_is_one_line_and_starts_nothing(
     ws: Path, extra: tuple[str, ...], env: dict[str, str], expected: str
@@ -153,7 +224,7 @@ def test_the_agents_guard_ends_what_the_agent_started_when_the_agent_dies(tmp_pa
 
     def fake_agent() -> None:
         agent._become_subreaper()
-        agent._start_guard()
+        agent._start_guard("test-mark")
         # a detached task, as tfplan's start script makes one (setsid, its parent exits)
         os.system(f"setsid sh -c 'sleep 600 & echo $! > {ready}' &")  # noqa: S605
         time.sleep(600)
@@ -167,6 +238,44 @@ def test_the_agents_guard_ends_what_the_agent_started_when_the_agent_dies(tmp_pa
     os.kill(proc.pid or 0, signal.SIGKILL)
     proc.join()
     wait_until(lambda: not _alive(task), 30, "the task killed by the guard")
+
+
+def test_the_guard_also_ends_a_task_it_never_saw_by_the_agents_mark(tmp_path: Path) -> None:
+    """A task started after the guard's last look (here: one that was never the agent's
+    descendant at all) still carries the agent's mark in its environment: the guard's last
+    sweep ends it. Seen on the bed: an executor killed within half a second of a task's start
+    left that task running, and its replacement was never started."""
+    import multiprocessing
+
+    ready = tmp_path / "pids"
+    unmarked = tmp_path / "unmarked"
+
+    def fake_agent() -> None:  # no subreaper: the orphans go to init, out of the guard's sight
+        os.environ[agent.MARK_ENV] = "mark-1"
+        agent._start_guard("mark-1")
+        os.system(f"setsid sh -c 'sleep 600 & echo $! > {ready}' &")  # noqa: S605
+        other = f"env {agent.MARK_ENV}=mark-2 setsid sh -c 'sleep 600 & echo $! > {unmarked}' &"
+        os.system(other)  # noqa: S605 - another agent's: left alone
+        time.sleep(600)
+
+    proc = multiprocessing.get_context("fork").Process(target=fake_agent)
+    proc.start()
+    for path in (ready, unmarked):
+        wait_until(lambda p=path: p.exists() and p.read_text().strip() != "", 30, "the tasks")
+    task, other = int(ready.read_text()), int(unmarked.read_text())
+    assert task not in agent.descendants(proc.pid or 0)  # never the agent's: only marked
+    assert task in agent.marked("mark-1") and other not in agent.marked("mark-1")
+    os.kill(proc.pid or 0, signal.SIGKILL)
+    proc.join()
+    try:
+        wait_until(lambda: not _alive(task), 30, "the unseen task killed by the guard")
+        assert _alive(other)
+    finally:
+        for pid in (task, other):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _alive(pid: int) -> bool:
@@ -246,8 +355,7 @@ def test_a_killed_executor_is_replaced_then_status_logs_and_destroy_leave_nothin
     wait_until(lambda: restarted in supervisor.read_text(), 180, "worker/0 restarted")
     assert "worker/0 failed (killed or vanished): restarting" in supervisor.read_text()
     registry = json.loads((ws / ".tfplan" / "t" / "backend" / "spark" / "agents.json").read_text())
-    index = chief["host"].removeprefix("executor-")
-    assert registry["agents"][index]["attempt"] >= 1, registry  # Spark ran the agent again
+    assert registry["agents"][chief["host"]]["attempt"] >= 1, registry  # Spark ran it again
     wait_until(lambda: "step=" in log.read_text(), 120, "a step of the restarted worker/0")
 
     status = tfplan(ws, "status", "--json", check=True)
@@ -365,7 +473,13 @@ def test_an_agent_started_again_on_another_host_ends_the_run_with_the_fix(tmp_pa
 
     def register(address: str) -> None:
         agents = {
-            str(i): {"index": i, "attempt": 0, "port": 1000 + i, "address": a, "hostname": a}
+            f"executor-{i}": {
+                "place": f"executor-{i}",
+                "attempt": 0,
+                "port": 1000 + i,
+                "address": a,
+                "hostname": a,
+            }
             for i, a in enumerate(["10.0.0.1", address])
         }
         backend.registry.write_text(json.dumps({"app_id": "app-1", "agents": agents}))
@@ -383,6 +497,72 @@ def test_an_agent_started_again_on_another_host_ends_the_run_with_the_fix(tmp_pa
     assert backend.agents["executor-1"].target.address == "10.0.0.99"  # reached where it is now
 
 
+CUDA_TASK = 'import os\nprint("CUDA=" + os.environ.get("CUDA_VISIBLE_DEVICES", "-"), flush=True)\n'
+
+
+@pytest.mark.full
+def test_each_role_runs_on_executors_of_its_own_shape_with_its_gpus(
+    ws: Path, spark_cluster: SparkTestbed
+) -> None:
+    """``cluster.options.roles``: the ps on a 1-core 512 MiB executor, each worker on a 2-core
+    768 MiB executor with a GPU (the bed's workers name two each: Spark's scheduling of them is
+    real, nothing computes on them); each worker's CUDA_VISIBLE_DEVICES is the address Spark
+    gave its executor."""
+    script = ws / "cuda_task.py"
+    script.write_text(CUDA_TASK + FAKE_TASK)
+    command = ["recipe=command", f"recipe.command='{sys.executable} {script}'"]
+    args = _args(ws, spark_cluster, *command, ROLES, executors=0)
+    proc = tfplan(ws, "apply", "--auto-approve", *args, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr
+    started = dict(re.findall(r"(ps/0|worker/0|worker/1): started on ([\w-]+)", out))
+    assert started["ps/0"] == "ps-executor-0", out
+    assert sorted([started["worker/0"], started["worker/1"]]) == [
+        "worker-executor-0",
+        "worker-executor-1",
+    ], out
+    folder = ws / ".tfplan" / "t" / "backend" / "spark"
+    granted = re.findall(
+        r"Granted executor ID \S+ on hostPort \S+ with (\d+) core\(s\), ([\d.]+) MiB",
+        (folder / "driver.log").read_text(),
+    )
+    assert sorted(granted) == [("1", "512.0"), ("2", "768.0"), ("2", "768.0")], granted
+    agents = json.loads((folder / "agents.json").read_text())["agents"]
+    assert agents["ps-executor-0"]["gpus"] == []
+    for worker in ("worker/0", "worker/1"):
+        gpus = agents[started[worker]]["gpus"]
+        assert len(gpus) == 1 and gpus[0] in ("0", "1"), agents
+        assert f"{worker:<12} | CUDA={gpus[0]}" in out, out[-3000:]
+    _nothing_left(spark_cluster, out)
+
+
+@pytest.mark.full
+def test_workers_join_and_leave_in_place_in_one_application(
+    ws: Path, spark_cluster: SparkTestbed
+) -> None:
+    """docs/resize.md's story on Spark: 2 -> 4 -> 2 workers, then a told step budget, in the
+    application the first apply started (joiners start through the agents of the executors
+    already held; the ps on an executor of its own, which no joiner may take)."""
+    from test_resize import ELASTIC, Job, grow_shrink_and_end
+
+    ps_own = "cluster.options.roles={ps: {executors: 1, cores: 1, memory: 512m}}"
+    base = [*_args(ws, spark_cluster, ps_own, executors=2), *ELASTIC]
+    job = Job(ws)
+    applications: set[str] = set()
+    drivers: set[int] = set()
+
+    def held() -> None:
+        data = (state_of(ws).get("allocation") or {}).get("data") or {}
+        if data:
+            applications.add(str(data.get("app_id")))
+            drivers.add(int(data["driver"]["pid"]))
+
+    job.run_hook = held
+    grow_shrink_and_end(job, base)
+    assert len(applications) == len(drivers) == 1, applications  # one application throughout
+    _nothing_left(spark_cluster, f"(driver pid {drivers.pop()},")
+
+
 @pytest.mark.full
 def test_more_cores_than_the_cluster_has_is_refused_before_submitting(
     ws: Path, spark_cluster: SparkTestbed
@@ -394,7 +574,7 @@ def test_more_cores_than_the_cluster_has_is_refused_before_submitting(
     needed = (spark_cluster.workers + 1) * 2
     assert (
         f"cluster.options.executors: the plan needs {spark_cluster.workers + 1} executor(s) of 2 "
-        f"core(s) ({needed} cores); the master has {free} free core(s) on "
+        f"core(s), 512m: {needed} core(s); the master has {free} free core(s) on "
         f"{spark_cluster.workers} alive worker(s)"
     ) in proc.stderr, proc.stderr
     assert not recorded_groups(ws) and not spark_cluster.master_state()["activeapps"]

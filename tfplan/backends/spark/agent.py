@@ -8,9 +8,11 @@ task per executor, and that task is :func:`serve`:
    starts stays its descendant even after detaching (``setsid``, as tfplan's task starts do);
 2. it forks a *guard* in a session of its own that notes the agent's descendants four times a
    second and, once the agent is gone (Spark cancelled its task, the executor died, a SIGKILL),
-   kills every one of them by process group: no task outlives the agent that can control it;
-3. it listens on a TCP port and registers ``{index, attempt, address, port, python, pid,
-   hostname}`` with the driver's registry (the address is the one it reaches the driver from);
+   kills every one of them by process group, and every process that carries the agent's mark
+   in its environment (``TFPLAN_SPARK_AGENT``, inherited by all the agent starts: a task
+   started since the guard's last look): no task outlives the agent that can control it;
+3. it listens on a TCP port and registers ``{place, attempt, address, port, python, pid,
+   hostname, gpus}`` with the driver's registry (the address is the one it reaches the driver from);
 4. it serves requests until it is killed.
 
 Protocol (one TCP connection per request, like an SSH channel): the client sends one JSON line
@@ -31,6 +33,7 @@ import ctypes
 import hmac
 import json
 import os
+import secrets
 import signal
 import socket
 import socketserver
@@ -52,6 +55,7 @@ __all__ = [
 ]
 
 GUARD_TICK_SECS = 0.25
+MARK_ENV = "TFPLAN_SPARK_AGENT"  # in the environment of everything an agent starts
 PR_SET_CHILD_SUBREAPER = 36
 RUN_TIMEOUT_SECS = 600.0
 
@@ -122,9 +126,29 @@ def descendants(root: int) -> dict[int, tuple[int, int]]:
     return found
 
 
-def _guard(agent: int) -> None:
+def marked(mark: str) -> dict[int, tuple[int, int]]:
+    """Every live process whose environment carries ``MARK_ENV=mark``: what an agent started
+    (its scripts, their detached tasks, a warm seed and what it forked): pid -> (pgid, start)."""
+    needle = f"{MARK_ENV}={mark}".encode() + b"\0"
+    found = {}
+    for pid, stat in processes().items():
+        if stat.state == "Z":
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if environ.startswith(needle) or b"\0" + needle in environ:
+            found[pid] = (stat.pgid, stat.start)
+    return found
+
+
+def _guard(agent: int, mark: str) -> None:
     """In the guard process: follow the agent's descendants; once the agent is gone, kill
-    every one still alive (by process group, then by PID), then exit. Never returns."""
+    every one still alive (by process group, then by PID), and every process carrying the
+    agent's mark (one started between the last look and the agent's end: a look at every
+    process takes a while on a busy host), then exit. Never returns."""
     me = os.getpid()
     seen: dict[int, tuple[int, int]] = {}
     while proc_stat(agent) is not None and os.getppid() == agent:
@@ -133,6 +157,8 @@ def _guard(agent: int) -> None:
         seen = {p: v for p, v in seen.items() if proc_stat(p) is not None}
         seen.update(now)
         time.sleep(GUARD_TICK_SECS)
+    seen.update(marked(mark))
+    seen.pop(me, None)
     for sig in (signal.SIGKILL,):
         for pid, (pgid, start) in seen.items():
             stat = proc_stat(pid)
@@ -146,7 +172,7 @@ def _guard(agent: int) -> None:
     os._exit(0)
 
 
-def _start_guard() -> None:
+def _start_guard(mark: str) -> None:
     agent = os.getpid()
     pid = os.fork()
     if pid == 0:
@@ -155,7 +181,7 @@ def _start_guard() -> None:
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            _guard(agent)
+            _guard(agent, mark)
         finally:
             os._exit(0)
 
@@ -333,17 +359,29 @@ def _register(registry: tuple[str, int], record: dict[str, Any]) -> str:
             time.sleep(0.5)
 
 
-def serve(token: str, registry: tuple[str, int], index: int, attempt: int) -> None:
-    """The agent's life inside its Spark task (see the module docstring). Never returns."""
+def serve(
+    token: str,
+    registry: tuple[str, int],
+    place: str,
+    attempt: int,
+    gpus: list[str] | None = None,
+) -> None:
+    """The agent's life inside its Spark task (see the module docstring): the agent of
+    ``place`` (``executor-0``), on an executor Spark gave ``gpus`` (their addresses). Never
+    returns."""
     _become_subreaper()
-    _start_guard()
+    # everything the agent starts inherits the mark (the guard's last sweep finds it by it)
+    mark = f"{os.getpid()}-{secrets.token_hex(8)}"
+    os.environ[MARK_ENV] = mark
+    _start_guard(mark)
     reaper = _Reaper()
     threading.Thread(target=reaper.loop, name="reaper", daemon=True).start()
     server = _Server(token, reaper)
     port = int(server.server_address[1])
     record: dict[str, Any] = {
-        "index": index,
+        "place": place,
         "attempt": attempt,
+        "gpus": list(gpus or []),
         "port": port,
         "pid": os.getpid(),
         "python": sys.executable,

@@ -33,16 +33,25 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfplan.backends.api import Backend, CancelResult, Capabilities, OutputPlace, Say
+from tfplan.backends.api import (
+    Backend,
+    CancelResult,
+    Capabilities,
+    Launched,
+    LaunchRequest,
+    OutputPlace,
+    Say,
+)
 from tfplan.backends.fanout import run_on_hosts
 from tfplan.backends.process import ProcessBackend
 from tfplan.backends.process.backend import LAUNCH_FANOUT
 from tfplan.backends.spark import agent as agent_module
 from tfplan.backends.spark import driver_app
-from tfplan.backends.spark.options import SparkOptions, parse_options
+from tfplan.backends.spark.options import SparkOptions, memory_mib, parse_options
 from tfplan.backends.spark.transport import AgentTarget, SparkAgentTransport
 from tfplan.backends.transports import scripts as _scripts
 from tfplan.backends.transports.base import Transport
@@ -104,6 +113,16 @@ def master_address(master: str) -> tuple[str, int] | None:
     return (found.group(1), int(found.group(2))) if found else None
 
 
+@dataclass(frozen=True)
+class FreeResources:
+    """What a standalone master's alive workers have free."""
+
+    workers: int
+    cores: int
+    memory_mib: int
+    gpus: int
+
+
 class AgentPool(TransportPool):
     """Transports by place name, to the agents the driver's registry names now: an agent
     started again (its executor lost) is reached at its new address."""
@@ -128,14 +147,14 @@ class AgentPool(TransportPool):
         except (OSError, ValueError):
             return {}
         targets = {}
-        for index, record in data.get("agents", {}).items():
-            name = f"executor-{index}"
+        for name, record in data.get("agents", {}).items():
             targets[name] = AgentTarget(
                 name=name,
                 address=str(record["address"]),
                 python=self.python or str(record.get("python") or "python3"),
                 agent_port=int(record["port"]),
                 token=token,
+                gpus=tuple(str(g) for g in record.get("gpus") or ()),
             )
         with self._lock:
             for name, target in targets.items():
@@ -194,27 +213,32 @@ class SparkBackend(ProcessBackend):
         # the executors run the Python this machine runs tfplan with (spark.pyspark.python),
         # unless cluster.python names theirs
         python = cluster.python or sys.executable
-        slots = options.tasks_per_executor
-        places = tuple(
-            Place(
-                f"executor-{i}",
-                None,
-                slots,
-                port_base=cluster.port_base + i * slots,
-                python=python,
-            )
-            for i in range(options.executors)
-        )
+        places: list[Place] = []
+        port_base = cluster.port_base  # each place its own window: two on one host never clash
+        for group in options.groups():
+            for name in group.places():
+                places.append(
+                    Place(
+                        name,
+                        None,
+                        group.slots,
+                        gpus=group.gpus,
+                        port_base=port_base,
+                        python=python,
+                        roles=group.roles,
+                    )
+                )
+                port_base += group.slots
         ref = BackendRef(
             cls.name,
             {"options": options.to_dict(), "python": cluster.python, "warm": cluster.warm},
         )
         topology = Topology(
-            places=places,
-            places_key="cluster.options.executors",
+            places=tuple(places),
+            places_key="cluster.options.roles" if options.roles else "cluster.options.executors",
             slots_key="cluster.options.tasks_per_executor",
         )
-        return Target(ref, topology, allocates="Spark application")
+        return Target(ref, topology, resize_in_place=True, allocates="Spark application")
 
     @classmethod
     def dryrun(cls, plan: Plan) -> tuple[str, ...]:
@@ -223,11 +247,19 @@ class SparkBackend(ProcessBackend):
         conf = " ".join(f"--conf {k}={v}" for k, v in options.submit_conf().items())
         lines = [
             f"spark-submit --master {options.master} --deploy-mode client {conf} "
-            f"driver_app.py  # the driver runs here, detached; {options.executors} executor(s) "
-            f"of {options.executor_cores} core(s) and {options.executor_memory}",
-            "each executor runs one tfplan agent (a Spark task holding its cores); tasks start "
-            "through it as on an SSH host",
+            f"driver_app.py  # the driver runs here, detached; "
+            f"{options.total_executors} executor(s), {options.total_cores} core(s) in all",
         ]
+        for group in options.groups():
+            first, last = group.places()[0], group.places()[-1]
+            named = first if first == last else f"{first}..{last}"
+            who = ", ".join(group.roles) if group.roles else "any role"
+            how = "a resource profile" if group.profile else "spark.executor.*"
+            lines.append(f"{named} ({who}): {group.describe()} ({how})")
+        lines.append(
+            "each executor runs one tfplan agent (a Spark task holding its cores and GPUs); "
+            "tasks start through it as on an SSH host"
+        )
         if plan.backend.config.get("warm", True):
             lines.append(
                 "warm starts: a seed per executor imports TensorFlow once; Python tasks fork "
@@ -282,19 +314,38 @@ class SparkBackend(ProcessBackend):
                     f"cluster.options.master: {options.master} does not answer "
                     f"({error.strerror or error}): start the master or fix the URL"
                 )
-            free = self._free_cores(address[0])
-            needed = options.executors * options.executor_cores
-            if free is not None and free[0] < needed:
+            free = self._free(address[0])
+            if free is not None:
+                return self._short(free)
+        return None
+
+    def _short(self, free: FreeResources) -> str | None:
+        """What the plan asks for that the master's alive workers do not have free."""
+        options = self.options
+        key = "cluster.options.roles" if options.roles else "cluster.options.executors"
+        asked = ", ".join(
+            f"{g.count} {g.prefix}(s) of {g.cores} core(s), {g.memory}"
+            + (f", {g.gpus} GPU(s)" if g.gpus else "")
+            for g in options.groups()
+        )
+        wants = {
+            "core(s)": options.total_cores,
+            "MiB of memory": sum(g.count * memory_mib(g.memory) for g in options.groups()),
+            "GPU(s)": sum(g.count * g.gpus for g in options.groups()),
+        }
+        has = {"core(s)": free.cores, "MiB of memory": free.memory_mib, "GPU(s)": free.gpus}
+        for what, needed in wants.items():
+            if needed > has[what]:
                 return (
-                    f"cluster.options.executors: the plan needs {options.executors} executor(s) "
-                    f"of {options.executor_cores} core(s) ({needed} cores); the master has "
-                    f"{free[0]} free core(s) on {free[1]} alive worker(s): lower "
-                    "cluster.options.executors/executor_cores or add workers"
+                    f"{key}: the plan needs {asked}: {needed} {what}; the master has "
+                    f"{has[what]} free {what} on {free.workers} alive worker(s): ask for fewer "
+                    "or smaller executors, or add workers"
                 )
         return None
 
-    def _free_cores(self, host: str) -> tuple[int, int] | None:
-        """(free cores, alive workers) from a standalone master's web UI JSON, if it answers."""
+    def _free(self, host: str) -> FreeResources | None:
+        """What a standalone master's alive workers have free (its web UI's JSON), if it
+        answers."""
         url = self.options.master_web_url or f"http://{host}:8080"
         try:
             with urllib.request.urlopen(f"{url.rstrip('/')}/json/", timeout=3.0) as answer:  # noqa: S310
@@ -302,8 +353,15 @@ class SparkBackend(ProcessBackend):
         except (OSError, ValueError):
             return None
         alive = [w for w in state.get("workers", []) if w.get("state") == "ALIVE"]
-        free = sum(int(w.get("cores", 0)) - int(w.get("coresused", 0)) for w in alive)
-        return free, len(alive)
+        return FreeResources(
+            workers=len(alive),
+            cores=sum(int(w.get("cores", 0)) - int(w.get("coresused", 0)) for w in alive),
+            memory_mib=sum(int(w.get("memory", 0)) - int(w.get("memoryused", 0)) for w in alive),
+            gpus=sum(
+                len(((w.get("resourcesfree") or {}).get("gpu") or {}).get("addresses") or ())
+                for w in alive
+            ),
+        )
 
     def allocate(
         self,
@@ -369,6 +427,8 @@ class SparkBackend(ProcessBackend):
         shutil.copyfile(agent_module.__file__, agent_file)
         app_file = self.folder / "driver_app.py"
         shutil.copyfile(driver_app.__file__, app_file)
+        wanted_file = self.folder / "wanted.json"
+        wanted_file.write_text(json.dumps(options.agents(), indent=1))
         python = self.python or sys.executable
         command = [
             os.path.join(home, "bin", "spark-submit"),
@@ -388,7 +448,7 @@ class SparkBackend(ProcessBackend):
             *options.submit_args,
             str(app_file),
             str(self.registry),
-            str(options.executors),
+            str(wanted_file),
         ]
         env = {
             driver_app.TOKEN_ENV: token,
@@ -399,6 +459,8 @@ class SparkBackend(ProcessBackend):
         }
         if options.driver_host:
             env["SPARK_LOCAL_IP"] = options.driver_host
+        if options.gpu_discovery_script:
+            env["TFPLAN_SPARK_GPU_SCRIPT"] = options.gpu_discovery_script
         started = self.local.start(
             LaunchSpec(
                 name="spark-driver",
@@ -421,7 +483,7 @@ class SparkBackend(ProcessBackend):
         submitted(allocation)
         say(
             f"submitted the Spark application to {options.master} (driver pid {started.pid}, "
-            f"{options.executors} executor(s)); waiting for its agents"
+            f"{options.total_executors} executor(s)); waiting for its agents"
         )
         return allocation
 
@@ -431,7 +493,7 @@ class SparkBackend(ProcessBackend):
         Raises:
             BackendError: the driver ended, or too few agents within ``start_timeout_secs``.
         """
-        wanted = self.options.executors
+        wanted = self.options.total_executors
         deadline = time.monotonic() + self.options.start_timeout_secs
         while True:
             data = self.agents.refresh()
@@ -448,25 +510,27 @@ class SparkBackend(ProcessBackend):
                 free = None
                 address = master_address(self.options.master)
                 if address is not None:
-                    free = self._free_cores(address[0])
+                    free = self._free(address[0])
                 have = (
-                    f"; the master has {free[0]} free core(s) on {free[1]} worker(s)"
+                    f"; the master has {free.cores} free core(s), {free.memory_mib} MiB and "
+                    f"{free.gpus} GPU(s) on {free.workers} worker(s)"
                     if free is not None
                     else ""
                 )
+                missing = sorted(set(self.options.agents_places()) - set(agents))
                 raise BackendError(
                     f"only {len(agents)} of {wanted} Spark executors started within "
-                    f"cluster.options.start_timeout_secs={self.options.start_timeout_secs:.0f}"
-                    f"{have}: lower cluster.options.executors/executor_cores/executor_memory or "
-                    f"add workers (the driver's log: {self.folder / 'driver.log'})"
+                    f"cluster.options.start_timeout_secs={self.options.start_timeout_secs:.0f} "
+                    f"(missing: {', '.join(missing)}){have}: ask for fewer or smaller executors "
+                    f"or add workers (the driver's log: {self.folder / 'driver.log'})"
                 )
             time.sleep(POLL_SECS)
 
     def _bound(self) -> dict[str, tuple[str, str]]:
         data = self.agents.refresh()
         return {
-            f"executor-{index}": (str(r.get("hostname") or r["address"]), str(r["address"]))
-            for index, r in data.get("agents", {}).items()
+            place: (str(r.get("hostname") or r["address"]), str(r["address"]))
+            for place, r in data.get("agents", {}).items()
         }
 
     def _usable(self, allocation: Allocation) -> bool:
@@ -480,7 +544,8 @@ class SparkBackend(ProcessBackend):
         driver = allocation.data.get("driver")
         if not driver:
             return None
-        if _alive(int(driver["pid"])):
+        # the driver's process group (its JVM and Python), not only the sh that started them
+        if _group_alive(int(driver["pgid"])):
             return self._moved(allocation)
         log = Path(str(allocation.data.get("log", self.folder / "driver.log")))
         return (
@@ -538,6 +603,13 @@ class SparkBackend(ProcessBackend):
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def launch(self, request: LaunchRequest, allocation: Allocation) -> Launched:
+        """The process backend's start, through the task's agent; a worker's GPUs are the plan's
+        numbers (its executor's first, second...) mapped to the addresses Spark gave it."""
+        given = self.agents.targets.get(request.host)
+        gpus = given.gpus if isinstance(given, AgentTarget) else ()
+        return super().launch(_on_gpus(request, gpus), allocation)
 
     def cancel(
         self, tasks: Sequence[TaskRecord], grace_secs: float
@@ -619,13 +691,21 @@ class SparkBackend(ProcessBackend):
         super().stage(plan, tasks, allocation)
 
 
+def _on_gpus(request: LaunchRequest, gpus: Sequence[str]) -> LaunchRequest:
+    """``request`` with CUDA_VISIBLE_DEVICES naming the executor's own GPUs: the plan numbers
+    an executor's GPUs 0, 1...; Spark gave it the addresses ``gpus`` of its host's."""
+    planned = request.env.get("CUDA_VISIBLE_DEVICES")
+    if not planned or not gpus:
+        return request
+    try:
+        mapped = ",".join(gpus[int(i)] for i in planned.split(","))
+    except (ValueError, IndexError):
+        return request  # more GPUs planned than given: the plan's own numbers, as elsewhere
+    return replace(request, env={**request.env, "CUDA_VISIBLE_DEVICES": mapped})
+
+
 def _with(allocation: Allocation, bound: dict[str, tuple[str, str]]) -> Allocation:
     return Allocation(id=allocation.id, data=dict(allocation.data), bound=bound)
-
-
-def _alive(pid: int) -> bool:
-    stat = agent_module.proc_stat(pid)
-    return stat is not None and stat.state != "Z"
 
 
 def _group_alive(pgid: int) -> bool:

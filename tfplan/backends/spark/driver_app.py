@@ -3,18 +3,22 @@
 Run by ``spark-submit`` (client deploy mode: the driver runs beside tfplan, a detached process
 recorded in the state) as::
 
-    spark-submit ... --py-files tfplan_spark_agent.py driver_app.py REGISTRY AGENTS
+    spark-submit ... --py-files tfplan_spark_agent.py driver_app.py REGISTRY WANTED
 
 with the agents' token in ``TFPLAN_SPARK_TOKEN``. Stdlib and pyspark only (no tfplan import:
-it runs under whatever Python the driver uses).
+it runs under whatever Python the driver uses). ``WANTED`` is a JSON file: one ``{"place",
+"profile"}`` per agent, ``profile`` None (the application's default executors) or ``{"cores",
+"memory", "gpus"}``: a resource profile, so that Spark gives that agent an executor of that
+shape (stage-level scheduling, with dynamic allocation on).
 
 - A registry server on ``spark.driver.host`` takes each agent's registration and writes every
   agent's record to ``REGISTRY`` (JSON, atomically): ``{"app_id", "driver_pid", "agents":
-  {index: record}, "lost": {index: why}}``.
-- Agent ``i`` is a job of its own (one partition, job group ``tfplan-agent-i``), so agents
+  {place: record}, "lost": {place: why}}``.
+- Each agent is a job of its own (one partition, job group ``tfplan-agent-<place>``), so agents
   start, fail and are cancelled one by one: Spark retries a failed agent task (an executor
   lost) on another executor, and when the job itself fails the agent is started again as a new
-  job; each new agent registers again and the registry names where it is now.
+  job; each new agent registers again and the registry names where it is now. An agent reports
+  the GPUs Spark gave its task (``TaskContext.resources()``).
 - SIGTERM (``tfplan destroy``) cancels every job, stops the SparkContext (the executors end,
   and with them the agents, whose guards kill what they started), and exits 0.
 """
@@ -56,15 +60,15 @@ class Registry:
 
     def agent(self, record: dict[str, Any]) -> None:
         with self.lock:
-            index = str(int(record["index"]))
-            self.data["agents"][index] = {**record, "registered_at": time.time()}
-            self.data["lost"].pop(index, None)
+            place = str(record["place"])
+            self.data["agents"][place] = {**record, "registered_at": time.time()}
+            self.data["lost"].pop(place, None)
             self.write()
 
-    def lost(self, index: int, why: str) -> None:
+    def lost(self, place: str, why: str) -> None:
         with self.lock:
-            self.data["agents"].pop(str(index), None)
-            self.data["lost"][str(index)] = why
+            self.data["agents"].pop(place, None)
+            self.data["lost"][place] = why
             self.write()
 
 
@@ -97,11 +101,31 @@ def serve_registry(registry: Registry, host: str) -> tuple[str, int]:
     return host, int(server.getsockname()[1])
 
 
+def resource_profile(profile: dict[str, Any], gpu_script: str | None) -> Any:
+    """A Spark resource profile: executors of ``cores``/``memory``/``gpus``, whose one task
+    (the agent) takes every core and GPU of its executor."""
+    from pyspark.resource import (
+        ExecutorResourceRequests,
+        ResourceProfileBuilder,
+        TaskResourceRequests,
+    )
+
+    cores, gpus = int(profile["cores"]), int(profile.get("gpus") or 0)
+    executor = ExecutorResourceRequests().cores(cores).memory(str(profile["memory"]))
+    task = TaskResourceRequests().cpus(cores)
+    if gpus:
+        executor = executor.resource("gpu", gpus, discoveryScript=gpu_script or "")
+        task = task.resource("gpu", gpus)
+    return ResourceProfileBuilder().require(executor).require(task).build
+
+
 def main(argv: list[str]) -> int:
     from pyspark import SparkContext, TaskContext
     from pyspark.sql import SparkSession
 
-    registry_path, count = argv[1], int(argv[2])
+    registry_path = argv[1]
+    with open(argv[2]) as wanted_file:
+        wanted: list[dict[str, Any]] = json.load(wanted_file)
     token = os.environ[TOKEN_ENV]
     spark = SparkSession.builder.appName(os.environ.get("TFPLAN_SPARK_APP", "tfplan")).getOrCreate()
     sc: SparkContext = spark.sparkContext
@@ -112,35 +136,57 @@ def main(argv: list[str]) -> int:
     address = serve_registry(registry, driver_host)
     stopping = threading.Event()
 
-    def run_agent(index: int) -> Any:
+    gpu_script = os.environ.get("TFPLAN_SPARK_GPU_SCRIPT") or None
+    profiles = {
+        json.dumps(w["profile"], sort_keys=True): resource_profile(w["profile"], gpu_script)
+        for w in wanted
+        if w.get("profile")
+    }
+
+    def run_agent(place: str) -> Any:
         def agent_task(_: Any) -> Any:
             import tfplan_spark_agent
 
             context = TaskContext.get()
             attempt = context.attemptNumber() if context is not None else 0
-            tfplan_spark_agent.serve(token, address, index, attempt)
-            yield index  # never reached: the agent serves until it is killed
+            gpus: list[str] = []
+            if context is not None:
+                found = context.resources().get("gpu")
+                gpus = list(found.addresses) if found is not None else []
+            tfplan_spark_agent.serve(token, address, place, attempt, gpus)
+            yield place  # never reached: the agent serves until it is killed
 
         return agent_task
 
-    def keep_agent(index: int) -> None:
-        job = 0
+    def keep_agent(place: str, profile: Any) -> None:
         while not stopping.is_set():
-            sc.setJobGroup(f"tfplan-agent-{index}", f"tfplan agent {index}", interruptOnCancel=True)
+            sc.setJobGroup(f"tfplan-agent-{place}", f"tfplan agent {place}", interruptOnCancel=True)
             try:
-                sc.parallelize([index], 1).mapPartitions(run_agent(index)).collect()
+                rdd = sc.parallelize([place], 1)
+                if profile is not None:
+                    rdd = rdd.withResources(profile)
+                rdd.mapPartitions(run_agent(place)).collect()
                 why = "its Spark task ended"
             except Exception as error:  # noqa: BLE001 - py4j's, Spark's: recorded, retried
                 why = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
             if stopping.is_set():
                 return
-            registry.lost(index, why)
-            job += 1
+            registry.lost(place, why)
             time.sleep(RELAUNCH_PAUSE_SECS)
 
     threads = [
-        threading.Thread(target=keep_agent, args=(i,), name=f"agent-{i}", daemon=True)
-        for i in range(count)
+        threading.Thread(
+            target=keep_agent,
+            args=(
+                str(w["place"]),
+                profiles.get(json.dumps(w["profile"], sort_keys=True))
+                if w.get("profile")
+                else None,
+            ),
+            name=f"agent-{w['place']}",
+            daemon=True,
+        )
+        for w in wanted
     ]
     for thread in threads:
         thread.start()
@@ -153,6 +199,9 @@ def main(argv: list[str]) -> int:
     jvm = os.getppid()  # spark-submit's JVM runs this program: it does not outlive the JVM
     while not stopping.wait(0.5):
         if os.getppid() != jvm:
+            print(
+                f"tfplan driver: its JVM (pid {jvm}) is gone: exiting", file=sys.stderr, flush=True
+            )
             os._exit(1)
     try:
         sc.cancelAllJobs()

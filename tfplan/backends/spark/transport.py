@@ -33,11 +33,13 @@ CONNECT_TIMEOUT_SECS = 10.0
 
 @dataclass(frozen=True)
 class AgentTarget(HostTarget):
-    """An executor's host, reached through its agent at ``address:agent_port``."""
+    """An executor's host, reached through its agent at ``address:agent_port``; ``gpus``: the
+    addresses of the GPUs Spark gave the executor."""
 
     agent_port: int = 0
     token: str = ""
     kind: str = "spark"
+    gpus: tuple[str, ...] = ()
 
 
 class SparkAgentTransport(Transport):
