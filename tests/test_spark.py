@@ -564,6 +564,43 @@ def test_workers_join_and_leave_in_place_in_one_application(
 
 
 @pytest.mark.full
+def test_the_users_keras_model_and_data_train_on_spark_and_come_back(
+    tmp_path: Path, spark_cluster: SparkTestbed
+) -> None:
+    """The user's own project (examples/tabular: its package, its TFRecord shards at relative
+    paths) through Spark: the package reaches the executors through their agents, the data
+    is read where every executor sees it, and the trained model comes back as model.keras."""
+    from apply_helpers import example_with_data
+
+    project = example_with_data("tabular", tmp_path / "project")
+    args = _args(
+        project,
+        spark_cluster,
+        "algo=downpour",
+        "model._target_=tabular.models.build",
+        "model.units=16",
+        "data=tfrecord",
+        "data.train=data/train-*.tfrecord",
+        "data.eval=data/eval.tfrecord",
+        "trainer.max_steps=60",
+        "trainer.checkpoint_steps=60",
+    )
+    try:
+        proc = tfplan(project, "apply", "--auto-approve", *args, timeout=600)
+        out = proc.stdout
+        assert proc.returncode == 0, out[-4000:] + proc.stderr
+        result = json.loads((project / "out" / "result.json").read_text())
+        assert result["status"] == "succeeded" and result["global_step"] >= 60, result
+        shipped = project / "work" / "_code" / "tabular" / "models.py"
+        assert shipped.read_text() == (project / "tabular" / "models.py").read_text()
+        assert f"exported the trained model to {project / 'out' / 'model.keras'}" in out
+        assert (project / "out" / "model.keras").is_file()
+        _nothing_left(spark_cluster, out)
+    finally:
+        kill_groups(recorded_groups(project))
+
+
+@pytest.mark.full
 def test_more_cores_than_the_cluster_has_is_refused_before_submitting(
     ws: Path, spark_cluster: SparkTestbed
 ) -> None:
