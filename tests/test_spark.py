@@ -122,7 +122,10 @@ def test_plan_gives_each_listed_role_executors_of_its_own_shape(ws: Path) -> Non
         "worker/0": "worker-executor-0",
         "worker/1": "worker-executor-1",
     }
-    out = tfplan(ws, "plan", *_args(ws, None, *extra), check=True).stdout
+    # a mapping of Spark settings from the command line (keys with dots: a whole mapping)
+    conf = "cluster.options.conf={spark.ui.port: 4050}"
+    out = tfplan(ws, "plan", *_args(ws, None, *extra, conf), check=True).stdout
+    assert "--conf spark.ui.port=4050" in out
     assert "3 executor(s), 5 core(s) in all" in out
     assert "ps-executor-0 (ps): 1 executor(s) of 1 core(s), 512m, 2 task(s) each" in out
     assert (
