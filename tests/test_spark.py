@@ -255,7 +255,9 @@ def test_the_guard_also_ends_a_task_it_never_saw_by_the_agents_mark(tmp_path: Pa
 
     def fake_agent() -> None:  # no subreaper: the orphans go to init, out of the guard's sight
         os.environ[agent.MARK_ENV] = "mark-1"
+        agent.GUARD_TICK_SECS = 5.0  # its guard's first look now, its next after the agent died
         agent._start_guard("mark-1")
+        time.sleep(0.5)  # the tasks start after that first look
         os.system(f"setsid sh -c 'sleep 600 & echo $! > {ready}' &")  # noqa: S605
         other = f"env {agent.MARK_ENV}=mark-2 setsid sh -c 'sleep 600 & echo $! > {unmarked}' &"
         os.system(other)  # noqa: S605 - another agent's: left alone

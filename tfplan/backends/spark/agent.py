@@ -109,10 +109,11 @@ def processes() -> dict[int, ProcStat]:
     return found
 
 
-def descendants(root: int) -> dict[int, tuple[int, int]]:
-    """Every live descendant of ``root``: pid -> (pgid, start time)."""
+def descendants(root: int, stats: dict[int, ProcStat] | None = None) -> dict[int, tuple[int, int]]:
+    """Every live descendant of ``root`` (among ``stats``, default every process now):
+    pid -> (pgid, start time)."""
     children: dict[int, list[int]] = {}
-    stats = processes()
+    stats = processes() if stats is None else stats
     for pid, stat in stats.items():
         children.setdefault(stat.ppid, []).append(pid)
     found: dict[int, tuple[int, int]] = {}
@@ -126,13 +127,14 @@ def descendants(root: int) -> dict[int, tuple[int, int]]:
     return found
 
 
-def marked(mark: str) -> dict[int, tuple[int, int]]:
-    """Every live process whose environment carries ``MARK_ENV=mark``: what an agent started
-    (its scripts, their detached tasks, a warm seed and what it forked): pid -> (pgid, start)."""
+def marked(mark: str, since: int = 0) -> dict[int, tuple[int, int]]:
+    """Every live process started at or after ``since`` (clock ticks since boot, as /proc
+    says) whose environment carries ``MARK_ENV=mark``: what an agent started (its scripts,
+    their detached tasks, a warm seed and what it forked): pid -> (pgid, start)."""
     needle = f"{MARK_ENV}={mark}".encode() + b"\0"
     found = {}
     for pid, stat in processes().items():
-        if stat.state == "Z":
+        if stat.state == "Z" or stat.start < since:
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
@@ -151,13 +153,16 @@ def _guard(agent: int, mark: str) -> None:
     process takes a while on a busy host), then exit. Never returns."""
     me = os.getpid()
     seen: dict[int, tuple[int, int]] = {}
+    horizon = 0  # every process started before this was looked at
     while proc_stat(agent) is not None and os.getppid() == agent:
-        now = descendants(agent)
+        stats = processes()
+        now = descendants(agent, stats)
+        horizon = max((s.start for s in stats.values()), default=horizon)
         now.pop(me, None)
         seen = {p: v for p, v in seen.items() if proc_stat(p) is not None}
         seen.update(now)
         time.sleep(GUARD_TICK_SECS)
-    seen.update(marked(mark))
+    seen.update(marked(mark, since=horizon))  # only what started since: a quick last look
     seen.pop(me, None)
     for sig in (signal.SIGKILL,):
         for pid, (pgid, start) in seen.items():
