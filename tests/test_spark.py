@@ -576,6 +576,7 @@ def test_the_users_keras_model_and_data_train_on_spark_and_come_back(
     paths) through Spark: the package reaches the executors through their agents, the data
     is read where every executor sees it, and the trained model comes back as model.keras."""
     from apply_helpers import example_with_data
+    from test_user_model_apply import SHARDS
 
     project = example_with_data("tabular", tmp_path / "project")
     args = _args(
@@ -584,9 +585,7 @@ def test_the_users_keras_model_and_data_train_on_spark_and_come_back(
         "algo=downpour",
         "model._target_=tabular.models.build",
         "model.units=16",
-        "data=tfrecord",
-        "data.train=data/train-*.tfrecord",
-        "data.eval=data/eval.tfrecord",
+        *SHARDS,
         "trainer.max_steps=60",
         "trainer.checkpoint_steps=60",
     )

@@ -607,6 +607,7 @@ class SparkBackend(ProcessBackend):
     def launch(self, request: LaunchRequest, allocation: Allocation) -> Launched:
         """The process backend's start, through the task's agent; a worker's GPUs are the plan's
         numbers (its executor's first, second...) mapped to the addresses Spark gave it."""
+        self.agents.refresh()  # an agent Spark started again may have other GPUs
         given = self.agents.targets.get(request.host)
         gpus = given.gpus if isinstance(given, AgentTarget) else ()
         return super().launch(_on_gpus(request, gpus), allocation)
