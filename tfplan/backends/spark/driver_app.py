@@ -137,11 +137,16 @@ def main(argv: list[str]) -> int:
     stopping = threading.Event()
 
     gpu_script = os.environ.get("TFPLAN_SPARK_GPU_SCRIPT") or None
-    profiles = {
-        json.dumps(w["profile"], sort_keys=True): resource_profile(w["profile"], gpu_script)
-        for w in wanted
-        if w.get("profile")
-    }
+    built: dict[str, Any] = {}  # one resource profile per shape, shared by its agents
+
+    def profile_of(wanted_agent: dict[str, Any]) -> Any:
+        shape = wanted_agent.get("profile")
+        if not shape:
+            return None  # the application's default executors
+        key = json.dumps(shape, sort_keys=True)
+        if key not in built:
+            built[key] = resource_profile(shape, gpu_script)
+        return built[key]
 
     def run_agent(place: str) -> Any:
         def agent_task(_: Any) -> Any:
@@ -177,12 +182,7 @@ def main(argv: list[str]) -> int:
     threads = [
         threading.Thread(
             target=keep_agent,
-            args=(
-                str(w["place"]),
-                profiles.get(json.dumps(w["profile"], sort_keys=True))
-                if w.get("profile")
-                else None,
-            ),
+            args=(str(w["place"]), profile_of(w)),
             name=f"agent-{w['place']}",
             daemon=True,
         )
