@@ -324,6 +324,12 @@ def test_downpour_across_three_spark_workers_trains_and_leaves_nothing(
     _nothing_left(spark_cluster, out)
     completed = [a["name"] for a in spark_cluster.master_state()["completedapps"]]
     assert "tfplan-t" in completed
+    # the application and its agents are gone: `tfplan logs` reads the copy kept before the
+    # application was given back (each task's whole log, its last line included)
+    logs = tfplan(ws, "logs", "worker/0", check=True)
+    assert "worker/0 finished after" in logs.stdout, logs.stdout[-2000:]
+    assert "worker/0: its host cannot be read" in logs.stderr, logs.stderr
+    assert "the copy kept at its end" in logs.stderr, logs.stderr
 
 
 @pytest.mark.full

@@ -7,12 +7,19 @@ import time
 
 from tfplan.backends.api import Backend
 from tfplan.cli.cmd_status import task_order
-from tfplan.cli.common import add_experiment_arguments, backend_of, console, load_experiment
+from tfplan.cli.common import (
+    add_experiment_arguments,
+    backend_of,
+    console,
+    err_console,
+    load_experiment,
+)
 from tfplan.cli.output import LogPrinter, add_all_lines_argument
+from tfplan.engine.experiment import record_of
 from tfplan.engine.lognoise import shows_tf_noise
 from tfplan.engine.logs import LogFanIn
-from tfplan.errors import StateError
-from tfplan.planning.state import TaskRecord
+from tfplan.errors import StateError, TfplanError
+from tfplan.planning.state import State, TaskRecord
 
 __all__ = ["add_parsers", "run_logs"]
 
@@ -43,9 +50,27 @@ def run_logs(args: argparse.Namespace) -> int:
             follow(backend, tasks, printer)
             return 0
         for task in tasks:
-            lines = backend.read_log(task).decode(errors="replace").splitlines()
+            lines = read_log(backend, state, task).decode(errors="replace").splitlines()
             printer.emit_log(task.name, lines, args.lines)
     return 0
+
+
+def read_log(backend: Backend, state: State, task: TaskRecord) -> bytes:
+    """The task's log from its host, or, for a task that has ended where its host cannot be
+    read any more (an allocation given back: a Spark application's executors, a pod), the copy
+    kept in the experiment's record (``tfplan/logs/``), said on stderr."""
+    try:
+        return backend.read_log(task)
+    except TfplanError as error:
+        kept = record_of(state).log_of(task.name)
+        if task.running or not kept.is_file():
+            raise
+        err_console().print(
+            f"tfplan | {task.name}: its host cannot be read ({error}); the copy kept at its "
+            f"end: {kept}",
+            highlight=False,
+        )
+        return kept.read_bytes()
 
 
 def follow(backend: Backend, tasks: list[TaskRecord], printer: LogPrinter) -> None:

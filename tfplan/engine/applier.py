@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend, CancelResult
 from tfplan.backends.transports.preflight import readiness_lines
+from tfplan.engine.experiment import keep_logs
 from tfplan.engine.launching import PlanLaunches
 from tfplan.engine.resizing import (
     in_place_resize,
@@ -331,6 +332,7 @@ def release_if_idle(state: State, store: StateStore, backend: Backend, say: Say)
     or held after training)."""
     if state.allocation is None or any(t.running for t in state.tasks):
         return state
+    keep_logs(state, backend)  # the allocation takes its hosts, and the logs on them, with it
     return _release(state, store, backend, say)
 
 

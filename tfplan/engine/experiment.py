@@ -32,11 +32,15 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfplan.engine.workspace import Workspace
-from tfplan.errors import ConfigError, StateError
+from tfplan.errors import ConfigError, StateError, TfplanError
 from tfplan.files import read_json_object, write_atomic
+
+if TYPE_CHECKING:
+    from tfplan.backends.api import Backend
+    from tfplan.planning.state import State
 
 __all__ = [
     "RECORD_DIR",
@@ -127,9 +131,36 @@ class ExperimentFolder:
             write_atomic(self.root / "state.json", state_json)
         write_atomic(self.root / "experiment.json", json.dumps(record, indent=2) + "\n")
 
+    def log_of(self, task_name: str) -> Path:
+        """Where the copy of a task's log is kept (``logs/<role>-<index>.log``)."""
+        return self.logs / f"{task_name.replace('/', '-')}.log"
+
     def save_log(self, task_name: str, data: bytes) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        (self.logs / f"{task_name.replace('/', '-')}.log").write_bytes(data)
+        write_atomic(self.log_of(task_name), data)
+
+
+def record_of(state: State) -> ExperimentFolder:
+    """The experiment's record on the launcher's side (the workspace's copy where the
+    launcher does not see ``output_dir``)."""
+    return ExperimentFolder(state.record_dir or state.output_dir)
+
+
+def keep_logs(state: State, backend: Backend, folder: ExperimentFolder | None = None) -> int:
+    """Copy each task's log into the experiment's record (``tfplan/logs/``), where `tfplan
+    logs` still finds it once the task's host is gone: an allocation given back takes its
+    hosts with it (a Spark application's executors, a pod). How many were kept; a log that
+    cannot be read is left out (its earlier copy, if any, stays). ``folder``: the record's
+    folder when the caller holds it (default: :func:`record_of`)."""
+    folder = folder or record_of(state)
+    kept = 0
+    for task in state.tasks:
+        try:
+            folder.save_log(task.name, backend.read_log(task))
+        except (TfplanError, OSError):
+            continue
+        kept += 1
+    return kept
 
 
 def check_resumable(

@@ -36,6 +36,7 @@ from tfplan.engine.experiment import (
     check_resumable,
     checkpoint_step,
     index_output,
+    keep_logs,
 )
 from tfplan.engine.logs import Emit
 from tfplan.engine.plans import replan_from_state
@@ -183,11 +184,7 @@ def close_record(
         if copied and say is not None:
             say(f"copied {copied} output file(s) from the chief's host to {folder.output_dir}")
     if state is not None and save_logs:
-        for task in state.tasks:
-            try:
-                folder.save_log(task.name, backend.read_log(task))
-            except TfplanError:
-                continue
+        keep_logs(state, backend, folder)
     folder.end(status, reason, last_step, json.dumps(state.to_dict(), indent=1) if state else None)
 
 
