@@ -50,7 +50,12 @@ WORKER_WEBUI_PORT = 8081
 # JVM options for the daemons, drivers and executors: the client compiler only and the serial
 # collector halved the daemons' CPU at start (14.6 s instead of 27 s of CPU for four daemons on
 # a 2-core machine) and their RSS (215 MB instead of 245); these JVMs only schedule.
-_QUICK_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+_QUICK_JVM = (
+    "-XX:TieredStopAtLevel=1",
+    "-XX:+UseSerialGC",
+    "-XX:+UnlockDiagnosticVMOptions",
+    "-XX:-BytecodeVerificationRemote",
+)
 _NET = "10.79"
 _SUBNET_LOCK = Path(tempfile.gettempdir()) / "tfplan-spark-subnet.lock"
 _counter = itertools.count()

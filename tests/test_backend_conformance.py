@@ -218,8 +218,11 @@ def spark_application(
         "start_timeout_secs": 300,
     }
     ref = BackendRef("spark", {"options": options, "python": PY, "warm": False})
-    backend = SparkBackend(ref, tmp_path_factory.mktemp("spark-conformance"))
-    allocation = backend.submit("conformance", lambda line: None, lambda a: None)
+    with pytest.MonkeyPatch.context() as env:  # the driver starts with the bed's environment
+        for key, value in spark_cluster.env().items():
+            env.setenv(key, value)
+        backend = SparkBackend(ref, tmp_path_factory.mktemp("spark-conformance"))
+        allocation = backend.submit("conformance", lambda line: None, lambda a: None)
     try:
         allocation = Allocation(allocation.id, allocation.data, backend.wait_agents(allocation))
         yield backend, allocation

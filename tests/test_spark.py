@@ -39,7 +39,16 @@ pytestmark = [pytest.mark.spark]
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Iterator[Path]:
+def ws(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """The test's folder; a test on the bed runs its clients (tfplan, hence spark-submit and
+    the driver) with the bed's environment, as a machine of that cluster would: its
+    spark-defaults.conf (the administrator's JVM options, quick-starting here), its scratch."""
+    if "spark_cluster" in request.fixturenames:
+        bed: SparkTestbed = request.getfixturevalue("spark_cluster")
+        for key, value in bed.env().items():
+            monkeypatch.setenv(key, value)
     yield tmp_path
     ApplyRun.kill_all(tmp_path)
     kill_groups(recorded_groups(tmp_path))  # a driver a failed test left behind, by group
