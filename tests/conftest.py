@@ -99,6 +99,7 @@ ONE_WORKER_FILES = {
 # so a long file (a one-worker group above all) collected late kept one worker busy while the
 # other had nothing left: the full tier's last minutes ran at half the machine.
 LONGEST_FIRST = (
+    "test_spark.py",  # the fast tier's longest test (its test bed's start, then an apply)
     "test_user_model_apply.py",
     "test_docs.py",
     "test_bench_smoke.py",
@@ -107,6 +108,9 @@ LONGEST_FIRST = (
     "test_strategies_cluster.py",
     "test_resize.py",
     "test_chaos.py",
+    "test_strategies_apply.py",
+    "test_dynamic_apply.py",
+    "test_experiments.py",
 )
 
 

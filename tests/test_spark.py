@@ -155,6 +155,19 @@ def test_plan_gives_each_listed_role_executors_of_its_own_shape(ws: Path) -> Non
     assert after["worker/0"]["devices"] == ["0"] and after["ps/0"]["devices"] == []
 
 
+def test_the_driver_and_executors_start_with_the_quick_jit_unless_conf_says_otherwise() -> None:
+    from tfplan.backends.spark.options import QUICK_JVM, parse_options
+
+    base = {"master": "spark://m:7077"}
+    settings = parse_options(base).submit_conf()
+    assert settings["spark.driver.extraJavaOptions"] == QUICK_JVM == "-XX:TieredStopAtLevel=1"
+    assert settings["spark.executor.extraJavaOptions"] == QUICK_JVM
+    mine = {"spark.executor.extraJavaOptions": "-XX:+UseG1GC"}
+    settings = parse_options({**base, "conf": mine}).submit_conf()
+    assert settings["spark.executor.extraJavaOptions"] == "-XX:+UseG1GC"  # the user's, whole
+    assert settings["spark.driver.extraJavaOptions"] == QUICK_JVM
+
+
 def test_a_workers_planned_gpu_is_the_one_spark_gave_its_executor() -> None:
     from tfplan.backends.api import LaunchRequest
     from tfplan.backends.spark.backend import _on_gpus
