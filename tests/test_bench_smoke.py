@@ -131,6 +131,7 @@ def test_bench_apply(tmp_path: Path) -> None:
     assert figure(text, "training done -> all tasks exited") > 0
     assert figure(text, "tfplan destroy of a running cluster") > 0
     assert "| processes left after destroy (all rounds) | 0 | pass |" in text
+    assert "| snapshot folders left in /dev/shm (all rounds and runs) | 0 | pass |" in text
 
 
 @pytest.mark.timeout(600)
