@@ -186,7 +186,7 @@ class SparkOptions:
             # tfplan's application computes nothing in Spark: its driver keeps the agents' jobs,
             # its executors host the agents; the JIT's first tier compiles the little they run,
             # and the optimising compiler's threads do not take the cores from the tasks while
-            # they start (a driver's start: 11 CPU-seconds with it, 6 without)
+            # they start (docs/spark.md's run: the driver 8.8 CPU-seconds instead of 11-14)
             "spark.driver.extraJavaOptions": QUICK_JVM,
             "spark.executor.extraJavaOptions": QUICK_JVM,
         }
