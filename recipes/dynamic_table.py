@@ -7,8 +7,8 @@ map from raw id (int64 or string) to row, kept on the parameter servers (TF1 gra
   id's decimal text, the same in every process). Shard ``s`` is, all on one ps: ``rows``
   (``capacity/N`` x width, the trainable variable, parameter key ``<path>/shard_<s>``), ``row_ids``
   (the id each row holds), ``last_seen`` (the global step that last read each row, -1: free;
-  the step as the chief last told the shard, with its previous step: the global step lives on
-  one ps, which every other would wait for at each lookup), a
+  the step as the chief last told the shard, at its last check: the global step lives on one
+  ps, which every other would wait for at each lookup), a
   stack of free rows with its count, the admission counters when ``min_count`` > 1, and a
   ``MutableHashTable`` id -> row. Lookups and updates touch only the batch's rows.
 - **Atomic allocation.** Look up, admit, take free rows and insert are one critical section per
@@ -20,9 +20,10 @@ map from raw id (int64 or string) to row, kept on the parameter servers (TF1 gra
   false-admission rate: tests/test_dynamic_table.py). The counters are cleared every
   ``ttl_steps`` global steps: an id must be seen ``min_count`` times within one such window.
   Before it has a row an id reads zeros and its gradient goes nowhere.
-- **Eviction, while training.** With each of its steps the chief asks the shards whether any
-  needs maintenance (:meth:`DynamicTable.maintenance_due`: no lock, two scalars read); when one
-  does it runs :meth:`DynamicTable.maintenance`, inside the same critical section, which frees
+- **Eviction, while training.** With some of its steps (:class:`MaintenanceHook`: as often as
+  the fullest shard's headroom needs, at least every :func:`check_interval` steps) the chief
+  asks the shards whether any needs maintenance (:meth:`DynamicTable.maintenance_due`: no lock,
+  a few scalars read); when one does it runs :meth:`DynamicTable.maintenance`, inside the same critical section, which frees
   every row unseen for more than ``ttl_steps`` global steps (a scan every tenth of it), and when
   the resident rows pass ``HIGH_WATERMARK`` of a shard's capacity frees the least recently seen
   down to ``LOW_WATERMARK``. A freed row's optimizer slots are reset to their
@@ -33,7 +34,9 @@ map from raw id (int64 or string) to row, kept on the parameter servers (TF1 gra
   snapshots of one ps) keeps a dynamic table with no special case. The hash table is an index,
   rebuilt from ``row_ids`` and ``last_seen`` (the free stack too) inside the critical section
   once in every ps process's life (a new job, a restarted or restored ps: a checkpoint taken
-  while a maintenance ran is made whole again) and whenever its size is not the resident count.
+  while a maintenance ran is made whole again) and whenever its size is not the resident count:
+  by the maintenance, which the chief's next check asks for; until then the shard's lookups
+  take no row (its ids read zeros), so no id ever gets a second row.
 - **Maintenance** runs on a thread of the chief's (:class:`MaintenanceHook`): a step never waits
   for it.
 - **Evaluation** (``training=False``) looks ids up only: an id without a row reads zeros.
@@ -58,6 +61,7 @@ __all__ = [
     "LOW_WATERMARK",
     "DynamicSettings",
     "DynamicTable",
+    "check_interval",
     "shard_of",
     "shard_rows",
 ]
@@ -137,6 +141,30 @@ def _random_rows(initializer: Any, shape: Any, dtype: Any) -> Any:
     return tf.random.uniform(shape, -0.05, 0.05, dtype)
 
 
+def _colocated_gradient(op_type: str) -> str:
+    """The name of a gradient for ``op_type`` that is TensorFlow's own, built colocated with the
+    forward op (by default, gradients are built where the optimizer is: the worker)."""
+    name = f"TfplanColocated{op_type}"
+    # TensorFlow's registered gradient functions have no public lookup
+    from tensorflow.python.framework import ops  # noqa: PLC0415
+
+    own = ops._gradient_registry.lookup(op_type)  # noqa: SLF001
+    try:
+
+        @tf.RegisterGradient(name)
+        def _gradient(op: Any, *grads: Any) -> Any:
+            with v1.colocate_with(op):
+                return own(op, *grads)
+
+    except KeyError:  # registered already (this module imported twice)
+        pass
+    return name
+
+
+# a shard's gather and its zeros for ids without a row take their gradients on the ps
+_ON_THE_PS = {op: _colocated_gradient(op) for op in ("ResourceGather", "GatherV2", "ScatterNd")}
+
+
 class _Shard:
     """One shard's variables and index on one ps (created in the current device scope: the
     device setter puts ``rows`` on a ps, everything else is colocated with it)."""
@@ -181,9 +209,37 @@ class _Shard:
                 name=f"{scope}/free",
                 trainable=False,
             )
-            self.free_count = tf.Variable(
-                tf.constant(rows, tf.int64), name=f"{scope}/free_count", trainable=False
+            # shared by node name with every graph that builds the same table (every worker)
+            self.index_table = tf.lookup.experimental.MutableHashTable(
+                key_dtype,
+                tf.int64,
+                default_value=-1,
+                name=f"{scope}/index",
+                experimental_is_anonymous=False,
             )
+            # empty in a ps process that has not rebuilt the index yet (a resumed job, a
+            # restarted or restored ps): its one key is set by the rebuild (or by a new table's
+            # initializer, below), and, not being a variable, it is never restored: the index
+            # is rebuilt once in every life of a ps that restored the table, whatever the
+            # variables a checkpoint or snapshot caught mid-maintenance say
+            self.index_built = tf.lookup.experimental.MutableHashTable(
+                tf.int64,
+                tf.int64,
+                default_value=-1,
+                name=f"{scope}/index_built",
+                experimental_is_anonymous=False,
+            )
+
+            def all_free() -> Any:
+                # a new table's index (empty) matches its variables: built, nothing to rebuild;
+                # a restored one's is not (a restore runs no initializer)
+                marked = self.index_built.insert(
+                    tf.constant([0], tf.int64), tf.constant([1], tf.int64)
+                )
+                with tf.control_dependencies([marked]):
+                    return tf.constant(rows, tf.int64)
+
+            self.free_count = tf.Variable(all_free, name=f"{scope}/free_count", trainable=False)
             # the global step as the chief's maintenance last read it: what rows are marked
             # seen at, read on this ps (the global step lives on one ps: reading it at every
             # lookup would make every other ps wait for it)
@@ -203,25 +259,6 @@ class _Shard:
                 self.window_end = tf.Variable(
                     tf.constant(window, tf.int64), name=f"{scope}/admission_window", trainable=False
                 )
-            # shared by node name with every graph that builds the same table (every worker)
-            self.index_table = tf.lookup.experimental.MutableHashTable(
-                key_dtype,
-                tf.int64,
-                default_value=-1,
-                name=f"{scope}/index",
-                experimental_is_anonymous=False,
-            )
-            # empty in a ps process that has not rebuilt the index yet (a new job, a restarted
-            # or restored ps): its one key is set by the rebuild, and, not being a variable, it
-            # is never restored: the index is rebuilt once in every ps life, whatever the
-            # variables a checkpoint or snapshot caught mid-maintenance say
-            self.index_built = tf.lookup.experimental.MutableHashTable(
-                tf.int64,
-                tf.int64,
-                default_value=-1,
-                name=f"{scope}/index_built",
-                experimental_is_anonymous=False,
-            )
             self.lock = tf.CriticalSection(name=f"{scope}/lock", shared_name=f"{scope}/lock")
 
     def resident(self) -> Any:
@@ -249,18 +286,25 @@ class _Shard:
         with tf.control_dependencies([built]):
             return tf.identity(count)
 
-    def _indexed(self) -> Any:
-        """A tensor that is ready once the index matches the resident rows: rebuilt from the
-        variables once in every ps life, and whenever its size is not the resident count."""
-        stale = tf.logical_or(
+    def _stale(self, free_count: Any) -> Any:
+        """Whether the index must be rebuilt from the variables: once in every ps life, and
+        whenever its size is not the resident count (given the free count)."""
+        return tf.logical_or(
             tf.equal(self.index_built.size(), 0),
-            tf.not_equal(self.index_table.size(), self.resident()),
+            tf.not_equal(
+                self.index_table.size(), tf.constant(self.capacity, tf.int64) - free_count
+            ),
         )
+
+    def _indexed(self) -> Any:
+        """A tensor that is ready once the index matches the resident rows (rebuilt when
+        :meth:`_stale`)."""
+        stale = self._stale(self.free_count.read_value())
         return tf.cond(stale, self._rebuild, lambda: tf.identity(self.free_count.read_value()))
 
     def _admitted(self, missing: Any, counts: Any, min_count: int) -> Any:
-        """The ids among ``missing`` (seen ``counts`` times in this batch) whose counters reach
-        ``min_count`` with this batch counted."""
+        """Which of ``missing`` (seen ``counts`` times in this batch) have their counters reach
+        ``min_count`` with this batch counted: a bool mask."""
         assert self.counters is not None
         text = _id_text(missing)
         positions = [
@@ -275,7 +319,7 @@ class _Shard:
             estimate = tf.reduce_min(
                 tf.stack([tf.gather(self.counters, p) for p in positions]), axis=0
             )
-        return tf.boolean_mask(missing, estimate >= min_count)
+        return estimate >= min_count
 
     def allocate(
         self,
@@ -286,25 +330,26 @@ class _Shard:
     ) -> Any:
         """Inside the lock: each of ``ids`` (distinct) its row, taking free rows for the
         admitted ids that have none; -1 for an id without a row (not admitted yet, or no free
-        row). Marks every row read as seen now (:attr:`now`)."""
-        indexed = self._indexed()
-        with tf.control_dependencies([indexed]):
-            rows = self.index_table.lookup(ids)
-            count = self.free_count.read_value()
-            step = self.now.read_value()
+        row). Marks every row read as seen now (:attr:`now`). Takes no row while the index
+        does not match the variables (a restored ps's, until the chief's next check has the
+        maintenance rebuild it: :meth:`due`): no id gets a second row."""
+        rows = self.index_table.lookup(ids)
+        count = self.free_count.read_value()
+        step = self.now.read_value()
+        indexed = tf.logical_not(self._stale(count))
         found = rows >= 0
         held = tf.boolean_mask(rows, found)
         touched = self.last_seen.scatter_update(
             tf.IndexedSlices(tf.fill(tf.shape(held), step), held)
         )
-        missing = tf.boolean_mask(ids, tf.logical_not(found))
-        if counts is None or self.counters is None or min_count <= 1:
-            candidates = missing
-        else:
-            counts = tf.boolean_mask(counts, tf.logical_not(found))
-            candidates = self._admitted(missing, counts, min_count)
-        n = tf.minimum(tf.size(candidates, out_type=tf.int64), count)
-        taken_ids = candidates[:n]
+        absent = tf.logical_not(found)
+        missing = tf.boolean_mask(ids, absent)
+        at = tf.where(absent)  # where each missing id is in ids
+        if counts is not None and self.counters is not None and min_count > 1:
+            admitted = self._admitted(missing, tf.boolean_mask(counts, absent), min_count)
+            missing, at = tf.boolean_mask(missing, admitted), tf.boolean_mask(at, admitted)
+        n = tf.minimum(tf.size(missing, out_type=tf.int64), count) * tf.cast(indexed, tf.int64)
+        taken_ids = missing[:n]
         taken = tf.gather(self.free, tf.range(count - n, count))
         writes = [
             self.free_count.assign_sub(n),
@@ -315,7 +360,8 @@ class _Shard:
             touched,
         ]
         with tf.control_dependencies(writes):
-            return self.index_table.lookup(ids)
+            # the rows found, and the rows just taken where their ids are
+            return tf.tensor_scatter_nd_update(rows, at[:n], taken)
 
     def find(self, ids: Any) -> Any:
         """Inside the lock: each of ``ids`` its row, -1 for none; nothing changes but a stale
@@ -358,16 +404,17 @@ class _Shard:
 
     def due(self, step: Any) -> Any:
         """Outside the lock (what it reads may be a step old; the lock's holder decides):
-        now is ``step``; whether :meth:`evict` has anything to do."""
+        now is ``step``; ``[due, headroom]``: whether :meth:`evict` has anything to do (1 or
+        0), and how many rows can still be taken before the high watermark."""
         with v1.colocate_with(self.rows), tf.control_dependencies([self.now.assign(step)]):
             count = self.free_count.read_value()
-            due = tf.logical_or(
-                tf.constant(self.capacity, tf.int64) - count > int(self.capacity * HIGH_WATERMARK),
-                step >= self.next_scan.read_value(),
-            )
+            high = int(self.capacity * HIGH_WATERMARK)
+            headroom = tf.constant(high - self.capacity, tf.int64) + count
+            due = tf.logical_or(headroom < 0, step >= self.next_scan.read_value())
+            due = tf.logical_or(due, self._stale(count))
             if self.window_end is not None:
                 due = tf.logical_or(due, step >= self.window_end.read_value())
-            return due
+            return tf.stack([tf.cast(due, tf.int64), headroom])
 
     def _free_rows(
         self, step: Any, ttl_steps: int, slots: Sequence[tuple[Any, float]], count: Any
@@ -486,10 +533,18 @@ class DynamicTable:
         else:
             at_parts, id_parts, count_parts = [where], [unique], [counts] if counting else None
         positions, parts = [], []
+        graph = v1.get_default_graph()
         for shard, table in zip(self.shards, rows, strict=True):
             mine_at, mine = at_parts[shard.index], id_parts[shard.index]
             mine_counts = count_parts[shard.index] if count_parts else None
-            with v1.colocate_with(shard.rows):
+            # everything from the ids to their rows (zeros where an id has no row), and the
+            # gradient back to the rows read, runs on the shard's ps: one tensor travels each
+            # way per shard and step (the rows read, their gradient), as for a plain table
+            with v1.colocate_with(shard.rows), graph.gradient_override_map(_ON_THE_PS):
+                # received once on the ps (the lock waits for its inputs by a control edge,
+                # which would otherwise be a second transfer of the same ids)
+                mine = tf.identity(mine)
+                mine_counts = None if mine_counts is None else tf.identity(mine_counts)
                 if training:
                     found = shard.lock.execute(
                         lambda s=shard, i=mine, c=mine_counts: s.allocate(
@@ -503,12 +558,13 @@ class DynamicTable:
                     )
                 valid = found >= 0
                 got = tf.gather(table, tf.boolean_mask(found, valid))
-            # zeros where an id has no row; the gradient reaches only the rows read
-            dense = tf.scatter_nd(
-                tf.where(valid),
-                got,
-                tf.stack([tf.size(found, out_type=tf.int64), tf.constant(self.width, tf.int64)]),
-            )
+                dense = tf.scatter_nd(
+                    tf.where(valid),
+                    got,
+                    tf.stack(
+                        [tf.size(found, out_type=tf.int64), tf.constant(self.width, tf.int64)]
+                    ),
+                )
             positions.append(mine_at)
             parts.append(dense)
         joined = tf.dynamic_stitch(positions, parts) if n_shards > 1 else parts[0]
@@ -527,11 +583,12 @@ class DynamicTable:
         ]
 
     def maintenance_due(self) -> Any:
-        """Cheap, and taking no lock: tells every shard the global step, and whether any of
-        them needs :meth:`maintenance` (above the high watermark, a TTL scan due, the end of an
-        admission window): a bool tensor."""
+        """Cheap, and taking no lock: tells every shard the global step, and, per shard,
+        whether it needs :meth:`maintenance` (above the high watermark, a TTL scan due, the end
+        of an admission window) and its headroom below the high watermark in rows: a
+        ``[shards, 2]`` int64 tensor (:class:`MaintenanceHook` reads it)."""
         step = self._step()
-        return tf.reduce_any(tf.stack([shard.due(step) for shard in self.shards]))
+        return tf.stack([shard.due(step) for shard in self.shards])
 
     def maintenance(self) -> Any:
         """Eviction on every shard (build it after the optimizer, which makes the slots): a
@@ -553,26 +610,72 @@ class DynamicTable:
 EVENTS_FILE = "dynamic_tables.jsonl"  # output_dir/: one line per eviction that freed rows
 
 
+def check_interval(ttl_steps: int, workers: int = 1) -> int:
+    """The most chief steps between two checks of the shards (:class:`MaintenanceHook`): the
+    rows' last-seen steps are as old as the last check, at most about a fiftieth of
+    ``ttl_steps`` global steps (each of ``workers`` moves the global step), and 8 chief steps."""
+    return max(1, min(8, int(ttl_steps) // (50 * max(1, int(workers)))))
+
+
 class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
-    """The chief's: with each of its training steps (in the same ``session.run``: no round trip
-    of its own) it tells the tables' shards the global step and asks whether any needs its
-    maintenance (``due``, no lock taken); when one does, it runs the maintenance (``op``, from
+    """The chief's: with some of its training steps (in the same ``session.run``: no round
+    trip of its own) it tells the tables' shards the global step and asks whether any needs
+    its maintenance (``due``, no lock taken: per shard whether it is due and its headroom
+    below the high watermark); when one does, it runs the maintenance (``op``, from
     ``KerasModel.table_maintenance``) on a thread of its own (a step never waits for it; at
     most one in flight), and appends what it freed to ``output_dir/dynamic_tables.jsonl``
-    (``at``, ``step``, ``table``, ``shard``, ``evicted``, ``resident``)."""
+    (``at``, ``step``, ``table``, ``shard``, ``evicted``, ``resident``).
+
+    It checks again after as many of its steps as the fullest shard's headroom lasts at half
+    the rate rows were taken since the previous check (every step while it cannot tell), and
+    at most every ``max_interval`` steps (:func:`check_interval`): the check costs a transfer
+    from every ps at each step it rides on."""
 
     def __init__(
-        self, due: Any, op: Any, paths: Sequence[str], global_step: Any, output_dir: str
+        self,
+        due: Any,
+        op: Any,
+        paths: Sequence[str],
+        global_step: Any,
+        output_dir: str,
+        max_interval: int = 1,
     ) -> None:
         self._due, self._op, self._paths, self._step = due, op, list(paths), global_step
         self._path = f"{output_dir}/{EVENTS_FILE}"
         self._thread: Optional[threading.Thread] = None
+        self._max_interval = max(1, int(max_interval))
+        self._wait = 0  # steps until the next check
+        self._since = 0  # steps since the last check
+        self._headroom: Optional[int] = None  # the fullest shard's, at the last check
+        self._rate = 0.0  # rows taken per step, as last measured
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        # a new session (the first, or after a ps came back): check at its first step
+        self._wait, self._headroom = 0, None
 
     def before_run(self, run_context: Any) -> Any:
+        self._since += 1
+        if self._wait > 0:
+            self._wait -= 1
+            return None
         return v1.train.SessionRunArgs(self._due)
 
+    def _next_check(self, headroom: int) -> int:
+        """Steps to let pass before the next check, given the fullest shard's headroom."""
+        if self._headroom is not None and headroom < self._headroom:
+            self._rate = (self._headroom - headroom) / self._since
+        # a rise (a maintenance freed rows) says nothing of the rate: the last one holds
+        self._headroom, self._since = headroom, 0
+        if self._rate <= 0:
+            return 0
+        return int(max(0, min(self._max_interval - 1, headroom / (2 * self._rate) - 1)))
+
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        if not run_values.results or (self._thread is not None and self._thread.is_alive()):
+        if run_values.results is None:
+            return
+        flags = run_values.results
+        self._wait = self._next_check(int(flags[:, 1].min()))
+        if not flags[:, 0].any() or (self._thread is not None and self._thread.is_alive()):
             return
         self._thread = threading.Thread(
             target=self._run, args=(run_context.session,), name="table-maintenance", daemon=True

@@ -502,14 +502,15 @@ class KerasModel:
 
     def table_maintenance(self) -> Optional[tuple[Any, Any]]:
         """The dynamic tables of the current graph's maintenance (build it after the
-        optimizer: it resets the freed rows' slots): whether any is due (a bool, no lock
-        taken), and the eviction itself (a ``[tables, shards, 2]`` tensor of rows evicted and
-        resident); None without dynamic tables."""
+        optimizer: it resets the freed rows' slots): whether each shard is due and its
+        headroom (a ``[tables x shards, 2]`` tensor, no lock taken), and the eviction itself
+        (a ``[tables, shards, 2]`` tensor of rows evicted and resident); None without dynamic
+        tables."""
         tables = self.dynamic_tables()
         if not tables:
             return None
         paths = sorted(tables)
-        due = tf.reduce_any(tf.stack([tables[p].maintenance_due() for p in paths]))
+        due = tf.concat([tables[p].maintenance_due() for p in paths], axis=0)
         return due, tf.stack([tables[p].maintenance() for p in paths])
 
     def dynamic_state(self) -> Params:

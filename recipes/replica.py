@@ -28,7 +28,7 @@ from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
 from recipes.dynamic_reshard import Resharder
-from recipes.dynamic_table import MaintenanceHook
+from recipes.dynamic_table import MaintenanceHook, check_interval
 from recipes.errors import EXIT_NAN_LOSS, EXIT_PEER_TIMEOUT, TrainingFailed
 from recipes.evaluator import CheckpointScorer, result_scores
 from recipes.export import Exporter, finish_export
@@ -98,8 +98,9 @@ class ReplicaGraph:
     summary_op: Any
     local_init_op: Any  # the algorithm's local init (or the default one) and the input's
     saver_names: dict[str, Any]  # checkpoint name -> variable (workload.saver_names)
-    # the chief's: the dynamic tables' maintenance (whether due, the op) and their names
-    maintenance: Optional[tuple[Any, Any, list[str]]] = None
+    # the chief's: the dynamic tables' maintenance (whether due, the op), their names, the most
+    # steps between two checks (dynamic_table.check_interval)
+    maintenance: Optional[tuple[Any, Any, list[str], int]] = None
 
 
 def placement_line(named: dict[str, Any], n_ps: int) -> str:
@@ -209,7 +210,9 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
         with v1.device(setter):
             ops = work.model.table_maintenance()
         if ops is not None:
-            maintenance = (*ops, [f"model/{p}" for p in work.model.dynamic_paths()])
+            ttl = min(d.settings.ttl_steps for d in work.model.dynamic.values())
+            paths = [f"model/{p}" for p in work.model.dynamic_paths()]
+            maintenance = (*ops, paths, check_interval(ttl, task.n_replicas))
     done_ops = done_token_ops(task.n_ps, task.n_replicas)
     done_sizes = done_queue_sizes(task.n_ps, task.n_replicas)
     names = saver_names(global_step, train.params, work.model.state_variables())
@@ -333,8 +336,8 @@ def _hooks(
             _StepRateHook(every_n_steps=t.summary_steps, output_dir=cfg.output_dir),
         ]
         if g.maintenance is not None:
-            due, op, paths = g.maintenance
-            hooks.append(MaintenanceHook(due, op, paths, g.global_step, cfg.output_dir))
+            due, op, paths, interval = g.maintenance
+            hooks.append(MaintenanceHook(due, op, paths, g.global_step, cfg.output_dir, interval))
     return hooks
 
 

@@ -82,3 +82,62 @@ def test_the_checkpoint_hook_writes_no_graph_text_and_keeps_the_later_meta_files
         if e.graph_def
     ]
     assert graphs, "no graph in the events for TensorBoard"
+
+
+class _Values:
+    def __init__(self, results: object) -> None:
+        self.results = results
+
+
+class _Session:
+    """A session whose maintenance frees 5 rows on the one shard, at global step 7."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def run(self, fetches: object) -> object:
+        self.runs += 1
+        return [[[5, 90]]], 7
+
+
+def test_the_chief_checks_the_tables_as_often_as_their_headroom_needs_and_at_most_every_interval(
+    tmp_path: Path,
+) -> None:
+    import numpy as np
+
+    from recipes.dynamic_table import MaintenanceHook, check_interval
+
+    assert [check_interval(t) for t in (1, 40, 200, 10_000)] == [1, 1, 4, 8]
+    assert [check_interval(200, w) for w in (2, 4, 5)] == [2, 1, 1]
+    hook = MaintenanceHook("due", "op", ["model/t"], "step", str(tmp_path), max_interval=8)
+    session = _Session()
+    context = type("Context", (), {"session": session})()
+    checked: list[int] = []
+
+    def step(number: int, due: int, headroom: int) -> None:
+        if hook.before_run(context) is not None:
+            checked.append(number)
+            hook.after_run(context, _Values(np.array([[0, 10**6], [due, headroom]])))
+        else:
+            hook.after_run(context, _Values(None))
+
+    # 4 rows taken a step from a headroom of 100 rows: no rate yet at the first check, then
+    # every 8 steps (the most) while half the headroom lasts longer, then when half of it is
+    # gone, and every step from 16 rows on
+    headroom = 100
+    for number in range(40):
+        step(number, int(headroom < 0), headroom)
+        headroom -= 4
+    assert checked[:7] == [0, 1, 9, 17, 21, 23, 24], checked
+    assert checked[-12:] == list(range(28, 40)), checked
+    # over the high watermark: a maintenance (on a thread), recorded
+    step(40, 1, -4)
+    hook.end(session)
+    assert session.runs == 1
+    assert '"evicted": 5' in (tmp_path / "dynamic_tables.jsonl").read_text()
+    # rows taken slowly: a check every 8 steps, never fewer
+    hook = MaintenanceHook("due", "op", ["model/t"], "step", str(tmp_path), max_interval=8)
+    checked.clear()
+    for number in range(60):
+        step(number, 0, 10_000 - number)
+    assert checked == [0, 1, *range(9, 60, 8)], checked
