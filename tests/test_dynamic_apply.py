@@ -322,8 +322,8 @@ def test_a_killed_ps_comes_back_with_its_share_of_the_table_and_no_id_gets_two_r
     project: Path,
 ) -> None:
     """SIGKILL of a ps mid-training: it comes back from its in-memory snapshot (its shard's rows,
-    ids, last-seen steps, free rows: variables like any other), its index rebuilt at the first
-    lookup; training goes on allocating, and the final table has no id twice, no row twice, no
+    ids, last-seen steps, free rows: variables like any other), its index rebuilt by the
+    maintenance the chief's next check asks for; training goes on allocating, and the final table has no id twice, no row twice, no
     row leaked."""
     run = ApplyRun(
         project,

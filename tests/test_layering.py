@@ -170,3 +170,19 @@ def test_the_concrete_backend_check_finds_an_import(tmp_path: Path) -> None:
     found = _imports(module)
     assert found == ["tfplan.backends.process"]
     assert any(found[0].startswith(c) for c in CONCRETE_BACKENDS)
+
+
+def test_the_commands_that_read_a_state_import_no_hydra_omegaconf_or_tensorflow() -> None:
+    """``status``, ``logs``, ``destroy`` and ``watch`` run often (tests and scripts call them by
+    the hundred) and need no config composition: omegaconf alone was 0.09 s of each."""
+    import subprocess
+    import sys
+
+    modules = ("status", "logs", "destroy", "watch")
+    code = "; ".join(f"import tfplan.cli.cmd_{m}" for m in modules)
+    code += "; import sys; print(sorted({m.split('.')[0] for m in sys.modules}))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    for heavy in ("omegaconf", "hydra", "tensorflow", "keras"):
+        assert f"'{heavy}'" not in loaded, f"importing the commands {modules} imports {heavy}"
