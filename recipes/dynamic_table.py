@@ -27,8 +27,9 @@ map from raw id (int64 or string) to row, kept on the parameter servers (TF1 gra
   same critical section, which frees every row unseen for more than ``ttl_steps`` global steps
   (a scan every tenth of it), and when the resident rows pass ``HIGH_WATERMARK`` of a shard's
   capacity frees the least recently seen down to ``LOW_WATERMARK``. A freed row's optimizer
-  slots are reset to their initial value; a row taken again gets fresh initial values (the layer's initializer). Resident
-  rows never exceed the capacity: an id that finds no free row reads zeros until a row is freed.
+  slots are reset to their initial value; a row taken again gets fresh initial values (the
+  layer's initializer). Resident rows never exceed the capacity: an id that finds no free row
+  reads zeros until a row is freed.
 - **Checkpoints and snapshots** hold only variables (``row_ids``, ``last_seen``, the free stack,
   the counters, the rows and their slots): every saver tfplan has (sharded checkpoints, in-memory
   snapshots of one ps) keeps a dynamic table with no special case. The hash table is an index,
