@@ -4,6 +4,7 @@ checkpoints whatever the speed of its workers."""
 from __future__ import annotations
 
 import glob
+import threading
 from pathlib import Path
 
 import tensorflow as tf
@@ -90,13 +91,16 @@ class _Values:
 
 
 class _Session:
-    """A session whose maintenance frees 5 rows on the one shard, at global step 7."""
+    """A session whose maintenance frees 5 rows on the one shard, at global step 7, once
+    ``release`` is set."""
 
     def __init__(self) -> None:
         self.runs = 0
+        self.release = threading.Event()
 
     def run(self, fetches: object) -> object:
         self.runs += 1
+        self.release.wait(60)
         return [[[5, 90]]], 7
 
 
@@ -124,14 +128,14 @@ def test_the_chief_checks_the_tables_as_often_as_their_headroom_needs_and_at_mos
     # 4 rows taken a step from a headroom of 100 rows: no rate yet at the first check, then
     # every 8 steps (the most) while half the headroom lasts longer, then when half of it is
     # gone, and every step from 16 rows on
-    headroom = 100
-    for number in range(40):
-        step(number, int(headroom < 0), headroom)
-        headroom -= 4
-    assert checked[:7] == [0, 1, 9, 17, 21, 23, 24], checked
-    assert checked[-12:] == list(range(28, 40)), checked
-    # over the high watermark: a maintenance (on a thread), recorded
-    step(40, 1, -4)
+    for number in range(25):
+        step(number, 0, 100 - 4 * number)
+    assert checked == [0, 1, 9, 17, 21, 23, 24], checked
+    # over the high watermark: a maintenance on a thread; none more while it runs; recorded
+    step(25, 1, -4)
+    step(26, 1, -8)
+    assert checked[-2:] == [25, 26], checked
+    session.release.set()
     hook.end(session)
     assert session.runs == 1
     assert '"evicted": 5' in (tmp_path / "dynamic_tables.jsonl").read_text()
