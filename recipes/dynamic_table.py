@@ -262,8 +262,10 @@ class _Shard:
                 )
             self.lock = tf.CriticalSection(name=f"{scope}/lock", shared_name=f"{scope}/lock")
 
-    def resident(self) -> Any:
-        return tf.constant(self.capacity, tf.int64) - self.free_count.read_value()
+    def resident(self, free_count: Optional[Any] = None) -> Any:
+        """Rows held by an id: the capacity less the free count (read now, or ``free_count``)."""
+        free = self.free_count.read_value() if free_count is None else free_count
+        return tf.constant(self.capacity, tf.int64) - free
 
     def _rebuild(self) -> Any:
         """The index and the free stack again from ``row_ids`` and ``last_seen``: after a
@@ -292,9 +294,7 @@ class _Shard:
         whenever its size is not the resident count (given the free count)."""
         return tf.logical_or(
             tf.equal(self.index_built.size(), 0),
-            tf.not_equal(
-                self.index_table.size(), tf.constant(self.capacity, tf.int64) - free_count
-            ),
+            tf.not_equal(self.index_table.size(), self.resident(free_count)),
         )
 
     def _indexed(self) -> Any:
@@ -381,7 +381,7 @@ class _Shard:
             count = self.free_count.read_value()
             due = step >= self.next_scan.read_value()
         high = int(self.capacity * HIGH_WATERMARK)
-        needed = tf.logical_or(tf.constant(self.capacity, tf.int64) - count > high, due)
+        needed = tf.logical_or(self.resident(count) > high, due)
         evicted = tf.cond(
             needed,
             lambda: self._free_rows(step, ttl_steps, slots, count),
@@ -425,7 +425,7 @@ class _Shard:
         live = seen >= 0
         expired = tf.logical_and(live, step - seen > ttl_steps)
         n_expired = tf.reduce_sum(tf.cast(expired, tf.int64))
-        staying = tf.constant(self.capacity, tf.int64) - count - n_expired
+        staying = self.resident(count) - n_expired
         high = int(self.capacity * HIGH_WATERMARK)
         low = int(self.capacity * LOW_WATERMARK)
         extra = tf.where(staying > high, staying - low, tf.constant(0, tf.int64))
