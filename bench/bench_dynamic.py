@@ -3,6 +3,10 @@ id stream: collisions, each ps's memory, held-out quality, examples/s.
 
     .venv/bin/python bench/bench_dynamic.py [--repeats 3] [--examples 120000] [--live 1000]
         [--turnover 20] [--capacity 1200] [--lr 0.5] [--out docs/bench_dynamic.md]
+        [--algo hogwild] [--variants dynamic,hashed,hashed-mem,vocab]
+
+(``--algo pss --variants dynamic,hashed --out docs/bench_dynamic_pss.md``: the same under
+ParameterServerStrategy, its coordinator a chief task of its own.)
 
 examples/drift writes the stream (``make_data.py``: 120,000 clicks in 6 parts, in time order;
 at any time about ``--live`` ids are live, a window that moves ``--turnover`` times its size over
@@ -76,6 +80,8 @@ def variants(data: Path) -> dict[str, list[str]]:
 
 
 LR = 0.1  # --lr
+ALGO = "hogwild"  # --algo
+VARIANTS = "dynamic,hashed,hashed-mem,vocab"  # --variants
 
 
 def common(examples: int) -> list[str]:
@@ -89,7 +95,8 @@ def common(examples: int) -> list[str]:
         "data.shuffle_buffer=256",
         f"data.batch_size={BATCH}",
         "model.loss=binary_crossentropy",
-        "algo=hogwild",
+        f"algo={ALGO}",
+        *(["cluster.chief=separate"] if ALGO == "pss" else []),
         "algo.optimizer=adagrad",
         f"algo.lr={LR}",
         "cluster.ps=2",
@@ -206,7 +213,10 @@ def shared_rows(out: Path) -> dict[str, int]:
     import numpy as np
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(out)))
+    sys.path.insert(0, str(REPO))
+    from recipes.checkpoint_names import PlainNames  # either format: TF1's names or pss's
+
+    reader = PlainNames(tf.train.load_checkpoint(tf.train.latest_checkpoint(str(out))))
     ids_seen: dict[int, int] = {}
     two_ids = 0
     resident = 0
@@ -242,7 +252,7 @@ def hashed_shares(project: Path, rows: int) -> dict[str, float]:
 
 
 def main() -> None:
-    global CAPACITY, LR
+    global CAPACITY, LR, ALGO
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--examples", type=int, default=120_000)
@@ -251,9 +261,15 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=1200, help="the table's rows")
     parser.add_argument("--lr", type=float, default=0.5, help="algo.lr (Adagrad)")
     parser.add_argument("--out", default=str(REPO / "docs" / "bench_dynamic.md"))
+    parser.add_argument("--algo", default="hogwild", help="hogwild (or another TF1 one), pss")
+    parser.add_argument("--variants", default=VARIANTS)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    CAPACITY, LR = args.capacity, args.lr
+    CAPACITY, LR, ALGO = args.capacity, args.lr, args.algo
+    chosen = args.variants.split(",")
+    for needed in ("dynamic", "hashed"):
+        if needed not in chosen:
+            parser.error(f"--variants: {needed} is needed (the report compares them)")
     with tempfile.TemporaryDirectory(prefix="bench-dynamic-") as tmp:
         project = Path(tmp) / "drift"
         shutil.copytree(REPO / "examples" / "drift", project, ignore=shutil.ignore_patterns("data"))
@@ -288,6 +304,8 @@ def main() -> None:
         started = time.monotonic()
         for repeat in range(args.repeats):
             for name, overrides in variants(project / "data").items():
+                if name not in chosen:
+                    continue
                 run = f"{name}-{repeat}"
                 print(f"{run} ...", flush=True)
                 found = apply(project, run, [*common(args.examples), *overrides], name == "dynamic")
@@ -351,14 +369,19 @@ def write_report(
             "",
             f"`.venv/bin/python bench/bench_dynamic.py --repeats {args.repeats} --examples "
             f"{args.examples} --live {args.live} --turnover {args.turnover} --capacity "
-            f"{CAPACITY}` on {platform.node() and 'this machine'} ({os.cpu_count()} cores), "
+            f"{CAPACITY}"
+            + ("" if ALGO == "hogwild" else f" --algo {ALGO}")
+            + ("" if args.variants == VARIANTS else f" --variants {args.variants}")
+            + f"` on {platform.node() and 'this machine'} ({os.cpu_count()} cores), "
             f"{elapsed / 60:.1f} min; medians of {args.repeats} runs per variant, variants "
             "interleaved.",
             "",
             f"The stream (examples/drift): {made}. Capacity {CAPACITY:,} rows of {WIDTH}; "
             f"{stream['distinct_ids']:,} distinct ids over the stream "
             f"({stream['distinct_ids'] / CAPACITY:.1f}x the capacity). Each run: 2 ps, "
-            f"{WORKERS} worker(s), HOGWILD!, Adagrad (lr {LR:g}), batch {BATCH}, one pass in "
+            f"{WORKERS} worker(s)"
+            + (", a chief of its own, the coordinator" if ALGO == "pss" else "")
+            + f", algo={ALGO}, Adagrad (lr {LR:g}), batch {BATCH}, one pass in "
             "time order.",
             "",
             "## Quality and speed",

@@ -20,6 +20,7 @@ __all__ = [
     "MODEL_PREFIX",
     "OBJECT_SUFFIX",
     "PART",
+    "PlainNames",
     "model_name",
     "object_based",
     "sliced_names",
@@ -70,3 +71,28 @@ def sliced_names(named: Mapping[str, Any]) -> dict[str, Any]:
     for whole, parts in slices.items():
         out[whole] = sorted(parts, key=lambda v: v._save_slice_info.var_offset[0])
     return out
+
+
+class PlainNames:
+    """A checkpoint reader (``tf.train.load_checkpoint``) of either format whose names are the
+    plain ones (``model/dense0/w``, ``dynamic/...``): a TF2 object checkpoint's keys without
+    :data:`OBJECT_SUFFIX`, its other entries (the object graph) left out."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+        shapes = reader.get_variable_to_shape_map()
+        self._tf2 = object_based(shapes)
+        self._shapes = {
+            key.removesuffix(OBJECT_SUFFIX) if self._tf2 else key: shape
+            for key, shape in shapes.items()
+            if not self._tf2 or key.endswith(OBJECT_SUFFIX)
+        }
+
+    def get_variable_to_shape_map(self) -> dict[str, Any]:
+        return dict(self._shapes)
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._shapes
+
+    def get_tensor(self, name: str) -> Any:
+        return self._reader.get_tensor(stored(name, self._tf2))

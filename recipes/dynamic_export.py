@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from recipes.checkpoint_names import DYNAMIC_PREFIX, model_name
+from recipes.checkpoint_names import DYNAMIC_PREFIX, PlainNames, model_name
 from recipes.errors import ConfigError
 
 __all__ = ["resident_rows", "with_lookups"]
@@ -27,6 +27,7 @@ __all__ = ["resident_rows", "with_lookups"]
 def resident_rows(reader: Any, path: str) -> tuple[np.ndarray, np.ndarray]:
     """The ids (int64, or str) and rows of the dynamic table at ``path`` (its Keras path) that
     are resident in the checkpoint ``reader`` reads, over every shard."""
+    reader = PlainNames(reader)  # either format: a TF1 recipe's checkpoint or pss's
     shard = re.compile(re.escape(model_name(path)) + r"/shard_(\d+)$")
     names = sorted(
         (int(m.group(1)), name)

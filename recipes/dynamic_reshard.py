@@ -23,7 +23,7 @@ same step, the same predictions for every resident id.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -31,7 +31,7 @@ import tensorflow as tf
 from recipes.checkpoint_names import DYNAMIC_PREFIX
 from recipes.dynamic_table import FREE, DynamicTable, shard_of
 
-__all__ = ["Resharder", "checkpoint_shards"]
+__all__ = ["Resharder", "checkpoint_shards", "resharded"]
 
 v1 = tf.compat.v1
 
@@ -114,84 +114,23 @@ class Resharder:
         """Read the old shards; the new shards' values."""
         plan = self._plans[path]
         table: DynamicTable = plan["table"]
-        reader = self._reader
-        old = checkpoint_shards(reader, path)
-        ids: list[np.ndarray] = []
-        rows: list[np.ndarray] = []
-        seen: list[np.ndarray] = []
-        slots: dict[str, list[np.ndarray]] = {}
-        slot_names = [w[len("slot:") :] for w in self._slot_keys(path)]
-        for i in range(old):
-            aux = f"{DYNAMIC_PREFIX}{path}/shard_{i}"
-            last = reader.get_tensor(f"{aux}/last_seen")
-            live = np.flatnonzero(last >= 0)
-            ids.append(reader.get_tensor(f"{aux}/row_ids")[live])
-            rows.append(reader.get_tensor(f"model/{path}/shard_{i}")[live])
-            seen.append(last[live])
-            for name in slot_names:
-                key = f"model/{path}/shard_{i}/{name}"
-                if reader.has_tensor(key):
-                    slots.setdefault(name, []).append(reader.get_tensor(key)[live])
-        all_ids = np.concatenate(ids)
-        all_rows, all_seen = np.concatenate(rows), np.concatenate(seen)
-        all_slots = {k: np.concatenate(v) for k, v in slots.items()}
-        owner = _owner(all_ids, len(table.shards)) if len(all_ids) else np.zeros(0, np.int64)
-        values: list[dict[str, Any]] = []
-        dropped = 0
-        for shard in table.shards:
-            mine = np.flatnonzero(owner == shard.index)
-            if len(mine) > shard.capacity:  # the most recently seen first
-                order = np.argsort(-all_seen[mine], kind="stable")
-                dropped += len(mine) - shard.capacity
-                mine = np.sort(mine[order[: shard.capacity]])
-            n = len(mine)
-            cap, width = shard.capacity, table.width
-            new_rows = np.zeros((cap, width), table.dtype.as_numpy_dtype)
-            new_rows[:n] = all_rows[mine]
-            empty = "" if table.key_dtype == tf.string else 0
-            row_ids = np.full(
-                cap, empty, dtype=object if table.key_dtype == tf.string else np.int64
-            )
-            row_ids[:n] = all_ids[mine]
-            last_seen = np.full(cap, FREE, np.int64)
-            last_seen[:n] = all_seen[mine]
-            free = np.zeros(cap, np.int64)
-            free[: cap - n] = np.arange(cap - 1, n - 1, -1, dtype=np.int64)  # row n taken next
-            value: dict[str, Any] = {
-                "rows": new_rows,
-                "row_ids": row_ids,
-                "last_seen": last_seen,
-                "free": free,
-                "free_count": np.int64(cap - n),
-            }
-            for name, held in all_slots.items():
-                fill = np.zeros((cap, width), held.dtype)
-                fill[:n] = held[mine]
-                value["slot:" + name] = fill
-            for key in self._slot_keys(path):  # a slot the checkpoint lacks: its initial value
-                if key not in value:
-                    value[key] = self._initial_slot(path, shard.index, key, cap, width)
-            values.append(value)
-        plan["values"] = values
-        self._log(
-            f"{path}: {old} shard(s) in the checkpoint, {len(table.shards)} now: "
-            f"{len(all_ids):,} resident id(s) re-sharded by their hash"
-            + (
-                f"; {dropped:,} least recently seen dropped (no room on their new shard)"
-                if dropped
-                else ""
-            )
+        fills = {key[len("slot:") :]: fill for key, fill in self._slot_fills(path).items()}
+        plan["values"], line = resharded(
+            self._reader, path, table, fills, lambda i, name: f"model/{path}/shard_{i}/{name}"
         )
+        self._log(line)
 
     def _slot_keys(self, path: str) -> list[str]:
         return sorted({w for _, (p, _, w) in self._feeds if p == path and w.startswith("slot:")})
 
-    def _initial_slot(self, path: str, index: int, key: str, cap: int, width: int) -> np.ndarray:
+    def _slot_fills(self, path: str) -> dict[str, float]:
+        """Each slot's initial value (``slot:<name>`` -> value), for rows without one."""
         table: DynamicTable = self._plans[path]["table"]
-        for slot, fill in table._slots(table.shards[index]):  # noqa: SLF001
-            if "slot:" + slot.op.name.rsplit("/", 1)[-1] == key:
-                return np.full((cap, width), fill, slot.dtype.as_numpy_dtype)
-        return np.zeros((cap, width), np.float32)
+        fills = {
+            "slot:" + slot.op.name.rsplit("/", 1)[-1]: fill
+            for slot, fill in table._slots(table.shards[0])  # noqa: SLF001
+        }
+        return {key: fills.get(key, 0.0) for key in self._slot_keys(path)}
 
     def restore(self, session: Any) -> None:
         """After every variable was initialised: the checkpoint's other variables, then the
@@ -203,3 +142,80 @@ class Resharder:
         session.run(self._assigns, feed_dict=feed)
         for path in self._plans:
             self._plans[path].pop("values", None)  # the table's copy, freed
+
+
+def resharded(
+    reader: Any,
+    path: str,
+    table: DynamicTable,
+    slots: Mapping[str, float],
+    slot_name: Callable[[int, str], str],
+) -> tuple[list[dict[str, Any]], str]:
+    """The values of ``table``'s shards (``rows``, ``row_ids``, ``last_seen``, ``free``,
+    ``free_count``, ``slot:<name>`` for each of ``slots``, a name -> initial value) from the
+    checkpoint ``reader`` reads (plain names: :class:`recipes.checkpoint_names.PlainNames`),
+    which holds the table at ``path`` in another number of shards, and the line that says so.
+    ``slot_name(i, name)``: the checkpoint name of slot ``name`` of the old shard ``i``."""
+    old = checkpoint_shards(reader, path)
+    ids: list[np.ndarray] = []
+    rows: list[np.ndarray] = []
+    seen: list[np.ndarray] = []
+    held_slots: dict[str, list[np.ndarray]] = {}
+    for i in range(old):
+        aux = f"{DYNAMIC_PREFIX}{path}/shard_{i}"
+        last = reader.get_tensor(f"{aux}/last_seen")
+        live = np.flatnonzero(last >= 0)
+        ids.append(reader.get_tensor(f"{aux}/row_ids")[live])
+        rows.append(reader.get_tensor(f"model/{path}/shard_{i}")[live])
+        seen.append(last[live])
+        for name in slots:
+            key = slot_name(i, name)
+            if reader.has_tensor(key):
+                held_slots.setdefault(name, []).append(reader.get_tensor(key)[live])
+    all_ids = np.concatenate(ids)
+    all_rows, all_seen = np.concatenate(rows), np.concatenate(seen)
+    all_slots = {k: np.concatenate(v) for k, v in held_slots.items()}
+    owner = _owner(all_ids, len(table.shards)) if len(all_ids) else np.zeros(0, np.int64)
+    values: list[dict[str, Any]] = []
+    dropped = 0
+    for shard in table.shards:
+        mine = np.flatnonzero(owner == shard.index)
+        if len(mine) > shard.capacity:  # the most recently seen first
+            order = np.argsort(-all_seen[mine], kind="stable")
+            dropped += len(mine) - shard.capacity
+            mine = np.sort(mine[order[: shard.capacity]])
+        n = len(mine)
+        cap, width = shard.capacity, table.width
+        new_rows = np.zeros((cap, width), table.dtype.as_numpy_dtype)
+        new_rows[:n] = all_rows[mine]
+        empty = "" if table.key_dtype == tf.string else 0
+        row_ids = np.full(cap, empty, dtype=object if table.key_dtype == tf.string else np.int64)
+        row_ids[:n] = all_ids[mine]
+        last_seen = np.full(cap, FREE, np.int64)
+        last_seen[:n] = all_seen[mine]
+        free = np.zeros(cap, np.int64)
+        free[: cap - n] = np.arange(cap - 1, n - 1, -1, dtype=np.int64)  # row n taken next
+        value: dict[str, Any] = {
+            "rows": new_rows,
+            "row_ids": row_ids,
+            "last_seen": last_seen,
+            "free": free,
+            "free_count": np.int64(cap - n),
+        }
+        for name, fill in slots.items():  # a slot the checkpoint lacks: its initial value
+            dtype = all_slots[name].dtype if name in all_slots else new_rows.dtype
+            block = np.full((cap, width), fill, dtype)
+            if name in all_slots:
+                block[:n] = all_slots[name][mine]
+            value["slot:" + name] = block
+        values.append(value)
+    line = (
+        f"{path}: {old} shard(s) in the checkpoint, {len(table.shards)} now: "
+        f"{len(all_ids):,} resident id(s) re-sharded by their hash"
+        + (
+            f"; {dropped:,} least recently seen dropped (no room on their new shard)"
+            if dropped
+            else ""
+        )
+    )
+    return values, line

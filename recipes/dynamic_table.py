@@ -48,8 +48,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -63,6 +64,7 @@ __all__ = [
     "DynamicSettings",
     "DynamicTable",
     "check_interval",
+    "record_evictions",
     "shard_of",
     "shard_rows",
 ]
@@ -180,6 +182,7 @@ class _Shard:
         key_dtype: Any,
         counters: int,
         window: int = 0,
+        colocate: Optional[Callable[[Any], AbstractContextManager[Any]]] = None,
     ) -> None:
         self.index, self.capacity, self.width, self.counters_size = index, rows, width, counters
         self.key_dtype = key_dtype
@@ -189,10 +192,17 @@ class _Shard:
         # not under the rows' name (the optimizer's slots are) nor under model/ (the model's
         # variables, which have slots): dynamic/<path>/shard_<i>/<what>
         scope = f"{DYNAMIC_PREFIX}{name.split('/', 1)[-1]}/shard_{index}"
+        self.scope = scope
 
         # beside the rows, and past the device setter: its round-robin counts every variable it
-        # sees (colocated or not), and the next shard's rows must go to the next ps
-        with v1.device(None), v1.colocate_with(self.rows):
+        # sees (colocated or not), and the next shard's rows must go to the next ps.
+        # ``colocate``: how the caller's variable creator puts a variable beside another (TF2:
+        # a strategy's ``colocate_vars_with``; its round-robin ignores device scopes)
+        with (
+            v1.device(None),
+            v1.colocate_with(self.rows),
+            colocate(self.rows) if colocate is not None else nullcontext(),
+        ):
             empty_id = "" if key_dtype == tf.string else 0
             self.row_ids = tf.Variable(
                 lambda: tf.fill([rows], tf.constant(empty_id, key_dtype)),
@@ -261,6 +271,30 @@ class _Shard:
                     tf.constant(window, tf.int64), name=f"{scope}/admission_window", trainable=False
                 )
             self.lock = tf.CriticalSection(name=f"{scope}/lock", shared_name=f"{scope}/lock")
+
+    def state(self) -> dict[str, Any]:
+        """The variables beside the rows, by what they hold (``row_ids``, ``last_seen``, ...)."""
+        out = {
+            "row_ids": self.row_ids,
+            "last_seen": self.last_seen,
+            "free": self.free,
+            "free_count": self.free_count,
+            "now": self.now,
+            "next_scan": self.next_scan,
+        }
+        if self.counters is not None and self.window_end is not None:
+            out.update(admission=self.counters, admission_window=self.window_end)
+        return out
+
+    def forget_index(self) -> Any:
+        """Mark the index stale (eagerly: TF2, after a restore assigned the variables, which a
+        new table's initializer had marked built); the next maintenance rebuilds it."""
+        return self.index_built.remove(tf.constant([0], tf.int64))
+
+    def _row_of(self, ids: Any) -> Any:
+        """The index's row of each of ``ids`` (a vector), -1 for none; a vector (inside a
+        ``tf.function`` a table made eagerly does not tell its lookups' shape)."""
+        return tf.reshape(self.index_table.lookup(ids), [-1])
 
     def resident(self, free_count: Optional[Any] = None) -> Any:
         """Rows held by an id: the capacity less the free count (read now, or ``free_count``)."""
@@ -334,7 +368,7 @@ class _Shard:
         row). Marks every row read as seen now (:attr:`now`). Takes no row while the index
         does not match the variables (a restored ps's, until the chief's next check has the
         maintenance rebuild it: :meth:`due`): no id gets a second row."""
-        rows = self.index_table.lookup(ids)
+        rows = self._row_of(ids)
         count = self.free_count.read_value()
         step = self.now.read_value()
         indexed = tf.logical_not(self._stale(count))
@@ -368,7 +402,7 @@ class _Shard:
         """Inside the lock: each of ``ids`` its row, -1 for none; nothing changes but a stale
         index (a restored evaluator's)."""
         with tf.control_dependencies([self._indexed()]):
-            return self.index_table.lookup(ids)
+            return self._row_of(ids)
 
     def evict(self, step: Any, ttl_steps: int, slots: Sequence[tuple[Any, float]]) -> Any:
         """Inside the lock: now is ``step`` (the global step). When the shard is above the high
@@ -436,7 +470,7 @@ class _Shard:
         n = tf.size(rows, out_type=tf.int64)
         ids = tf.gather(self.row_ids.read_value(), rows)
         # an id is removed only where the index still maps it to this row
-        mapped = tf.equal(self.index_table.lookup(ids), rows)
+        mapped = tf.equal(self._row_of(ids), rows)
         writes = [
             self.index_table.remove(tf.boolean_mask(ids, mapped)),
             self.last_seen.scatter_update(
@@ -470,6 +504,7 @@ class DynamicTable:
         key_dtype: Any,
         shards: int,
         initializer: Any = None,
+        colocate: Optional[Callable[[Any], AbstractContextManager[Any]]] = None,
     ) -> None:
         self.name, self.settings, self.width = name, settings, int(width)
         self.dtype, self.key_dtype = tf.as_dtype(dtype), tf.as_dtype(key_dtype)
@@ -486,6 +521,7 @@ class DynamicTable:
                 self.key_dtype,
                 counters,
                 settings.ttl_steps,
+                colocate,
             )
             for s in range(max(1, int(shards)))
         ]
@@ -496,14 +532,15 @@ class DynamicTable:
 
     def state_variables(self) -> list[Any]:
         """Every shard's variables beside its rows."""
-        out = []
-        for s in self.shards:
-            out += [s.row_ids, s.last_seen, s.free, s.free_count, s.now, s.next_scan]
-            out += [v for v in (s.counters, s.window_end) if v is not None]
-        return out
+        return [v for s in self.shards for v in s.state().values()]
 
-    def _step(self) -> Any:
-        step = v1.train.get_global_step()
+    def named_state(self) -> dict[str, Any]:
+        """Every shard's variables beside its rows by checkpoint name,
+        ``dynamic/<path>/shard_<i>/<what>`` (the names a graph gives them, without one)."""
+        return {f"{s.scope}/{what}": v for s in self.shards for what, v in s.state().items()}
+
+    def _step(self, step: Any = None) -> Any:
+        step = v1.train.get_global_step() if step is None else step
         return tf.constant(0, tf.int64) if step is None else tf.cast(step, tf.int64)
 
     def _new_rows(self, n: Any) -> Any:
@@ -583,25 +620,32 @@ class DynamicTable:
             if var.op.name.startswith(prefix) and var.shape == shape
         ]
 
-    def maintenance_due(self) -> Any:
-        """Cheap, and taking no lock: tells every shard the global step, and, per shard,
-        whether it needs :meth:`maintenance` (above the high watermark, a TTL scan due, the end
-        of an admission window) and its headroom below the high watermark in rows: a
-        ``[shards, 2]`` int64 tensor (:class:`MaintenanceHook` reads it)."""
-        step = self._step()
+    def maintenance_due(self, step: Any = None) -> Any:
+        """Cheap, and taking no lock: tells every shard the global step (``step``, default the
+        graph's), and, per shard, whether it needs :meth:`maintenance` (above the high
+        watermark, a TTL scan due, the end of an admission window) and its headroom below the
+        high watermark in rows: a ``[shards, 2]`` int64 tensor (:class:`MaintenanceHook`
+        reads it)."""
+        step = self._step(step)
         return tf.stack([shard.due(step) for shard in self.shards])
 
-    def maintenance(self) -> Any:
-        """Eviction on every shard (build it after the optimizer, which makes the slots): a
-        ``[shards, 2]`` tensor of rows evicted and rows resident per shard."""
-        step = self._step()
+    def maintenance(
+        self,
+        step: Any = None,
+        slots: Optional[Mapping[int, Sequence[tuple[Any, float]]]] = None,
+    ) -> Any:
+        """Eviction on every shard at the global step ``step`` (default the graph's): a
+        ``[shards, 2]`` tensor of rows evicted and rows resident per shard. ``slots``: each
+        shard's optimizer slots with their initial value (reset in the rows freed); default
+        the graph's variables named after the rows (build it after the optimizer then)."""
+        step = self._step(step)
         out = []
         for shard in self.shards:
-            slots = self._slots(shard)
+            slots_of = self._slots(shard) if slots is None else list(slots.get(shard.index, ()))
             with v1.colocate_with(shard.rows):
                 out.append(
                     shard.lock.execute(
-                        lambda s=shard, sl=slots: s.evict(step, self.settings.ttl_steps, sl),
+                        lambda s=shard, sl=slots_of: s.evict(step, self.settings.ttl_steps, sl),
                         exclusive_resource_access=False,
                     )
                 )
@@ -609,6 +653,30 @@ class DynamicTable:
 
 
 EVENTS_FILE = "dynamic_tables.jsonl"  # output_dir/: one line per eviction that freed rows
+
+
+def record_evictions(path: str, tables: Sequence[str], counts: Any, step: int) -> None:
+    """Append to ``path`` (``output_dir/dynamic_tables.jsonl``) one line per shard that a
+    maintenance freed rows of: ``counts`` is its ``[tables, shards, 2]`` result (evicted,
+    resident), ``tables`` the tables' names in its order, ``step`` the global step."""
+    lines = [
+        json.dumps(
+            {
+                "at": round(time.time(), 3),
+                "step": int(step),
+                "table": table,
+                "shard": shard,
+                "evicted": int(evicted),
+                "resident": int(resident),
+            }
+        )
+        for table, per_shard in zip(tables, counts, strict=True)
+        for shard, (evicted, resident) in enumerate(per_shard)
+        if evicted
+    ]
+    if lines:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def check_interval(ttl_steps: int, workers: int = 1) -> int:
@@ -694,24 +762,7 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
     def run(self, session: Any) -> None:
         """The maintenance itself, and its record."""
         counts, step = session.run([self._op, self._step])
-        lines = [
-            json.dumps(
-                {
-                    "at": round(time.time(), 3),
-                    "step": int(step),
-                    "table": path,
-                    "shard": shard,
-                    "evicted": int(evicted),
-                    "resident": int(resident),
-                }
-            )
-            for path, per_shard in zip(self._paths, counts, strict=True)
-            for shard, (evicted, resident) in enumerate(per_shard)
-            if evicted
-        ]
-        if lines:
-            with open(self._path, "a", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
+        record_evictions(self._path, self._paths, counts, int(step))
 
     def end(self, session: Any) -> None:
         if self._thread is not None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+from contextlib import AbstractContextManager
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import numpy as np
@@ -48,6 +49,7 @@ __all__ = ["KerasModel", "ModelError"]
 
 v1 = tf.compat.v1
 Params = dict[str, Any]
+_EAGER = 0  # TF2: the dynamic tables of create_variables (no graph of their own)
 
 
 def _reset_keras_names() -> None:
@@ -521,7 +523,10 @@ class KerasModel:
         return {v.op.name: v for path in sorted(tables) for v in tables[path].state_variables()}
 
     def dynamic_tables(self) -> dict[str, DynamicTable]:
-        """The dynamic tables of the current graph, by path."""
+        """The dynamic tables of the current graph (TF2: of :meth:`create_variables`, also
+        inside a ``tf.function``), by path."""
+        if v1.executing_eagerly_outside_functions():
+            return dict(self._dynamic_tables.get(_EAGER, {}))
         return dict(self._dynamic_tables.get(id(v1.get_default_graph()), {}))
 
     def dynamic_paths(self) -> list[str]:
@@ -588,20 +593,40 @@ class KerasModel:
         if self._eager is None:
             self._eager = _without_values(self._build)
 
-    def create_variables(self) -> Params:
+    def create_variables(
+        self, colocate: Optional[Callable[[Any], AbstractContextManager[Any]]] = None
+    ) -> Params:
         """TF2: the parameters as new ``tf.Variable`` objects in the current (strategy) scope,
         holding the initial values of the eager build (:meth:`prepare`); a split variable's
         parts are initialised where the strategy places them (:meth:`_part_value`), not copied
-        from the eager build."""
+        from the eager build. A dynamic table's shards: each shard's rows where the strategy
+        puts the next variable (ParameterServerStrategy: the next ps, round robin), its other
+        variables beside them by ``colocate`` (the strategy's ``colocate_vars_with``)."""
         model = self.template()
-        if self.dynamic:
+        if self.dynamic and colocate is None:
             raise ModelError(
-                "model.dynamic: dynamic tables train with the parameter-server algorithms of "
-                "TF1 graph mode (hogwild, downpour, ...), not yet with this TF2 strategy: choose "
-                "one of those algorithms, or drop model.dynamic"
+                "model.dynamic: a dynamic table needs parameter servers: train it with "
+                "algo=pss or a parameter-server algorithm (hogwild, downpour, ...)"
             )
         params: Params = {}
+        tables = self._dynamic_tables.setdefault(_EAGER, {})
+        tables.clear()
         for w in model.trainable_variables:
+            found = self.dynamic.get(w.path)
+            if found is not None:
+                table = DynamicTable(
+                    f"model/{w.path}",
+                    found.settings,
+                    found.width,
+                    w.dtype,
+                    found.key_dtype,
+                    self._partitions,
+                    getattr(found.layer, "embeddings_initializer", None),
+                    colocate,
+                )
+                tables[w.path] = table
+                params.update(table.params(w.path))
+                continue
             for key, rows in self._pieces(w):
                 value = self._initial_value(w) if rows is None else self._part_value(model, w, rows)
                 params[key] = tf.Variable(value, name=f"model/{key}", trainable=True)

@@ -104,10 +104,11 @@ class Model:
                 )
         return params
 
-    def create_variables(self) -> Params:
+    def create_variables(self, colocate: Any = None) -> Params:
         """TF2: the same parameters as eager ``tf.Variable`` objects (in the current
         ``tf.distribute`` scope, if any), Glorot-uniform weights and zero biases as
-        :meth:`create_params`. Not usable in graph mode: build those with :meth:`create_params`."""
+        :meth:`create_params`. Not usable in graph mode: build those with :meth:`create_params`.
+        ``colocate``: unused (a built-in model has no dynamic table)."""
         params: Params = {}
         for name, shape in self.param_shapes():
             init = (

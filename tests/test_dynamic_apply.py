@@ -66,18 +66,22 @@ import numpy as np
 import tensorflow as tf
 ckpt, data = sys.argv[1], sys.argv[2]
 reader = tf.train.load_checkpoint(ckpt)
+# either format: a TF1 algorithm's names, or pss's object checkpoint (the same + a suffix)
+SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+keys = {n.removesuffix(SUFFIX): n for n in reader.get_variable_to_shape_map()}
+def get(name):
+    return reader.get_tensor(keys[name])
 shards = []
-names = reader.get_variable_to_shape_map()
-count = sum(1 for n in names if n.startswith("model/item_embedding/embeddings/shard_") and n.count("/") == 3)
+count = sum(1 for n in keys if n.startswith("model/item_embedding/embeddings/shard_") and n.count("/") == 3)
 for i in range(count):
     aux = f"dynamic/item_embedding/embeddings/shard_{i}"
-    seen = reader.get_tensor(f"{aux}/last_seen")
-    ids = reader.get_tensor(f"{aux}/row_ids")
-    rows = reader.get_tensor(f"model/item_embedding/embeddings/shard_{i}")
+    seen = get(f"{aux}/last_seen")
+    ids = get(f"{aux}/row_ids")
+    rows = get(f"model/item_embedding/embeddings/shard_{i}")
     live = np.flatnonzero(seen >= 0)
     shards.append({
         "capacity": int(seen.shape[0]),
-        "free_count": int(reader.get_tensor(f"{aux}/free_count")),
+        "free_count": int(get(f"{aux}/free_count")),
         "pairs": [[str(int(ids[r])), int(r)] for r in live],
         "rows": {str(int(ids[r])): rows[r].tolist() for r in live},
     })
@@ -86,7 +90,7 @@ for path in sorted(glob.glob(os.path.join(data, "part-*.tfrecord"))):
     for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
         ex = tf.train.Example.FromString(raw)
         stream.add(str(ex.features.feature["item"].int64_list.value[0]))
-out = {"step": int(reader.get_tensor("global_step")), "shards": shards, "stream": sorted(stream)}
+out = {"step": int(get("global_step")), "shards": shards, "stream": sorted(stream)}
 if len(sys.argv) > 3:
     import keras
     model = keras.saving.load_model(sys.argv[3])
@@ -225,6 +229,35 @@ def test_a_dynamic_table_resumes_with_its_ids_and_trains_under_windowed_and_sync
             kill_groups(recorded_groups(fresh))
 
 
+@pytest.mark.full
+def test_pss_trains_a_dynamic_table_evicts_exports_and_resumes_it_on_another_number_of_ps(
+    project: Path,
+) -> None:
+    """ParameterServerStrategy: the coordinator's functions, scheduled on the workers, look ids
+    up, allocate rows in each shard's lock on its ps; the coordinator's own thread evicts."""
+    _apply(project, "pss", 240)
+    result = json.loads((project / "out" / "result.json").read_text())
+    assert result["status"] == "succeeded" and result["algo"] == "pss", result
+    events = [
+        json.loads(line)
+        for line in (project / "out" / "dynamic_tables.jsonl").read_text().splitlines()
+    ]
+    assert sum(e["evicted"] for e in events) >= CAPACITY, events[-3:]
+    assert all(e["resident"] <= CAPACITY // 2 for e in events), events
+    got = _read(project, project / "out" / "model.keras")
+    where = _check_table(got)
+    assert [s["capacity"] for s in got["shards"]] == [CAPACITY // 2] * 2
+    export = got["export"]
+    assert export["vocab"] == sorted(where) and export["zero_row"] == 0.0
+    # resumed on 3 ps: every resident id on the shard its hash names now, the step kept
+    proc = _apply(project, "pss", 250, "cluster.ps=3")
+    assert "2 shard(s) in the checkpoint, 3 now" in proc.stdout, proc.stdout[-3000:]
+    assert "resuming from the checkpoint of step=" in proc.stdout, proc.stdout[-3000:]
+    after = _read(project)
+    assert len(after["shards"]) == 3 and after["step"] >= 250, after["step"]
+    _check_table(after)
+
+
 def _refused(project: Path, *overrides: str, command: str = "plan") -> str:
     """The one line ``tfplan plan`` (or apply) refuses ``overrides`` with; nothing started."""
     args = [command, "--auto-approve"] if command == "apply" else [command]
@@ -252,7 +285,7 @@ def test_bad_dynamic_settings_are_one_line_naming_the_key_and_the_fix(project: P
     assert _refused(project, "algo=allreduce", "cluster.ps=0") == (
         "error: model.dynamic: algo=allreduce cannot train a dynamic table (every worker holds "
         "every table whole: there is no parameter server for the ids); use a parameter-server "
-        "algorithm (algo=hogwild, downpour, ...) with cluster.ps >= 1, or drop model.dynamic"
+        "algorithm (algo=hogwild, downpour, pss, ...) with cluster.ps >= 1, or drop model.dynamic"
     )
     # a name that is no Embedding of the model (the inspection build finds it)
     assert _refused(project, "model.dynamic=[logit]") == (

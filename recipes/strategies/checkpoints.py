@@ -9,8 +9,17 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from recipes.checkpoint_names import GLOBAL_STEP, PART, model_name, stored
+from recipes.checkpoint_names import (
+    DYNAMIC_PREFIX,
+    GLOBAL_STEP,
+    PART,
+    PlainNames,
+    model_name,
+    stored,
+)
 from recipes.config import TaskInfo
+from recipes.dynamic_reshard import checkpoint_shards, resharded
+from recipes.dynamic_table import DynamicTable
 from recipes.errors import ConfigError
 from recipes.models import Params
 
@@ -62,7 +71,11 @@ class Checkpoints:
     state too, e.g. a batch norm's ``moving_mean``) and ``optimizer/<slot>/<param>``, each
     followed by ``/.ATTRIBUTES/VARIABLE_VALUE``; a variable split over the ps is one key, its
     parts stored as slices of it (:func:`_joined`), so a resume with another number of ps
-    restores it. Written with
+    restores it. A dynamic table (``tables``, by path): its shards' rows and slots as any
+    parameter's, their other variables as ``dynamic/<path>/shard_<i>/<what>`` (the TF1
+    recipes' names, with the suffix); restored into another number of shards, its ids are
+    re-sharded by their hash (recipes/dynamic_reshard.py; ``slot_fills``: each optimizer slot's
+    initial value, for rows the checkpoint has none of). Written with
     ``Checkpoint.write`` (no save counter: one more variable that TF would create lazily, and
     in a distribution scope on one task only).
     """
@@ -76,13 +89,18 @@ class Checkpoints:
         task: Optional[TaskInfo] = None,
         state: Optional[Params] = None,
         keep: int = 5,
+        tables: Optional[dict[str, DynamicTable]] = None,
+        slot_fills: Optional[dict[str, float]] = None,
     ) -> None:
         self.output_dir = output_dir
         self._keep = keep  # the newest kept (trainer.keep_checkpoints)
+        self._step = step
         self._params = _joined({**params, **(state or {})})
-        self._ckpt = tf.train.Checkpoint(
-            global_step=step, model=_tree(self._params), optimizer=_tree(_joined(slots))
-        )
+        self._slots = dict(slots)
+        self._tables = dict(tables or {})
+        self._slot_fills = dict(slot_fills or {})
+        self._ckpt = self._checkpoint(set())
+        self.resharded: list[str] = []  # what the last restore re-sharded, one line per table
         # Why: by default each variable's device does the file I/O, so pss's ps would write
         # (and read) their shards on their own hosts; every read and write of the checkpoint
         # happens here instead, on this task's host (TF 2.21, hosts without a shared folder).
@@ -93,6 +111,26 @@ class Checkpoints:
         )
         self.last_step: Optional[int] = None
         self.last_path: Optional[str] = None  # the checkpoint of last_step
+
+    def _checkpoint(self, leave_out: set[str]) -> Any:
+        """The checkpoint object of everything but the dynamic tables at ``leave_out``."""
+
+        def kept(key: str) -> bool:
+            return not any(key.startswith(f"{p}/shard_") for p in leave_out)
+
+        slots = {k: v for k, v in self._slots.items() if kept(k.split("/", 1)[-1])}
+        dynamic = {
+            name.removeprefix(DYNAMIC_PREFIX): var
+            for path, table in self._tables.items()
+            if path not in leave_out
+            for name, var in table.named_state().items()
+        }
+        return tf.train.Checkpoint(
+            global_step=self._step,
+            model=_tree({k: v for k, v in self._params.items() if kept(k)}),
+            optimizer=_tree(_joined(slots)),
+            **({"dynamic": _tree(dynamic)} if dynamic else {}),
+        )
 
     def _kept(self) -> list[str]:
         state = tf.train.get_checkpoint_state(self.output_dir)
@@ -128,9 +166,19 @@ class Checkpoints:
             return None
         reader = tf.train.load_checkpoint(path)
         shapes = reader.get_variable_to_shape_map()
+        plain = PlainNames(reader)
+        moved = {
+            p
+            for p, table in self._tables.items()
+            if checkpoint_shards(plain, p) not in (0, len(table.shards))
+        }
         for name, var in {
             GLOBAL_STEP: None,
-            **{model_name(k): v for k, v in self._params.items()},
+            **{
+                model_name(k): v
+                for k, v in self._params.items()
+                if not any(k.startswith(f"{p}/shard_") for p in moved)
+            },
         }.items():
             key = stored(name, True)
             if key not in shapes or (var is not None and list(shapes[key]) != list(var.shape)):
@@ -140,7 +188,30 @@ class Checkpoints:
                 )
         # expect_partial: the optimizer's slots may differ (a changed algo.optimizer starts fresh
         # slots), the model and the step may not (checked above).
-        self._ckpt.read(path, options=self._options).expect_partial()
+        self._checkpoint(moved).read(path, options=self._options).expect_partial()
+        self.resharded = [self._reshard(plain, p) for p in sorted(moved)]
+        for table in self._tables.values():  # the index is rebuilt from what was restored
+            for shard in table.shards:
+                shard.forget_index()
         self.last_step = int(reader.get_tensor(stored(GLOBAL_STEP, True)))
         self.last_path = path
         return self.last_step
+
+    def _reshard(self, reader: Any, path: str) -> str:
+        """The dynamic table at ``path`` from a checkpoint that holds it in another number of
+        shards: its ids re-sharded, each new shard written from here; the line saying so."""
+        table = self._tables[path]
+        values, line = resharded(
+            reader,
+            path,
+            table,
+            self._slot_fills,
+            lambda i, slot: f"optimizer/{slot}/{path}/shard_{i}",
+        )
+        for shard, value in zip(table.shards, values, strict=True):
+            targets = {"rows": shard.rows, **shard.state()}
+            for slot in self._slot_fills:
+                targets["slot:" + slot] = self._slots[f"{slot}/{path}/shard_{shard.index}"]
+            for what, held in value.items():
+                targets[what].assign(held)
+        return line

@@ -42,6 +42,10 @@ class Optimizer:
         self.name = name
         self.lr = float(lr)
 
+    def slot_fills(self) -> dict[str, float]:
+        """Each slot kind's initial value (Adagrad's accumulator starts at 0.1, the rest at 0)."""
+        return {slot: 0.1 if slot == "accumulator" else 0.0 for slot in self.SLOTS[self.name]}
+
     def create_slots(
         self, params: Params, colocate: Callable[[Any], AbstractContextManager[Any]] | None = None
     ) -> Params:
@@ -50,7 +54,7 @@ class Optimizer:
         for pname, var in params.items():
             for slot in self.SLOTS[self.name]:
                 with colocate(var) if colocate else nullcontext():
-                    init = 0.1 if slot == "accumulator" else 0.0
+                    init = self.slot_fills()[slot]
                     slots[f"{slot}/{pname}"] = tf.Variable(
                         tf.fill(var.shape, init), trainable=False, name=f"{slot}/{pname}"
                     )

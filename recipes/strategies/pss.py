@@ -38,7 +38,9 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -50,6 +52,7 @@ from recipes.runtime import op_threads
 from recipes.strategies.checkpoints import Checkpoints
 from recipes.strategies.common import Log, Progress, stream_seed, write_result
 from recipes.strategies.optimizer import Optimizer
+from recipes.strategies.table_upkeep import TableUpkeep
 from recipes.workload import Workload
 
 __all__ = ["run_pss", "run_pss_server", "send_done_tokens"]
@@ -210,6 +213,25 @@ def wait_for_servers(task: TaskInfo, timeout: float, log: Log) -> None:
         time.sleep(0.2)
 
 
+def _beside(strategy: Any) -> Callable[[Any], AbstractContextManager[Any]]:
+    """How to create variables and resources beside a variable (a dynamic table's shard: its
+    ids, last-seen steps and free rows beside its rows): the strategy's ``colocate_vars_with``
+    (its round robin ignores device scopes) and the variable's device for the rest (the shard's
+    index, a hash table, and its lock)."""
+
+    @contextmanager
+    def beside(var: Any) -> Iterator[None]:
+        with strategy.extended.colocate_vars_with(var), tf.device(var.device):
+            yield
+
+    return beside
+
+
+def paused(upkeep: Optional[TableUpkeep]) -> AbstractContextManager[Any]:
+    """No dynamic-table maintenance inside (a checkpoint being written)."""
+    return nullcontext() if upkeep is None else upkeep.paused()
+
+
 def _boundaries(cfg: RunConfig, gs: int) -> int:
     """The next global step at which the coordinator must look: a log, summary or checkpoint
     boundary, or max_steps."""
@@ -245,13 +267,23 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
     tf.random.set_seed(cfg.trainer.seed)
     model.prepare()  # a Keras model is built outside the strategy's scope
     with strategy.scope():
-        params = model.create_variables()
+        params = model.create_variables(colocate=_beside(strategy))
         model_state = model.create_state_variables()
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         slots = opt.create_slots(params, colocate=strategy.extended.colocate_vars_with)
+    tables: dict[str, Any] = getattr(model, "dynamic_tables", dict)()
     state = Checkpoints(
-        cfg.output_dir, step, params, slots, task, model_state, cfg.trainer.keep_checkpoints
+        cfg.output_dir,
+        step,
+        params,
+        slots,
+        task,
+        model_state,
+        cfg.trainer.keep_checkpoints,
+        tables,
+        opt.slot_fills(),
     )
+    upkeep = TableUpkeep(tables, step, slots, opt.slot_fills(), cfg.output_dir) if tables else None
     names = list(params)
     metric_names = work.metric_names()
     train_vars = [params[k] for k in names]
@@ -294,6 +326,10 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
     t = cfg.trainer
     try:
         restored = state.restore_latest()
+        for line in state.resharded:
+            log(line)
+        if upkeep is not None:
+            upkeep.start()
         gs = int(step.numpy())
         log(
             f"pss: coordinator with {task.n_ps} ps and {n_workers} workers, "
@@ -335,8 +371,11 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
             if (t.checkpoint_secs and progress.wall - last_ckpt_time >= t.checkpoint_secs) or (
                 not t.checkpoint_secs and gs % (t.checkpoint_steps or t.max_steps) == 0
             ):
-                state.write(gs)
+                with paused(upkeep):
+                    state.write(gs)
                 last_ckpt_time = progress.wall
+        if upkeep is not None:
+            upkeep.stop()
         final = state.last_path if state.last_step == gs else None
         final = final or state.write(gs)
     except (tf.errors.InvalidArgumentError, StopIteration) as e:
@@ -348,6 +387,9 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
             f"{first_line(e)}); restart it and the chief: training resumes from {where}",
             EXIT_GROUP_LOST,
         ) from None
+    finally:
+        if upkeep is not None:
+            upkeep.stop()
     write_result(cfg, final, work, progress, n_workers, task.n_ps, log, op_threads(task))
     progress.close()
     send_done_tokens(task, log)

@@ -368,17 +368,12 @@ def _check_dynamic(cfg: Config) -> None:
     )
     name = cfg.algo.name
     _require(
-        name not in ("allreduce", "pss"),
+        name != "allreduce",
         "model.dynamic",
-        f"algo={name} cannot train a dynamic table ("
-        + (
-            "every worker holds every table whole: there is no parameter server for the ids"
-            if name == "allreduce"
-            else "ParameterServerStrategy's functions cannot share the tables' lock yet"
-        )
-        + ")",
-        "use a parameter-server algorithm (algo=hogwild, downpour, ...) with cluster.ps >= 1, "
-        "or drop model.dynamic",
+        f"algo={name} cannot train a dynamic table (every worker holds every table whole: "
+        "there is no parameter server for the ids)",
+        "use a parameter-server algorithm (algo=hogwild, downpour, pss, ...) with "
+        "cluster.ps >= 1, or drop model.dynamic",
     )
 
 
