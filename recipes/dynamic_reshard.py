@@ -17,7 +17,9 @@ names). So the chief, when it finds that its latest checkpoint has another numbe
   ps at the first lookup, as after any restore.
 
 The global step, the dense weights and every id's row, slots and last-seen step come back: the
-same step, the same predictions for every resident id.
+same step, the same predictions for every resident id. :func:`resharded` is the part both
+checkpoint formats share: pss's coordinator re-shards its TF2 checkpoints with it
+(recipes/strategies/checkpoints.py), assigning the new shards eagerly.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ opened with Keras alone and fed raw ids.
 The fast tier runs one job (hogwild, two ps): rows evicted while training, never more resident
 than the capacity, no id with two rows, no row with two ids, every resident id one of the
 stream's; the export serves raw ids. The full tier resumes it (the ids keep their rows, the
-index rebuilt from the checkpoint) and trains a windowed algorithm (downpour) and a synchronous
-one (sync) on it, re-shards it on 3 and 1 ps, and kills a ps mid-training (it comes back
+index rebuilt from the checkpoint), re-shards it on 3 and 1 ps, trains a windowed algorithm
+(downpour) and a synchronous one (sync) on it, trains it under ParameterServerStrategy (pss:
+evictions, the export, a resume re-sharded on 3 ps) and kills a ps mid-training (it comes back
 from its in-memory snapshot with its share of the table).
 """
 
@@ -202,11 +203,15 @@ def test_a_dynamic_table_trains_on_raw_ids_evicts_and_exports_a_model_that_serve
 
 
 @pytest.mark.full
-def test_a_dynamic_table_resumes_with_its_ids_and_trains_under_windowed_and_sync_algorithms(
+def test_a_dynamic_table_resumes_with_its_ids_on_the_same_and_another_number_of_ps(
     project: Path,
 ) -> None:
-    # room for every id: none is freed, so every id must keep its row across the resume
+    # room for every id of the stream: nothing evicted, every id must come back
     wide = ("model.rows=4000", "model.ttl_steps=100000")
+
+    def vectors(got: dict[str, Any]) -> dict[str, list[float]]:
+        return {i: r for shard in got["shards"] for i, r in shard["rows"].items()}
+
     _apply(project, "hogwild", 120, *wide)
     before = _check_table(_read(project))
     # resumed: the index is rebuilt from the checkpoint, every id keeps its row
@@ -217,6 +222,24 @@ def test_a_dynamic_table_resumes_with_its_ids_and_trains_under_windowed_and_sync
     again = _check_table(after)
     assert set(before) <= set(again), "an id was lost on resume"
     assert all(again[i] == before[i] for i in before), "an id changed rows on resume"
+    # resumed on 3 ps, then on 1: every id re-sharded by its hash, with its row
+    held = vectors(after)
+    for ps, steps in ((3, 132), (1, 134)):
+        proc = _apply(project, "hogwild", steps, *wide, f"cluster.ps={ps}")
+        assert "re-sharded by their hash" in proc.stdout, proc.stdout[-3000:]
+        got = _read(project)
+        assert len(got["shards"]) == ps and got["step"] >= steps
+        _check_table(got)
+        now = vectors(got)
+        # every id back, on its new shard; the few a step or two trained changed, no other
+        assert set(now) == set(held), "an id was lost"
+        same = sum(now[i] == held[i] for i in held)
+        assert same >= len(held) - 4 * 32 * 2, (same, len(held))
+        held = now
+
+
+@pytest.mark.full
+def test_a_dynamic_table_trains_under_windowed_and_sync_algorithms(project: Path) -> None:
     for algo in ("downpour", "sync"):
         fresh = project.parent / f"{algo}-project"
         shutil.copytree(project, fresh, ignore=shutil.ignore_patterns("out", "work", ".tfplan"))
@@ -318,31 +341,6 @@ def test_float_ids_and_a_capacity_no_host_holds_are_refused(project: Path) -> No
     )
     line = _refused(project, "model.capacity=4000000000", command="apply")
     assert "need(s) at least" in line and "add parameter servers (cluster.ps)" in line, line
-
-
-@pytest.mark.full
-def test_a_dynamic_table_resumed_on_another_number_of_ps_keeps_every_id_and_its_row(
-    project: Path,
-) -> None:
-    # room for every id of the stream: nothing evicted, every id must come back
-    wide = ("model.rows=4000", "model.ttl_steps=100000")
-
-    def vectors(got: dict[str, Any]) -> dict[str, list[float]]:
-        return {i: r for shard in got["shards"] for i, r in shard["rows"].items()}
-
-    _apply(project, "hogwild", 60, *wide, "cluster.ps=2")
-    before = vectors(_read(project))
-    for ps, steps in ((3, 62), (1, 64)):
-        proc = _apply(project, "hogwild", steps, *wide, f"cluster.ps={ps}")
-        assert "re-sharded by their hash" in proc.stdout, proc.stdout[-3000:]
-        got = _read(project)
-        assert len(got["shards"]) == ps and got["step"] >= steps
-        now = vectors(got)
-        # every id back, on its new shard; the few a step or two trained changed, no other
-        assert set(now) == set(before), "an id was lost"
-        same = sum(now[i] == before[i] for i in before)
-        assert same >= len(before) - 4 * 32 * 2, (same, len(before))
-        before = now
 
 
 RESTORED = r"^worker/0\s+\| ps/0 restored from its (snapshot|checkpoint)"
