@@ -137,10 +137,11 @@ def test_bench_apply(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_bench_dynamic(tmp_path: Path) -> None:
     out = tmp_path / "bench_dynamic.md"
-    args = ["--repeats", "1", "--examples", "6000", "--out", str(out)]
-    run_bench("bench_dynamic.py", *args, cwd=tmp_path, timeout=480)
+    # hashed-mem is the hashed model with more rows: the smoke leaves it out (the budget)
+    args = ["--repeats", "1", "--examples", "6000", "--variants", "dynamic,hashed,vocab"]
+    run_bench("bench_dynamic.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
     text = out.read_text()
-    for variant in ("dynamic", "hashed", "hashed-mem", "vocab"):
+    for variant in ("dynamic", "hashed", "vocab"):
         assert figure(text, f"| {variant} |", column=0) > 0  # held-out log loss
         assert figure(text, f"| {variant} |", column=2) > 0  # examples/s
     assert "distinct ids sharing a row in the final checkpoint, per run: 0;" in text

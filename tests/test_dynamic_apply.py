@@ -257,8 +257,10 @@ def test_pss_trains_a_dynamic_table_evicts_exports_and_resumes_it_on_another_num
     project: Path,
 ) -> None:
     """ParameterServerStrategy: the coordinator's functions, scheduled on the workers, look ids
-    up, allocate rows in each shard's lock on its ps; the coordinator's own thread evicts."""
-    _apply(project, "pss", 240)
+    up, allocate rows in each shard's lock on its ps (an id once seen twice: the admission
+    counters too); the coordinator's own thread evicts."""
+    admission = "model.min_count=2"
+    _apply(project, "pss", 240, admission)
     result = json.loads((project / "out" / "result.json").read_text())
     assert result["status"] == "succeeded" and result["algo"] == "pss", result
     events = [
@@ -273,7 +275,7 @@ def test_pss_trains_a_dynamic_table_evicts_exports_and_resumes_it_on_another_num
     export = got["export"]
     assert export["vocab"] == sorted(where) and export["zero_row"] == 0.0
     # resumed on 3 ps: every resident id on the shard its hash names now, the step kept
-    proc = _apply(project, "pss", 250, "cluster.ps=3")
+    proc = _apply(project, "pss", 250, "cluster.ps=3", admission)
     assert "2 shard(s) in the checkpoint, 3 now" in proc.stdout, proc.stdout[-3000:]
     assert "resuming from the checkpoint of step=" in proc.stdout, proc.stdout[-3000:]
     after = _read(project)
