@@ -43,7 +43,7 @@ def apply_example(
     """``tfplan apply --auto-approve OVERRIDES`` in ``project`` with ``checkout``'s tfplan and
     recipes, on the embedded local cluster; the chief's result.json."""
     ws = project / "runs" / run
-    ws.mkdir(parents=True)
+    ws.mkdir(parents=True, exist_ok=True)  # a resumed job: the same run again
     env = {**os.environ, "TFPLAN_CONF": str(checkout / "conf"), "PYTHONPATH": str(checkout)}
     env.pop("TFPLAN_MAX_STEPS_CAP", None)
     args = [

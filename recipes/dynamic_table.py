@@ -1,7 +1,9 @@
 """Dynamic embedding tables: raw ids of any range, a row of its own per id, rows that come and go.
 
 A dynamic table replaces the row index of a ``keras.layers.Embedding`` (``model.dynamic``) by a
-map from raw id (int64 or string) to row, kept on the parameter servers (TF1 graph mode):
+map from raw id (int64 or string) to row, kept on the parameter servers (built in a TF1 graph
+under the replicas' device setter, or eagerly under ParameterServerStrategy with the strategy's
+colocation: ``colocate``, and then looked up inside its ``tf.function``s):
 
 - **Shards.** An id belongs to shard ``hash(id) mod N`` (N: the parameter servers; FarmHash of the
   id's decimal text, the same in every process). Shard ``s`` is, all on one ps: ``rows``
@@ -38,7 +40,8 @@ map from raw id (int64 or string) to row, kept on the parameter servers (TF1 gra
   while a maintenance ran is made whole again) and whenever its size is not the resident count:
   by the maintenance, which the chief's next check asks for; until then the shard's lookups
   take no row (its ids read zeros), so no id ever gets a second row.
-- **Maintenance** runs on a thread of the chief's (:class:`MaintenanceHook`): a step never waits
+- **Maintenance** runs on a thread of the chief's (:class:`MaintenanceHook`; pss: of the
+  coordinator's, recipes/strategies/table_upkeep.py): a step never waits
   for it.
 - **Evaluation** (``training=False``) looks ids up only: an id without a row reads zeros.
 """

@@ -44,6 +44,7 @@ REPORTS = [
         "bench_explain.md",
         "bench_inputs.md",
         "bench_plan.md",
+        "bench_reshard.md",
         "bench_resize.md",
         "bench_scale.md",
         "bench_scale.png",
@@ -146,6 +147,26 @@ def test_bench_dynamic(tmp_path: Path) -> None:
         assert figure(text, f"| {variant} |", column=2) > 0  # examples/s
     assert "distinct ids sharing a row in the final checkpoint, per run: 0;" in text
     assert figure(text, "| 1 | ps/0 |", column=0) > 0  # its RSS at the first eviction
+
+
+@pytest.mark.timeout(600)
+def test_bench_reshard(tmp_path: Path) -> None:
+    """The re-sharded job alone (2 -> 3 -> 1 ps on the CTR example, 26 split tables): each
+    resume restores the step its checkpoint holds and scores the held-out file as the
+    checkpoint did (the same assertion as test_user_model_apply's split model, on 2 ps -> 1)."""
+    out = tmp_path / "bench_reshard.md"
+    args = ["--repeats", "1", "--steps", "10", "--vocab-scale", "0.001", "--jobs", "reshard"]
+    args += ["--checks-only"]  # 10 steps on 2 ps, a frozen step on 3 ps, one on 1 ps
+    run_bench("bench_reshard.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
+    text = out.read_text()
+    for change in ("2 -> 3", "3 -> 1"):
+        row = f"| 2 -> 3 -> 1 ps | 1 | {change} |"
+        checkpoint, restored = figure(text, row, column=0), figure(text, row, column=1)
+        assert checkpoint >= 10 and restored == checkpoint, (change, text)
+        before, after = figure(text, row, column=2), figure(text, row, column=3)
+        assert 0 < before and abs(after - before) <= 1e-6, (change, text)
+    final = re.search(r"^\| 2 -> 3 -> 1 ps \| ([\d,]+) \| [\d.]+ \(", text, re.M)  # scores
+    assert final and int(final.group(1).replace(",", "")) >= 12, text
 
 
 @pytest.mark.timeout(600)

@@ -13,8 +13,8 @@ than the capacity, no id with two rows, no row with two ids, every resident id o
 stream's; the export serves raw ids. The full tier resumes it (the ids keep their rows, the
 index rebuilt from the checkpoint), re-shards it on 3 and 1 ps, trains a windowed algorithm
 (downpour) and a synchronous one (sync) on it, trains it under ParameterServerStrategy (pss:
-evictions, the export, a resume re-sharded on 3 ps) and kills a ps mid-training (it comes back
-from its in-memory snapshot with its share of the table).
+evictions, the export) and kills a ps mid-training (it comes back from its in-memory snapshot
+with its share of the table).
 """
 
 from __future__ import annotations
@@ -253,14 +253,11 @@ def test_a_dynamic_table_trains_under_windowed_and_sync_algorithms(project: Path
 
 
 @pytest.mark.full
-def test_pss_trains_a_dynamic_table_evicts_exports_and_resumes_it_on_another_number_of_ps(
-    project: Path,
-) -> None:
+def test_pss_trains_a_dynamic_table_evicts_and_exports_it(project: Path) -> None:
     """ParameterServerStrategy: the coordinator's functions, scheduled on the workers, look ids
     up, allocate rows in each shard's lock on its ps (an id once seen twice: the admission
     counters too); the coordinator's own thread evicts."""
-    admission = "model.min_count=2"
-    _apply(project, "pss", 240, admission)
+    _apply(project, "pss", 240, "model.min_count=2")
     result = json.loads((project / "out" / "result.json").read_text())
     assert result["status"] == "succeeded" and result["algo"] == "pss", result
     events = [
@@ -274,13 +271,8 @@ def test_pss_trains_a_dynamic_table_evicts_exports_and_resumes_it_on_another_num
     assert [s["capacity"] for s in got["shards"]] == [CAPACITY // 2] * 2
     export = got["export"]
     assert export["vocab"] == sorted(where) and export["zero_row"] == 0.0
-    # resumed on 3 ps: every resident id on the shard its hash names now, the step kept
-    proc = _apply(project, "pss", 250, "cluster.ps=3", admission)
-    assert "2 shard(s) in the checkpoint, 3 now" in proc.stdout, proc.stdout[-3000:]
-    assert "resuming from the checkpoint of step=" in proc.stdout, proc.stdout[-3000:]
-    after = _read(project)
-    assert len(after["shards"]) == 3 and after["step"] >= 250, after["step"]
-    _check_table(after)
+    # (a resume re-sharded on another number of ps, its index rebuilt by the coordinator's
+    # first check: tests/test_strategies_units.py, in one process, the same code)
 
 
 def _refused(project: Path, *overrides: str, command: str = "plan") -> str:

@@ -3,20 +3,26 @@ against tf.compat.v1's update rules, the checkpoint files and keys, the error li
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from recipes.checkpoint_names import OBJECT_SUFFIX as CKPT_KEY_SUFFIX
+from recipes.checkpoint_names import PlainNames
 from recipes.config import AlgoConf, ConfigError, DataConf, ModelConf, RunConfig, TrainerConf
 from recipes.datasets import load
+from recipes.dynamic_reshard import checkpoint_shards
+from recipes.dynamic_table import DynamicSettings, DynamicTable
 from recipes.evaluator import CheckpointScorer
 from recipes.failures import first_line
 from recipes.models import Model
 from recipes.strategies.checkpoints import Checkpoints
 from recipes.strategies.optimizer import Optimizer
+from recipes.strategies.table_upkeep import TableUpkeep
 from recipes.workload import Workload
 
 V1 = {
@@ -117,6 +123,93 @@ def test_a_split_variable_and_its_slots_restore_into_another_split(tmp_path: Pat
         assert Checkpoints(str(tmp_path), restored, params, again).restore_latest() == 40
         np.testing.assert_array_equal(np.concatenate([v.numpy() for v in params.values()]), table)
         np.testing.assert_array_equal(np.concatenate([v.numpy() for v in again.values()]), moment)
+
+
+def _held(path: str) -> dict[int, tuple[list[float], list[float]]]:
+    """Each resident id of the dynamic table ``emb`` in the checkpoint ``path``: its row and its
+    Adagrad accumulator, over every shard."""
+    reader = PlainNames(tf.train.load_checkpoint(path))
+    shards = checkpoint_shards(reader, "emb")
+    held = {}
+    for i in range(shards):
+        aux = f"dynamic/emb/shard_{i}"
+        seen, ids = reader.get_tensor(f"{aux}/last_seen"), reader.get_tensor(f"{aux}/row_ids")
+        rows = reader.get_tensor(f"model/emb/shard_{i}")
+        slot = reader.get_tensor(f"optimizer/accumulator/emb/shard_{i}")
+        for r in np.flatnonzero(seen >= 0):
+            assert int(ids[r]) not in held, f"id {ids[r]} has two rows"
+            held[int(ids[r])] = (rows[r].tolist(), slot[r].tolist())
+    return held
+
+
+def test_a_dynamic_table_trained_eagerly_restores_into_another_number_of_shards(
+    tmp_path: Path,
+) -> None:
+    """pss's path in one process: a dynamic table's lookups allocate rows inside a
+    ``tf.function`` (the lock, the index), a sparse Adagrad step updates the rows read and their
+    slots, and pss's checkpoint of 2 shards restores into 3 and into 1: every id on the shard its
+    hash names now, with its row and its slot; its index rebuilt at the first lookup."""
+    settings = DynamicSettings(capacity=60, ttl_steps=1000)
+    opt = Optimizer("adagrad", 0.5)
+
+    def table_of(shards: int) -> tuple[DynamicTable, dict[str, Any], dict[str, Any], Any]:
+        table = DynamicTable("model/emb", settings, 4, tf.float32, tf.int64, shards)
+        params = table.params("emb")
+        return table, params, opt.create_slots(params), tf.Variable(0, dtype=tf.int64)
+
+    table, params, slots, step = table_of(2)
+    rows = [params[f"emb/shard_{i}"] for i in range(2)]
+    ids = tf.constant(np.arange(1, 41, dtype=np.int64) * 7919)
+
+    @tf.function
+    def train() -> Any:
+        with tf.GradientTape() as tape:
+            out = table.lookup(rows, ids, training=True)
+            loss = tf.reduce_sum(out * tf.range(1.0, 5.0))
+        grads = tape.gradient(loss, rows)
+        opt.apply(params, dict(zip(params, grads, strict=True)), slots, step)
+        return out
+
+    train()
+    step.assign(1)
+    two = tmp_path / "two"
+    ckpts = Checkpoints(str(two), step, params, slots, tables={"emb": table}, slot_fills={})
+    before = _held(ckpts.write(1))
+    assert len(before) == 40 and all(acc != [0.1] * 4 for _, acc in before.values())
+    more = tf.constant(np.arange(41, 51, dtype=np.int64) * 7919)  # ids never seen
+    for shards in (3, 1):
+        folder = tmp_path / f"on-{shards}"
+        shutil.copytree(two, folder)
+        again, params2, slots2, step2 = table_of(shards)
+        ckpts2 = Checkpoints(
+            str(folder),
+            step2,
+            params2,
+            slots2,
+            tables={"emb": again},
+            slot_fills=opt.slot_fills(),
+        )
+        assert ckpts2.restore_latest() == 1
+        assert ckpts2.resharded == [
+            f"emb: 2 shard(s) in the checkpoint, {shards} now: 40 "
+            "resident id(s) re-sharded by their hash"
+        ]
+        assert _held(ckpts2.write(2)) == before
+        shards_rows = [params2[f"emb/shard_{i}"] for i in range(shards)]
+        read = tf.function(lambda t=again, r=shards_rows: t.lookup(r, ids, training=False))
+        expected = [before[int(i)][0] for i in ids.numpy()]
+        np.testing.assert_allclose(read().numpy(), expected)
+        # the coordinator's first check rebuilds the index (stale since the restore), then
+        # training allocates: the restored ids keep their rows, new ids get free ones
+        upkeep = TableUpkeep({"emb": again}, step2, slots2, opt.slot_fills(), str(folder))
+        assert upkeep.check() and not upkeep.check()
+        allocate = tf.function(
+            lambda t=again, r=shards_rows, m=more: t.lookup(
+                r, tf.concat([ids, m], 0), training=True
+            )
+        )
+        np.testing.assert_allclose(allocate().numpy()[:40], expected)
+        assert set(_held(ckpts2.write(3))) == set(before) | {int(i) for i in more.numpy()}
 
 
 def test_the_checkpoint_scorer_restores_a_tf2_checkpoint_in_an_eager_process(

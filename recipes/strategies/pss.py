@@ -374,7 +374,7 @@ def run_coordinator(cfg: RunConfig, task: TaskInfo, process_start: float, log: L
                 with paused(upkeep):
                     state.write(gs)
                 last_ckpt_time = progress.wall
-        if upkeep is not None:
+        if upkeep is not None:  # the final checkpoint: the tables as training left them
             upkeep.stop()
         final = state.last_path if state.last_step == gs else None
         final = final or state.write(gs)

@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -41,16 +41,13 @@ class TableUpkeep:
         slots: dict[str, Any],
         slot_fills: dict[str, float],
         output_dir: str,
-        log: Callable[[str], None] = print,
     ) -> None:
         self._paths = sorted(tables)
         self._names = [f"model/{p}" for p in self._paths]
         self._events = os.path.join(output_dir, EVENTS_FILE)
-        self._log = log
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self.failure: Optional[str] = None  # the last check's error, if it failed
 
         def slots_of(path: str, table: DynamicTable) -> dict[int, list[tuple[Any, float]]]:
             return {
@@ -89,9 +86,8 @@ class TableUpkeep:
         while not self._stop.wait(POLL_SECS):
             try:
                 self.check()
-                self.failure = None
-            except tf.errors.OpError as e:  # a ps went away: the coordinator's steps say so
-                self.failure = type(e).__name__
+            except tf.errors.OpError:  # a ps went away: the coordinator's steps fail and say so
+                continue
 
     def start(self) -> None:
         """Check now (a restored table's index is rebuilt before the first step takes a row),
