@@ -48,8 +48,16 @@ def resident_rows(reader: Any, path: str) -> tuple[np.ndarray, np.ndarray]:
         rows.append(reader.get_tensor(name)[live])
     joined = np.concatenate(ids)
     if joined.dtype == object:  # string ids come back as bytes
-        joined = np.array([i.decode() if isinstance(i, bytes) else str(i) for i in joined])
+        joined = np.array(
+            [i.decode() if isinstance(i, bytes) else str(i) for i in joined], dtype=str
+        )
     return joined, np.concatenate(rows)
+
+
+def _stand_in(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One id (``""`` or 0) and a row of zeros, for a table without resident ids."""
+    one = np.array([""]) if ids.dtype.kind in "US" else np.array([0], np.int64)
+    return one, np.zeros((1, *rows.shape[1:]), rows.dtype)
 
 
 def with_lookups(model: Any, tables: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
@@ -64,6 +72,13 @@ def with_lookups(model: Any, tables: dict[str, tuple[np.ndarray, np.ndarray]]) -
             "cannot rewire to take raw ids: build the model with keras.Input (functional), or "
             "read the resident ids and rows from the checkpoint (docs/dynamic_tables.md)"
         )
+
+    # a table with no resident id (every row freed): one stand-in id whose row is zeros, as an
+    # unknown id's is (a lookup layer takes no empty vocabulary): every id then reads zeros
+    tables = {
+        name: (ids, rows) if len(ids) else _stand_in(ids, rows)
+        for name, (ids, rows) in tables.items()
+    }
 
     def replace(layer: Any) -> Any:
         if layer.name not in tables:

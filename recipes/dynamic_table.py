@@ -62,6 +62,7 @@ from recipes.checkpoint_names import DYNAMIC_PREFIX
 __all__ = [
     "BLOOM_HASHES",
     "COUNTERS_PER_ROW",
+    "ClockHook",
     "HIGH_WATERMARK",
     "LOW_WATERMARK",
     "DynamicSettings",
@@ -440,6 +441,12 @@ class _Shard:
         with tf.control_dependencies(writes):
             return tf.stack([tf.identity(evicted), self.resident()])
 
+    def tick(self, step: Any) -> Any:
+        """Now is ``step`` (no lock, nothing read): what a worker other than the chief tells
+        the shard (:class:`ClockHook`)."""
+        with v1.colocate_with(self.rows):
+            return self.now.assign(step, read_value=False)
+
     def due(self, step: Any) -> Any:
         """Outside the lock (what it reads may be a step old; the lock's holder decides):
         now is ``step``; ``[due, headroom]``: whether :meth:`evict` has anything to do (1 or
@@ -632,6 +639,12 @@ class DynamicTable:
         step = self._step(step)
         return tf.stack([shard.due(step) for shard in self.shards])
 
+    def clock(self, step: Any = None) -> Any:
+        """Tells every shard the global step (``step``, default the graph's): the op of a
+        :class:`ClockHook`."""
+        step = self._step(step)
+        return tf.group([shard.tick(step) for shard in self.shards])
+
     def maintenance(
         self,
         step: Any = None,
@@ -770,3 +783,22 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
     def end(self, session: Any) -> None:
         if self._thread is not None:
             self._thread.join(timeout=60)
+
+
+class ClockHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
+    """A worker's other than the chief: with one of every ``interval`` of its steps (in the
+    same ``session.run``) it tells the tables' shards the global step (``op``: their
+    :meth:`DynamicTable.clock`), as the chief's :class:`MaintenanceHook` does with its checks.
+    Why: a row is marked seen at the step the shard was last told; a chief that runs no step
+    for a while (its first checkpoint while the other workers train, a slow save) would leave
+    that step behind, every row seen meanwhile would look older than it is, and the next
+    maintenance would free rows that are in use."""
+
+    def __init__(self, op: Any, interval: int = 1) -> None:
+        self._op, self._interval, self._count = op, max(1, int(interval)), 0
+
+    def before_run(self, run_context: Any) -> Any:
+        self._count += 1
+        if (self._count - 1) % self._interval:
+            return None
+        return v1.train.SessionRunArgs(self._op)

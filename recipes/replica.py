@@ -28,7 +28,7 @@ from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
 from recipes.dynamic_reshard import Resharder
-from recipes.dynamic_table import MaintenanceHook, check_interval
+from recipes.dynamic_table import ClockHook, MaintenanceHook, check_interval
 from recipes.errors import EXIT_NAN_LOSS, EXIT_PEER_TIMEOUT, TrainingFailed
 from recipes.evaluator import CheckpointScorer, result_scores
 from recipes.export import Exporter, finish_export
@@ -101,6 +101,9 @@ class ReplicaGraph:
     # the chief's: the dynamic tables' maintenance (whether due, the op), their names, the most
     # steps between two checks (dynamic_table.check_interval)
     maintenance: Optional[tuple[Any, Any, list[str], int]] = None
+    # another worker's: the op telling the tables' shards the global step, and how many of its
+    # steps between two (dynamic_table.ClockHook)
+    clock: Optional[tuple[Any, int]] = None
 
 
 def placement_line(named: dict[str, Any], n_ps: int) -> str:
@@ -205,7 +208,7 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
         local_init = tf.group(
             local_init, v1.tables_initializer(), iterator.initializer, name="local_init_with_input"
         )
-    maintenance = None
+    maintenance = clock = None
     if task.is_chief and hasattr(work.model, "table_maintenance"):
         with v1.device(setter):
             ops = work.model.table_maintenance()
@@ -213,6 +216,12 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
             ttl = min(d.settings.ttl_steps for d in work.model.dynamic.values())
             paths = [f"model/{p}" for p in work.model.dynamic_paths()]
             maintenance = (*ops, paths, check_interval(ttl, task.n_replicas))
+    elif hasattr(work.model, "table_clock"):
+        with v1.device(setter):
+            tick = work.model.table_clock()
+        if tick is not None:
+            ttl = min(d.settings.ttl_steps for d in work.model.dynamic.values())
+            clock = (tick, check_interval(ttl, task.n_replicas))
     done_ops = done_token_ops(task.n_ps, task.n_replicas)
     done_sizes = done_queue_sizes(task.n_ps, task.n_replicas)
     names = saver_names(global_step, train.params, work.model.state_variables())
@@ -228,6 +237,7 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
         local_init,
         names,
         maintenance,
+        clock,
     )
 
 
@@ -338,6 +348,8 @@ def _hooks(
         if g.maintenance is not None:
             due, op, paths, interval = g.maintenance
             hooks.append(MaintenanceHook(due, op, paths, g.global_step, cfg.output_dir, interval))
+    elif g.clock is not None:
+        hooks.append(ClockHook(*g.clock))
     return hooks
 
 

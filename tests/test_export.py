@@ -650,3 +650,25 @@ def test_a_model_too_large_to_join_is_exported_as_parts_that_assemble_to_the_sam
     assert export_model(cfg, ckpt, out) == out and not os.path.exists(tmp_path / "big.parts")
     assert isinstance(_load(out), keras.Model)
     assert not list(tmp_path.glob(".*.tmp.*"))
+
+
+@pytest.mark.parametrize("ids", [np.array([], np.int64), np.array([], str)], ids=["int", "str"])
+def test_a_dynamic_table_with_no_resident_id_exports_a_lookup_that_reads_zeros(
+    ids: np.ndarray,
+) -> None:
+    """Every row freed (a stream gone quiet): the export is still a model that takes raw ids,
+    every id reading the zeros an unknown id reads (a lookup layer takes no empty vocabulary:
+    one stand-in id whose row is zeros)."""
+    import keras
+
+    from recipes.dynamic_export import with_lookups
+
+    dtype = "string" if ids.dtype.kind == "U" else "int64"
+    item = keras.Input((), dtype=dtype, name="item")
+    out = keras.layers.Dense(1, name="out")(keras.layers.Embedding(10, 3, name="emb")(item))
+    model = keras.Model(item, out)
+    exported = with_lookups(model, {"emb": (ids, np.zeros((0, 3), np.float32))})
+    raw = np.array(["a", "b"]) if dtype == "string" else np.array([5, 2**40], np.int64)
+    got = exported(raw).numpy().ravel()
+    bias = float(model.get_layer("out").bias.numpy()[0])
+    np.testing.assert_allclose(got, [bias, bias])  # zeros in: the output layer's bias out

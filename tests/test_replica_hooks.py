@@ -9,6 +9,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from recipes.dynamic_table import ClockHook, DynamicSettings, DynamicTable
 from recipes.replica import _CheckpointHook, _StepRateHook
 
 v1 = tf.compat.v1
@@ -145,3 +146,37 @@ def test_the_chief_checks_the_tables_as_often_as_their_headroom_needs_and_at_mos
     for number in range(60):
         step(number, 0, 10_000 - number)
     assert checked == [0, 1, *range(9, 60, 8)], checked
+
+
+def test_another_workers_steps_keep_the_tables_clock_so_rows_in_use_are_not_freed() -> None:
+    """A row is marked seen at the global step its shard was last told. A chief that runs no
+    step for a while (its first checkpoint, a slow save) while another worker trains would
+    leave that step behind: without the other worker's ClockHook every row it reads looks as
+    old as the chief's last check, and the next maintenance frees rows in use (seen in a busy
+    run: every row freed at the end, the export empty). With it, none is."""
+
+    def freed(with_clock: bool) -> int:
+        with tf.Graph().as_default():
+            gs = v1.train.get_or_create_global_step()
+            settings = DynamicSettings(capacity=8, ttl_steps=10)
+            table = DynamicTable("model/t", settings, 2, tf.float32, tf.int64, 1)
+            ids = tf.constant([11, 22, 33], tf.int64)
+            read = table.lookup(list(table.params("t").values()), ids, training=True)
+            step = v1.assign_add(gs, 1)
+            evict = table.maintenance(slots={})
+            hooks = [ClockHook(table.clock(), interval=4)] if with_clock else []
+            with v1.train.MonitoredSession(hooks=hooks) as worker:
+                for _ in range(60):  # the other worker trains; the chief runs nothing
+                    worker.run([read, step])
+                evicted, _resident = worker.run(evict)[0]
+            return int(evicted)
+
+    assert freed(with_clock=False) == 3  # the bug: every row in use freed
+    assert freed(with_clock=True) == 0
+
+
+def test_the_clock_hook_tells_the_shards_once_every_interval_steps() -> None:
+    hook = ClockHook(op="tick", interval=3)
+    asked = [hook.before_run(None) for _ in range(7)]
+    assert [a is not None for a in asked] == [True, False, False, True, False, False, True]
+    assert asked[0].fetches == "tick"
