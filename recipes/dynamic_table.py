@@ -9,7 +9,7 @@ colocation: ``colocate``, and then looked up inside its ``tf.function``s):
   id's decimal text, the same in every process). Shard ``s`` is, all on one ps: ``rows``
   (``capacity/N`` x width, the trainable variable, parameter key ``<path>/shard_<s>``), ``row_ids``
   (the id each row holds), ``last_seen`` (the global step that last read each row, -1: free;
-  the step as the chief last told the shard, at its last check: the global step lives on one
+  the step as the chief's maintenance thread last told the shard: the global step lives on one
   ps, which every other would wait for at each lookup), a
   stack of free rows with its count, the admission counters when ``min_count`` > 1, and a
   ``MutableHashTable`` id -> row. Lookups and updates touch only the batch's rows.
@@ -22,9 +22,8 @@ colocation: ``colocate``, and then looked up inside its ``tf.function``s):
   false-admission rate: tests/test_dynamic_table.py). The counters are cleared every
   ``ttl_steps`` global steps: an id must be seen ``min_count`` times within one such window.
   Before it has a row an id reads zeros and its gradient goes nowhere.
-- **Eviction, while training.** With some of its steps (:class:`MaintenanceHook`: as often as
-  the fullest shard's headroom needs, at least every :func:`check_interval` steps) the chief
-  asks the shards whether any needs maintenance (:meth:`DynamicTable.maintenance_due`: no lock,
+- **Eviction, while training.** Every :data:`POLL_SECS`, on a thread of its own
+  (:class:`MaintenanceHook`), the chief asks the shards whether any needs maintenance (:meth:`DynamicTable.maintenance_due`: no lock,
   a few scalars read); when one does it runs :meth:`DynamicTable.maintenance`, inside the
   same critical section, which frees every row unseen for more than ``ttl_steps`` global steps
   (a scan every tenth of it), and when the resident rows pass ``HIGH_WATERMARK`` of a shard's
@@ -62,12 +61,11 @@ from recipes.checkpoint_names import DYNAMIC_PREFIX
 __all__ = [
     "BLOOM_HASHES",
     "COUNTERS_PER_ROW",
-    "ClockHook",
     "HIGH_WATERMARK",
     "LOW_WATERMARK",
     "DynamicSettings",
     "DynamicTable",
-    "check_interval",
+    "POLL_SECS",
     "record_evictions",
     "shard_of",
     "shard_rows",
@@ -441,12 +439,6 @@ class _Shard:
         with tf.control_dependencies(writes):
             return tf.stack([tf.identity(evicted), self.resident()])
 
-    def tick(self, step: Any) -> Any:
-        """Now is ``step`` (no lock, nothing read): what a worker other than the chief tells
-        the shard (:class:`ClockHook`)."""
-        with v1.colocate_with(self.rows):
-            return self.now.assign(step, read_value=False)
-
     def due(self, step: Any) -> Any:
         """Outside the lock (what it reads may be a step old; the lock's holder decides):
         now is ``step``; ``[due, headroom]``: whether :meth:`evict` has anything to do (1 or
@@ -639,12 +631,6 @@ class DynamicTable:
         step = self._step(step)
         return tf.stack([shard.due(step) for shard in self.shards])
 
-    def clock(self, step: Any = None) -> Any:
-        """Tells every shard the global step (``step``, default the graph's): the op of a
-        :class:`ClockHook`."""
-        step = self._step(step)
-        return tf.group([shard.tick(step) for shard in self.shards])
-
     def maintenance(
         self,
         step: Any = None,
@@ -695,26 +681,22 @@ def record_evictions(path: str, tables: Sequence[str], counts: Any, step: int) -
             f.write("\n".join(lines) + "\n")
 
 
-def check_interval(ttl_steps: int, workers: int = 1) -> int:
-    """The most chief steps between two checks of the shards (:class:`MaintenanceHook`): the
-    rows' last-seen steps are as old as the last check, at most about a fiftieth of
-    ``ttl_steps`` global steps (each of ``workers`` moves the global step), and 8 chief steps."""
-    return max(1, min(8, int(ttl_steps) // (50 * max(1, int(workers)))))
+POLL_SECS = 0.05  # between two checks of the shards by the chief's maintenance thread
 
 
 class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
-    """The chief's: with some of its training steps (in the same ``session.run``: no round
-    trip of its own) it tells the tables' shards the global step and asks whether any needs
-    its maintenance (``due``, no lock taken: per shard whether it is due and its headroom
-    below the high watermark); when one does, it runs the maintenance (``op``, from
-    ``KerasModel.table_maintenance``) on a thread of its own (a step never waits for it; at
-    most one in flight), and appends what it freed to ``output_dir/dynamic_tables.jsonl``
-    (``at``, ``step``, ``table``, ``shard``, ``evicted``, ``resident``).
-
-    It checks again after as many of its steps as the fullest shard's headroom lasts at half
-    the rate rows were taken since the previous check (every step while it cannot tell), and
-    at most every ``max_interval`` steps (:func:`check_interval`): the check costs a transfer
-    from every ps at each step it rides on."""
+    """The chief's: a thread of its own, started with each session, asks the tables' shards
+    every ``poll_secs`` whether any needs its maintenance (``due``: it tells them the global
+    step and reads a few scalars, no lock taken), runs the maintenance (``op``, from
+    ``KerasModel.table_maintenance``) when one does, and appends what it freed to
+    ``output_dir/dynamic_tables.jsonl`` (``at``, ``step``, ``table``, ``shard``, ``evicted``,
+    ``resident``). No step waits for it. Why a thread on a clock, not the chief's steps: a
+    chief that runs no step for a while (its first checkpoint, a slow save, a busy host) while
+    the other workers train would leave the shards' step behind (every row read meanwhile would
+    look unseen since, and be freed while in use) and free nothing while the table fills (seen
+    in busy test runs: a chief that ran 2 of 241 steps). Its ``end`` stops the thread: list it
+    before the checkpoint hook, so that the final checkpoint is written after the last
+    maintenance."""
 
     def __init__(
         self,
@@ -723,57 +705,42 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         paths: Sequence[str],
         global_step: Any,
         output_dir: str,
-        max_interval: int = 1,
+        poll_secs: float = POLL_SECS,
     ) -> None:
         self._due, self._op, self._paths, self._step = due, op, list(paths), global_step
         self._path = f"{output_dir}/{EVENTS_FILE}"
+        self._poll = float(poll_secs)
         self._thread: Optional[threading.Thread] = None
-        self._max_interval = max(1, int(max_interval))
-        self._wait = 0  # steps until the next check
-        self._since = 0  # steps since the last check
-        self._headroom: Optional[int] = None  # the fullest shard's, at the last check
-        self._rate = 0.0  # rows taken per step, as last measured
+        self._stop = threading.Event()
+        self.checks = 0  # checks completed (tests wait on it)
 
     def after_create_session(self, session: Any, coord: Any) -> None:
-        # a new session (the first, or after a ps came back): check at its first step
-        self._wait, self._headroom = 0, None
-
-    def before_run(self, run_context: Any) -> Any:
-        self._since += 1
-        if self._wait > 0:
-            self._wait -= 1
-            return None
-        return v1.train.SessionRunArgs(self._due)
-
-    def _next_check(self, headroom: int) -> int:
-        """Steps to let pass before the next check, given the fullest shard's headroom."""
-        if self._headroom is not None and headroom < self._headroom:
-            self._rate = (self._headroom - headroom) / self._since
-        # a rise (a maintenance freed rows) says nothing of the rate: the last one holds
-        self._headroom, self._since = headroom, 0
-        if self._rate <= 0:
-            return 0
-        return int(max(0, min(self._max_interval - 1, headroom / (2 * self._rate) - 1)))
-
-    def after_run(self, run_context: Any, run_values: Any) -> None:
-        if run_values.results is None:
-            return
-        flags = run_values.results
-        self._wait = self._next_check(int(flags[:, 1].min()))
-        if not flags[:, 0].any() or (self._thread is not None and self._thread.is_alive()):
-            return
+        # a new session (the first, or after a ps came back): a new thread; an older one's
+        # session is closed and its thread ends at its next check
+        self._stop.set()
+        self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(run_context.session,), name="table-maintenance", daemon=True
+            target=self._loop, args=(session, self._stop), name="table-maintenance", daemon=True
         )
         self._thread.start()
 
-    def _run(self, session: Any) -> None:
-        try:
+    def _loop(self, session: Any, stop: threading.Event) -> None:
+        while not stop.wait(self._poll):
+            try:
+                self.check(session)
+            except RuntimeError:  # "Attempted to use a closed Session": a recovery replaced it
+                return
+            except tf.errors.OpError:  # a ps went away: the steps say so; try again
+                continue
+
+    def check(self, session: Any) -> bool:
+        """Ask the shards once; run the maintenance when one is due. Whether it ran."""
+        flags = session.run(self._due)
+        ran = bool(flags[:, 0].any())
+        if ran:
             self.run(session)
-        except RuntimeError:  # "Attempted to use a closed Session": a recovery replaced it
-            return
-        except tf.errors.OpError:  # a ps went away, or the session closed: the next step asks
-            return
+        self.checks += 1
+        return ran
 
     def run(self, session: Any) -> None:
         """The maintenance itself, and its record."""
@@ -781,24 +748,6 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         record_evictions(self._path, self._paths, counts, int(step))
 
     def end(self, session: Any) -> None:
+        self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
-
-
-class ClockHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
-    """A worker's other than the chief: with one of every ``interval`` of its steps (in the
-    same ``session.run``) it tells the tables' shards the global step (``op``: their
-    :meth:`DynamicTable.clock`), as the chief's :class:`MaintenanceHook` does with its checks.
-    Why: a row is marked seen at the step the shard was last told; a chief that runs no step
-    for a while (its first checkpoint while the other workers train, a slow save) would leave
-    that step behind, every row seen meanwhile would look older than it is, and the next
-    maintenance would free rows that are in use."""
-
-    def __init__(self, op: Any, interval: int = 1) -> None:
-        self._op, self._interval, self._count = op, max(1, int(interval)), 0
-
-    def before_run(self, run_context: Any) -> Any:
-        self._count += 1
-        if (self._count - 1) % self._interval:
-            return None
-        return v1.train.SessionRunArgs(self._op)

@@ -515,15 +515,6 @@ class KerasModel:
         due = tf.concat([tables[p].maintenance_due() for p in paths], axis=0)
         return due, tf.stack([tables[p].maintenance() for p in paths])
 
-    def table_clock(self) -> Optional[Any]:
-        """An op telling the dynamic tables' shards the global step (a worker other than the
-        chief runs it with some of its steps: dynamic_table.ClockHook); None without dynamic
-        tables."""
-        tables = self.dynamic_tables()
-        if not tables:
-            return None
-        return tf.group([tables[p].clock() for p in sorted(tables)])
-
     def dynamic_state(self) -> Params:
         """The dynamic tables' variables beside their rows in the current graph (ids, last
         seen steps, free rows, counters), by checkpoint name: what a reader of a checkpoint

@@ -28,7 +28,7 @@ from recipes.algorithms import get_algorithm
 from recipes.algorithms.base import BuildContext, Problem, TrainGraph
 from recipes.config import RunConfig, TaskInfo
 from recipes.dynamic_reshard import Resharder
-from recipes.dynamic_table import ClockHook, MaintenanceHook, check_interval
+from recipes.dynamic_table import MaintenanceHook
 from recipes.errors import EXIT_NAN_LOSS, EXIT_PEER_TIMEOUT, TrainingFailed
 from recipes.evaluator import CheckpointScorer, result_scores
 from recipes.export import Exporter, finish_export
@@ -98,12 +98,8 @@ class ReplicaGraph:
     summary_op: Any
     local_init_op: Any  # the algorithm's local init (or the default one) and the input's
     saver_names: dict[str, Any]  # checkpoint name -> variable (workload.saver_names)
-    # the chief's: the dynamic tables' maintenance (whether due, the op), their names, the most
-    # steps between two checks (dynamic_table.check_interval)
-    maintenance: Optional[tuple[Any, Any, list[str], int]] = None
-    # another worker's: the op telling the tables' shards the global step, and how many of its
-    # steps between two (dynamic_table.ClockHook)
-    clock: Optional[tuple[Any, int]] = None
+    # the chief's: the dynamic tables' maintenance (whether due, the op) and their names
+    maintenance: Optional[tuple[Any, Any, list[str]]] = None
 
 
 def placement_line(named: dict[str, Any], n_ps: int) -> str:
@@ -208,20 +204,12 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
         local_init = tf.group(
             local_init, v1.tables_initializer(), iterator.initializer, name="local_init_with_input"
         )
-    maintenance = clock = None
+    maintenance = None
     if task.is_chief and hasattr(work.model, "table_maintenance"):
         with v1.device(setter):
             ops = work.model.table_maintenance()
         if ops is not None:
-            ttl = min(d.settings.ttl_steps for d in work.model.dynamic.values())
-            paths = [f"model/{p}" for p in work.model.dynamic_paths()]
-            maintenance = (*ops, paths, check_interval(ttl, task.n_replicas))
-    elif hasattr(work.model, "table_clock"):
-        with v1.device(setter):
-            tick = work.model.table_clock()
-        if tick is not None:
-            ttl = min(d.settings.ttl_steps for d in work.model.dynamic.values())
-            clock = (tick, check_interval(ttl, task.n_replicas))
+            maintenance = (*ops, [f"model/{p}" for p in work.model.dynamic_paths()])
     done_ops = done_token_ops(task.n_ps, task.n_replicas)
     done_sizes = done_queue_sizes(task.n_ps, task.n_replicas)
     names = saver_names(global_step, train.params, work.model.state_variables())
@@ -237,7 +225,6 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
         local_init,
         names,
         maintenance,
-        clock,
     )
 
 
@@ -336,6 +323,9 @@ def _hooks(
             if t.checkpoint_secs
             else {"save_steps": t.checkpoint_steps or t.max_steps}
         )
+        if g.maintenance is not None:  # before the checkpoint hook: its end comes first
+            due, op, paths = g.maintenance
+            hooks.append(MaintenanceHook(due, op, paths, g.global_step, cfg.output_dir))
         hooks += [
             _CheckpointHook(
                 cfg.output_dir, scaffold=scaffold, listeners=[_SaveTimer(progress)], **ckpt
@@ -345,11 +335,6 @@ def _hooks(
             ),
             _StepRateHook(every_n_steps=t.summary_steps, output_dir=cfg.output_dir),
         ]
-        if g.maintenance is not None:
-            due, op, paths, interval = g.maintenance
-            hooks.append(MaintenanceHook(due, op, paths, g.global_step, cfg.output_dir, interval))
-    elif g.clock is not None:
-        hooks.append(ClockHook(*g.clock))
     return hooks
 
 

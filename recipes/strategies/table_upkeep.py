@@ -1,8 +1,7 @@
 """``algo=pss``: the dynamic tables' maintenance, run by the coordinator (recipes/dynamic_table.py).
 
-The TF1 algorithms' chief asks the shards whether maintenance is due with some of its own steps
-(``MaintenanceHook``). pss's coordinator runs no step itself: a thread of its own asks instead,
-every ``POLL_SECS`` (two functions it runs directly, their ops on the ps: one reads the global
+As the TF1 algorithms' chief does (``MaintenanceHook``), pss's coordinator asks with a thread
+of its own, every ``POLL_SECS`` (two functions it runs directly, their ops on the ps: one reads the global
 step, tells every shard and returns whether any is due, without a lock; the other is the
 eviction, in each shard's critical section), while the workers train. Rows are then marked seen
 at a global step at most ``POLL_SECS`` old. A checkpoint is never written during a maintenance
