@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from apply_helpers import free_port_base, kill_groups, recorded_groups  # noqa: E402
 
-__all__ = ["apply_example", "click_run"]
+__all__ = ["apply_example", "click_run", "make_ctr_data"]
 
 
 def click_run(batch: int, steps: int) -> list[str]:
@@ -70,3 +70,18 @@ def apply_example(
     finally:
         kill_groups(recorded_groups(project))
     return result
+
+
+def make_ctr_data(project: Path, examples: int, vocab_scale: float) -> str:
+    """examples/ctr's ``make_data.py data EXAMPLES --vocab-scale S`` in ``project`` (a copy of
+    the example); what it printed."""
+    made = subprocess.run(
+        [sys.executable, "make_data.py", "data", str(examples), "--vocab-scale", str(vocab_scale)],
+        cwd=project,
+        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return made.stdout

@@ -32,7 +32,6 @@ import platform
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from _example_runs import apply_example, click_run  # noqa: E402
+from _example_runs import apply_example, click_run, make_ctr_data  # noqa: E402
 
 BATCH = 64
 EXAMPLES = 40_000
@@ -128,16 +127,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-reshard-") as tmp:
         project = Path(tmp) / "ctr"
         shutil.copytree(REPO / "examples" / "ctr", project)
-        subprocess.run(
-            [sys.executable, "make_data.py", "data", str(EXAMPLES)]
-            + ["--vocab-scale", str(args.vocab_scale)],
-            cwd=project,
-            env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=600,
-        )
+        make_ctr_data(project, EXAMPLES, args.vocab_scale)
         for repeat in range(args.repeats):
             for kind in chosen:
                 name, legs = kinds[kind]

@@ -38,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from _example_runs import apply_example, click_run  # noqa: E402
+from _example_runs import apply_example, click_run, make_ctr_data  # noqa: E402
 
 BATCH = 64
 EXAMPLES = 40_000
@@ -123,17 +123,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-table-rules-") as tmp:
         project = Path(tmp) / "ctr"
         shutil.copytree(REPO / "examples" / "ctr", project)
-        made = subprocess.run(
-            [sys.executable, "make_data.py", "data", str(EXAMPLES)]
-            + ["--vocab-scale", str(args.vocab_scale)],
-            cwd=project,
-            env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=600,
-        )
-        rate = float(re.findall(r"click rate ([\d.]+)", made.stdout)[-1])
+        made = make_ctr_data(project, EXAMPLES, args.vocab_scale)
+        rate = float(re.findall(r"click rate ([\d.]+)", made)[-1])
         n = 0
         for _ in range(args.repeats):
             for algo, rule, checkout in runs:

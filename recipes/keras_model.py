@@ -486,9 +486,15 @@ class KerasModel:
                 ref[:] = [v for v in ref if v is not var]
         return params
 
-    def _create_dynamic(self, model: Any, w: Any) -> Params:
-        """A dynamic table in the current graph, in place of ``w`` (its Keras variable, never
-        initialised): its shards' rows by parameter key."""
+    def _create_dynamic(
+        self,
+        model: Any,
+        w: Any,
+        colocate: Optional[Callable[[Any], AbstractContextManager[Any]]] = None,
+    ) -> Params:
+        """A dynamic table in the current graph (TF2: eagerly, its variables beside their rows
+        by ``colocate``), in place of ``w`` (its Keras variable, never initialised): its
+        shards' rows by parameter key."""
         found = self.dynamic[w.path]
         table = DynamicTable(
             f"model/{w.path}",
@@ -498,8 +504,10 @@ class KerasModel:
             found.key_dtype,
             self._partitions,
             getattr(found.layer, "embeddings_initializer", None),
+            colocate,
         )
-        self._dynamic_tables.setdefault(id(v1.get_default_graph()), {})[w.path] = table
+        key = _EAGER if v1.executing_eagerly_outside_functions() else id(v1.get_default_graph())
+        self._dynamic_tables.setdefault(key, {})[w.path] = table
         return table.params(w.path)
 
     def table_maintenance(self) -> Optional[tuple[Any, Any]]:
@@ -609,23 +617,10 @@ class KerasModel:
                 "algo=pss or a parameter-server algorithm (hogwild, downpour, ...)"
             )
         params: Params = {}
-        tables = self._dynamic_tables.setdefault(_EAGER, {})
-        tables.clear()
+        self._dynamic_tables.pop(_EAGER, None)  # an earlier call's
         for w in model.trainable_variables:
-            found = self.dynamic.get(w.path)
-            if found is not None:
-                table = DynamicTable(
-                    f"model/{w.path}",
-                    found.settings,
-                    found.width,
-                    w.dtype,
-                    found.key_dtype,
-                    self._partitions,
-                    getattr(found.layer, "embeddings_initializer", None),
-                    colocate,
-                )
-                tables[w.path] = table
-                params.update(table.params(w.path))
+            if w.path in self.dynamic:
+                params.update(self._create_dynamic(model, w, colocate))
                 continue
             for key, rows in self._pieces(w):
                 value = self._initial_value(w) if rows is None else self._part_value(model, w, rows)

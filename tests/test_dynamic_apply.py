@@ -156,6 +156,17 @@ def _read(project: Path, keras_file: Path | None = None) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _check_evictions(project: Path) -> None:
+    """Rows freed while training (the stream brings nine times the capacity), never more
+    resident on a shard than its half of the capacity: the chief's eviction records."""
+    events = [
+        json.loads(line)
+        for line in (project / "out" / "dynamic_tables.jsonl").read_text().splitlines()
+    ]
+    assert sum(e["evicted"] for e in events) >= CAPACITY, events[-3:]
+    assert all(e["resident"] <= CAPACITY // 2 for e in events), events
+
+
 def _check_table(got: dict[str, Any]) -> dict[str, int]:
     """No id with two rows, no row with two ids, never over capacity, ids from the stream, no
     row leaked; returns each resident id's row index."""
@@ -179,13 +190,7 @@ def test_a_dynamic_table_trains_on_raw_ids_evicts_and_exports_a_model_that_serve
     assert "dynamic: raw int64 ids, capacity 300 rows (150 per ps" in proc.stdout
     result = json.loads((project / "out" / "result.json").read_text())
     assert result["status"] == "succeeded" and result["global_step"] >= 240, result
-    # rows freed while training: the stream brings nine times the capacity
-    events = [
-        json.loads(line)
-        for line in (project / "out" / "dynamic_tables.jsonl").read_text().splitlines()
-    ]
-    assert sum(e["evicted"] for e in events) >= CAPACITY, events[-3:]
-    assert all(e["resident"] <= CAPACITY // 2 for e in events), events
+    _check_evictions(project)
     got = _read(project, project / "out" / "model.keras")
     where = _check_table(got)
     assert [s["capacity"] for s in got["shards"]] == [CAPACITY // 2] * 2
@@ -260,12 +265,7 @@ def test_pss_trains_a_dynamic_table_evicts_and_exports_it(project: Path) -> None
     _apply(project, "pss", 240, "model.min_count=2")
     result = json.loads((project / "out" / "result.json").read_text())
     assert result["status"] == "succeeded" and result["algo"] == "pss", result
-    events = [
-        json.loads(line)
-        for line in (project / "out" / "dynamic_tables.jsonl").read_text().splitlines()
-    ]
-    assert sum(e["evicted"] for e in events) >= CAPACITY, events[-3:]
-    assert all(e["resident"] <= CAPACITY // 2 for e in events), events
+    _check_evictions(project)
     got = _read(project, project / "out" / "model.keras")
     where = _check_table(got)
     assert [s["capacity"] for s in got["shards"]] == [CAPACITY // 2] * 2
