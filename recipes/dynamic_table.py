@@ -441,8 +441,7 @@ class _Shard:
 
     def due(self, step: Any) -> Any:
         """Outside the lock (what it reads may be a step old; the lock's holder decides):
-        now is ``step``; ``[due, headroom]``: whether :meth:`evict` has anything to do (1 or
-        0), and how many rows can still be taken before the high watermark."""
+        now is ``step``; whether :meth:`evict` has anything to do (a bool)."""
         with v1.colocate_with(self.rows), tf.control_dependencies([self.now.assign(step)]):
             count = self.free_count.read_value()
             high = int(self.capacity * HIGH_WATERMARK)
@@ -451,7 +450,7 @@ class _Shard:
             due = tf.logical_or(due, self._stale(count))
             if self.window_end is not None:
                 due = tf.logical_or(due, step >= self.window_end.read_value())
-            return tf.stack([tf.cast(due, tf.int64), headroom])
+            return due
 
     def _free_rows(
         self, step: Any, ttl_steps: int, slots: Sequence[tuple[Any, float]], count: Any
@@ -625,9 +624,8 @@ class DynamicTable:
     def maintenance_due(self, step: Any = None) -> Any:
         """Cheap, and taking no lock: tells every shard the global step (``step``, default the
         graph's), and, per shard, whether it needs :meth:`maintenance` (above the high
-        watermark, a TTL scan due, the end of an admission window) and its headroom below the
-        high watermark in rows: a ``[shards, 2]`` int64 tensor (:class:`MaintenanceHook`
-        reads it)."""
+        watermark, a TTL scan due, the end of an admission window): a ``[shards]`` bool tensor
+        (:class:`MaintenanceHook` reads it)."""
         step = self._step(step)
         return tf.stack([shard.due(step) for shard in self.shards])
 
@@ -736,7 +734,7 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
     def check(self, session: Any) -> bool:
         """Ask the shards once; run the maintenance when one is due. Whether it ran."""
         flags = session.run(self._due)
-        ran = bool(flags[:, 0].any())
+        ran = bool(flags.any())
         if ran:
             self.run(session)
         self.checks += 1

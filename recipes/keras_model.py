@@ -512,8 +512,8 @@ class KerasModel:
 
     def table_maintenance(self) -> Optional[tuple[Any, Any]]:
         """The dynamic tables of the current graph's maintenance (build it after the
-        optimizer: it resets the freed rows' slots): whether each shard is due and its
-        headroom (a ``[tables x shards, 2]`` tensor, no lock taken), and the eviction itself
+        optimizer: it resets the freed rows' slots): whether each shard is due (a
+        ``[tables x shards]`` bool tensor, no lock taken), and the eviction itself
         (a ``[tables, shards, 2]`` tensor of rows evicted and resident); None without dynamic
         tables."""
         tables = self.dynamic_tables()

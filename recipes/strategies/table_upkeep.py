@@ -63,7 +63,7 @@ class TableUpkeep:
         def due() -> Any:
             now = tf.cast(step.read_value(), tf.int64)
             flags = tf.concat([tables[p].maintenance_due(now) for p in self._paths], axis=0)
-            return tf.reduce_any(flags[:, 0] > 0), now
+            return tf.reduce_any(flags), now
 
         @tf.function
         def maintain(now: Any) -> Any:
