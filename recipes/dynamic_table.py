@@ -694,7 +694,10 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
     look unseen since, and be freed while in use) and free nothing while the table fills (seen
     in busy test runs: a chief that ran 2 of 241 steps). Its ``end`` stops the thread: list it
     before the checkpoint hook, so that the final checkpoint is written after the last
-    maintenance."""
+    maintenance. A checkpoint is never written while a maintenance runs (:meth:`saving`, a
+    listener of the checkpoint hook): a save reads a shard's variables one by one, and an
+    eviction between two reads would leave its free rows and its last-seen steps apart in the
+    checkpoint (a restore rebuilds them, but the final checkpoint is also what is exported)."""
 
     def __init__(
         self,
@@ -710,11 +713,29 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         self._poll = float(poll_secs)
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
+        self._running = threading.Lock()  # held by a maintenance, and by a checkpoint's save
+        self._held_by_save = False
         self.checks = 0  # checks completed (tests wait on it)
+
+    def saving(self) -> Any:
+        """A listener for the checkpoint hook: each save waits for a maintenance under way to
+        end, and none starts until the save has."""
+        return _HeldWhileSaving(self)
+
+    def _save_begins(self) -> None:
+        self._running.acquire()
+        self._held_by_save = True
+
+    def _save_ended(self) -> None:
+        if self._held_by_save:
+            self._held_by_save = False
+            self._running.release()
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         # a new session (the first, or after a ps came back): a new thread; an older one's
-        # session is closed and its thread ends at its next check
+        # session is closed and its thread ends at its next check. A save that failed with the
+        # old session (a ps gone) never told its end: it does not hold the maintenance back.
+        self._save_ended()
         self._stop.set()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -742,10 +763,22 @@ class MaintenanceHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
 
     def run(self, session: Any) -> None:
         """The maintenance itself, and its record."""
-        counts, step = session.run([self._op, self._step])
+        with self._running:
+            counts, step = session.run([self._op, self._step])
         record_evictions(self._path, self._paths, counts, int(step))
 
     def end(self, session: Any) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
+
+
+class _HeldWhileSaving(v1.train.CheckpointSaverListener):  # type: ignore[name-defined]
+    def __init__(self, hook: MaintenanceHook) -> None:
+        self._hook = hook
+
+    def before_save(self, session: Any, global_step_value: int) -> None:
+        self._hook._save_begins()
+
+    def after_save(self, session: Any, global_step_value: int) -> None:
+        self._hook._save_ended()

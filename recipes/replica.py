@@ -323,13 +323,14 @@ def _hooks(
             if t.checkpoint_secs
             else {"save_steps": t.checkpoint_steps or t.max_steps}
         )
+        listeners = [_SaveTimer(progress)]
         if g.maintenance is not None:  # before the checkpoint hook: its end comes first
             due, op, paths = g.maintenance
-            hooks.append(MaintenanceHook(due, op, paths, g.global_step, cfg.output_dir))
+            upkeep = MaintenanceHook(due, op, paths, g.global_step, cfg.output_dir)
+            hooks.append(upkeep)
+            listeners.append(upkeep.saving())  # no save while a maintenance runs
         hooks += [
-            _CheckpointHook(
-                cfg.output_dir, scaffold=scaffold, listeners=[_SaveTimer(progress)], **ckpt
-            ),
+            _CheckpointHook(cfg.output_dir, scaffold=scaffold, listeners=listeners, **ckpt),
             v1.train.SummarySaverHook(
                 save_steps=t.summary_steps, output_dir=cfg.output_dir, summary_op=g.summary_op
             ),
