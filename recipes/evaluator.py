@@ -85,17 +85,28 @@ class CheckpointScorer:
             return int(self._sess.run(self._step))
 
     def _split(self, split: str) -> tuple[Any, list[Any]]:
-        if split not in self._splits:
+        """The initializer of ``split`` and one batch's fetches. Both splits go through one
+        iterator and one forward pass (built at the first call): a model's forward graph is
+        the costly part of scoring (about a second of CPU for a CTR model of 26 tables)."""
+        if not self._splits:
             with self.graph.as_default():
-                if split == "eval":
-                    dataset = self.work.eval_dataset()
-                else:
-                    dataset = self.work.train_sample_dataset(TRAIN_SAMPLE)
-                iterator = v1.data.make_initializable_iterator(dataset)
+                datasets = {
+                    "eval": self.work.eval_dataset(),
+                    "train": self.work.train_sample_dataset(TRAIN_SAMPLE),
+                }
+                shapes = [v1.data.get_output_shapes(d) for d in datasets.values()]
+                iterator = v1.data.Iterator.from_structure(
+                    v1.data.get_output_types(datasets["eval"]),
+                    tf.nest.map_structure(
+                        lambda a, b: a.most_specific_compatible_shape(b), *shapes
+                    ),
+                )
                 features, labels = iterator.get_next()
                 loss, metrics = self.work.scores(self._params, features, labels, self._state)
                 size = tf.shape(tf.nest.flatten(labels)[0])[0]
-                self._splits[split] = (iterator.initializer, [size, loss, *metrics.values()])
+                fetches = [size, loss, *metrics.values()]
+                for name, dataset in datasets.items():
+                    self._splits[name] = (iterator.make_initializer(dataset), fetches)
         return self._splits[split]
 
     def score(self, split: str = "eval") -> dict[str, float]:

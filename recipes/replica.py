@@ -95,7 +95,7 @@ class ReplicaGraph:
     probe: Any
     done_ops: list[Any]
     done_sizes: list[Any]
-    summary_op: Any
+    summary_op: Any  # the chief's; None in the other replicas
     local_init_op: Any  # the algorithm's local init (or the default one) and the input's
     saver_names: dict[str, Any]  # checkpoint name -> variable (workload.saver_names)
     # the chief's: the dynamic tables' maintenance (whether due, the op) and their names
@@ -187,14 +187,19 @@ def build_replica_graph(cfg: RunConfig, task: TaskInfo, work: Workload) -> Repli
     )
     train = get_algorithm(cfg.algo.name).build(ctx, problem)
     with v1.device(task.device):
-        _, metrics = work.scores(train.train_params, features, labels)
-        summary_op = v1.summary.merge(
-            [
-                v1.summary.scalar("loss", train.loss),
-                *(v1.summary.scalar(name, value) for name, value in metrics.items()),
-                v1.summary.scalar("learning_rate", tf.constant(cfg.algo.lr, tf.float32)),
-            ]
-        )
+        # Only the chief writes summaries (its SummarySaverHook): their metrics take a forward
+        # pass of their own (inference mode), which the other replicas would build and never
+        # run (a second model graph: about a second of CPU for a CTR model of 26 tables)
+        summary_op = None
+        if task.is_chief:
+            _, metrics = work.scores(train.train_params, features, labels)
+            summary_op = v1.summary.merge(
+                [
+                    v1.summary.scalar("loss", train.loss),
+                    *(v1.summary.scalar(name, value) for name, value in metrics.items()),
+                    v1.summary.scalar("learning_rate", tf.constant(cfg.algo.lr, tf.float32)),
+                ]
+            )
         probe = v1.report_uninitialized_variables(v1.global_variables())
         local_init = train.local_init_op
         if local_init is None:
