@@ -554,7 +554,9 @@ def _tar_gz(local_dir: Path) -> bytes:
         return info
 
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    # gzip's fastest level: the recipes with their bytecode (about 0.6 MB) pack in 0.04 s of
+    # CPU instead of the default level's 0.33 s, for 15 % more bytes; every apply sends them
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
         for child in sorted(local_dir.iterdir()):
             tar.add(child, arcname=child.name, filter=keep)
     return buffer.getvalue()
