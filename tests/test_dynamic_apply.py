@@ -19,10 +19,9 @@ with its share of the table).
 
 from __future__ import annotations
 
+import glob
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,58 +57,6 @@ DRIFT = (
 )
 DATA = ("--examples", "6000", "--parts", "3", "--live", "200")
 
-# Reads a checkpoint's dynamic table and the stream's ids; with a .keras path, also serves it.
-READ = r"""
-import json, os, sys
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-import glob
-import numpy as np
-import tensorflow as tf
-ckpt, data = sys.argv[1], sys.argv[2]
-reader = tf.train.load_checkpoint(ckpt)
-# either format: a TF1 algorithm's names, or pss's object checkpoint (the same + a suffix)
-SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-keys = {n.removesuffix(SUFFIX): n for n in reader.get_variable_to_shape_map()}
-def get(name):
-    return reader.get_tensor(keys[name])
-shards = []
-count = sum(1 for n in keys if n.startswith("model/item_embedding/embeddings/shard_") and n.count("/") == 3)
-for i in range(count):
-    aux = f"dynamic/item_embedding/embeddings/shard_{i}"
-    seen = get(f"{aux}/last_seen")
-    ids = get(f"{aux}/row_ids")
-    rows = get(f"model/item_embedding/embeddings/shard_{i}")
-    live = np.flatnonzero(seen >= 0)
-    shards.append({
-        "capacity": int(seen.shape[0]),
-        "free_count": int(get(f"{aux}/free_count")),
-        "pairs": [[str(int(ids[r])), int(r)] for r in live],
-        "rows": {str(int(ids[r])): rows[r].tolist() for r in live},
-    })
-stream = set()
-for path in sorted(glob.glob(os.path.join(data, "part-*.tfrecord"))):
-    for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
-        ex = tf.train.Example.FromString(raw)
-        stream.add(str(ex.features.feature["item"].int64_list.value[0]))
-out = {"step": int(get("global_step")), "shards": shards, "stream": sorted(stream)}
-if len(sys.argv) > 3:
-    import keras
-    model = keras.saving.load_model(sys.argv[3])
-    layer = model.get_layer("item_embedding")
-    vocab = [str(int(v)) for v in layer.layers[0].get_vocabulary()[1:]]
-    table = layer.layers[1].get_weights()[0]
-    known = [int(k) for k in list(shards[0]["rows"])[:3] + list(shards[1]["rows"])[:3]]
-    ids = np.array(known + [12345, 67890], np.int64)
-    pred = model({"item": ids, "count0": np.zeros(len(ids), np.float32)}).numpy().ravel()
-    out["export"] = {
-        "vocab": sorted(vocab), "zero_row": float(np.abs(table[0]).max()),
-        "rows": {v: table[i + 1].tolist() for i, v in enumerate(vocab)},
-        "pred": pred.tolist(),
-    }
-print(json.dumps(out))
-"""
-
-
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return example_with_data("drift", tmp_path_factory.mktemp("elsewhere") / "project", *DATA)
@@ -142,18 +89,71 @@ def _apply(project: Path, algo: str, steps: int, *extra: str) -> Any:
     return proc
 
 
+def _stream_ids(data: Path) -> set[str]:
+    """Every ``item`` id of the stream's training files."""
+    import tensorflow as tf
+
+    stream = set()
+    for path in sorted(glob.glob(str(data / "part-*.tfrecord"))):
+        for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
+            example = tf.train.Example.FromString(raw)
+            stream.add(str(example.features.feature["item"].int64_list.value[0]))
+    return stream
+
+
 def _read(project: Path, keras_file: Path | None = None) -> dict[str, Any]:
-    ckpt = (project / "out" / "checkpoint").read_text().split('"')[1]
-    args = [sys.executable, "-c", READ, str(project / "out" / ckpt), str(project / "data")]
-    proc = subprocess.run(
-        [*args, *([str(keras_file)] if keras_file else [])],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """The final checkpoint's dynamic table (either format: a TF1 algorithm's names, or pss's
+    object checkpoint, the same and a suffix) and the stream's ids; with ``keras_file``, what
+    the exported model holds and serves. Read in this process (TensorFlow's reader, Keras):
+    a subprocess per read paid TensorFlow's import each time."""
+    import numpy as np
+    import tensorflow as tf
+
+    name = (project / "out" / "checkpoint").read_text().split('"')[1]
+    reader = tf.train.load_checkpoint(str(project / "out" / name))
+    suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
+    keys = {n.removesuffix(suffix): n for n in reader.get_variable_to_shape_map()}
+
+    def get(key: str) -> Any:
+        return reader.get_tensor(keys[key])
+
+    table = "model/item_embedding/embeddings"
+    count = sum(1 for n in keys if n.startswith(f"{table}/shard_") and n.count("/") == 3)
+    shards = []
+    for i in range(count):
+        aux = f"dynamic/item_embedding/embeddings/shard_{i}"
+        seen, ids, rows = get(f"{aux}/last_seen"), get(f"{aux}/row_ids"), get(f"{table}/shard_{i}")
+        live = np.flatnonzero(seen >= 0)
+        shards.append(
+            {
+                "capacity": int(seen.shape[0]),
+                "free_count": int(get(f"{aux}/free_count")),
+                "pairs": [[str(int(ids[r])), int(r)] for r in live],
+                "rows": {str(int(ids[r])): rows[r].tolist() for r in live},
+            }
+        )
+    out: dict[str, Any] = {
+        "step": int(get("global_step")),
+        "shards": shards,
+        "stream": sorted(_stream_ids(project / "data")),
+    }
+    if keras_file is not None:
+        import keras
+
+        model = keras.saving.load_model(str(keras_file))
+        layer = model.get_layer("item_embedding")
+        vocab = [str(int(v)) for v in layer.layers[0].get_vocabulary()[1:]]
+        weights = layer.layers[1].get_weights()[0]
+        known = [int(k) for k in list(shards[0]["rows"])[:3] + list(shards[1]["rows"])[:3]]
+        ids = np.array(known + [12345, 67890], np.int64)
+        pred = model({"item": ids, "count0": np.zeros(len(ids), np.float32)}).numpy().ravel()
+        out["export"] = {
+            "vocab": sorted(vocab),
+            "zero_row": float(np.abs(weights[0]).max()),
+            "rows": {v: weights[i + 1].tolist() for i, v in enumerate(vocab)},
+            "pred": pred.tolist(),
+        }
+    return out
 
 
 def _check_evictions(project: Path) -> None:
