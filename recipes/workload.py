@@ -77,11 +77,11 @@ class Workload:
     def train_dataset(self, shard_index: int, num_shards: int, seed: int) -> Any:
         return inputs.train_dataset(self.cfg.data, shard_index, num_shards, seed)
 
-    def eval_dataset(self, max_examples: Optional[int] = None) -> Any:
-        return inputs.eval_dataset(self.cfg.data, max_examples)
+    def eval_dataset(self, max_examples: Optional[int] = None, min_batch: int = 0) -> Any:
+        return inputs.eval_dataset(self.cfg.data, max_examples, min_batch)
 
-    def train_sample_dataset(self, max_examples: int) -> Any:
-        return inputs.train_sample_dataset(self.cfg.data, max_examples)
+    def train_sample_dataset(self, max_examples: int, min_batch: int = 0) -> Any:
+        return inputs.train_sample_dataset(self.cfg.data, max_examples, min_batch)
 
     # -- graph pieces ---------------------------------------------------------------------
     def outputs(

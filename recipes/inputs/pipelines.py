@@ -172,30 +172,36 @@ def train_dataset(data: DataConf, shard_index: int, num_shards: int, seed: int) 
 
 
 @_plain_python
-def eval_dataset(data: DataConf, max_examples: Optional[int] = None) -> tf.data.Dataset:
-    """The held-out data: finite, batched (``data.batch_size``), in a fixed order, not sharded;
-    at most ``max_examples`` examples when given. See :func:`eval_source`.
+def eval_dataset(
+    data: DataConf, max_examples: Optional[int] = None, min_batch: int = 0
+) -> tf.data.Dataset:
+    """The held-out data: finite, batched (``data.batch_size``, or ``min_batch`` when larger),
+    in a fixed order, not sharded; at most ``max_examples`` examples when given. See
+    :func:`eval_source`.
 
     Raises:
         InputError: as :func:`train_dataset`.
     """
-    return _finite(data, "eval", max_examples)
+    return _finite(data, "eval", max_examples, min_batch)
 
 
 @_plain_python
-def train_sample_dataset(data: DataConf, max_examples: int) -> tf.data.Dataset:
-    """The first ``max_examples`` training examples (all shards), finite, batched, in a fixed
-    order: what a chief scores its final checkpoint's training loss on.
+def train_sample_dataset(
+    data: DataConf, max_examples: int, min_batch: int = 0
+) -> tf.data.Dataset:
+    """The first ``max_examples`` training examples (all shards), finite, batched (as
+    :func:`eval_dataset`), in a fixed order: what a chief scores its final checkpoint's
+    training loss on.
 
     Raises:
         InputError: as :func:`train_dataset`.
     """
-    return _finite(data, "train", max_examples)
+    return _finite(data, "train", max_examples, min_batch)
 
 
-def _finite(data: DataConf, split: str, max_examples: Optional[int]) -> Any:
+def _finite(data: DataConf, split: str, max_examples: Optional[int], min_batch: int = 0) -> Any:
     tf = _tf()
-    batch = _check_batch(data)
+    batch = max(_check_batch(data), int(min_batch))
     kind = source_kind(data)
     limit = None if max_examples is None else max(0, int(max_examples))
     if kind == "factory":
