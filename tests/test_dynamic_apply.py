@@ -57,6 +57,7 @@ DRIFT = (
 )
 DATA = ("--examples", "6000", "--parts", "3", "--live", "200")
 
+
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return example_with_data("drift", tmp_path_factory.mktemp("elsewhere") / "project", *DATA)

@@ -186,9 +186,7 @@ def eval_dataset(
 
 
 @_plain_python
-def train_sample_dataset(
-    data: DataConf, max_examples: int, min_batch: int = 0
-) -> tf.data.Dataset:
+def train_sample_dataset(data: DataConf, max_examples: int, min_batch: int = 0) -> tf.data.Dataset:
     """The first ``max_examples`` training examples (all shards), finite, batched (as
     :func:`eval_dataset`), in a fixed order: what a chief scores its final checkpoint's
     training loss on.
