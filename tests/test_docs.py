@@ -220,8 +220,9 @@ def scratch_copy(dest: Path) -> Path:
 
 
 def session_env(copy: Path, run_id: str, home: Path) -> dict[str, str]:
-    """A user's environment: the venv first on PATH, the copy's code, the step cap; none of
-    the tfplan variables the test run itself may carry (TFPLAN_CONF would pick the config)."""
+    """A user's environment: the venv first on PATH, the copy's code, the step cap, the run's
+    cache of model inspections; none of the other tfplan variables the test run itself may
+    carry (TFPLAN_CONF would pick the config)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFPLAN_", "PYTEST_"))}
     venv_bin = Path(sys.executable).parent
     env.update(
@@ -232,6 +233,11 @@ def session_env(copy: Path, run_id: str, home: Path) -> dict[str, str]:
         COLUMNS="200",
         HOME=str(home),
     )
+    # The run's cache of model inspections (tests/conftest.py), as a user's home keeps it from
+    # one page to the next: a model another page built is read, not built again (keyed by
+    # everything that can change the answer, tfplan/engine/model_shapes.py)
+    if os.environ.get("TFPLAN_CACHE_DIR"):
+        env["TFPLAN_CACHE_DIR"] = os.environ["TFPLAN_CACHE_DIR"]
     env[MARKER] = run_id
     return env
 
