@@ -28,7 +28,7 @@ from recipes.config import RunConfig
 from recipes.reporting import append_eval_record, eval_line, read_result_step
 from recipes.workload import Workload
 
-__all__ = ["CheckpointScorer", "result_scores", "run_evaluator"]
+__all__ = ["CheckpointScorer", "result_scores", "run_evaluator", "scoring_batch"]
 
 v1 = tf.compat.v1
 
@@ -37,11 +37,14 @@ v1 = tf.compat.v1
 FINAL_POLL_SECS = 0.1
 # result.json's training loss is over at most this many training examples (the first ones).
 TRAIN_SAMPLE = 5000
-# Scored in batches of at least this many examples: a session run per training-sized batch
-# cost more than the batch (a chief's final scores of a CTR model: 149 runs of 64 examples,
-# 0.5 s more than 16 runs of 1,024). The scores are means over examples: the same in any
-# batches (each batch's mean weighted by its size).
+# Scored in batches of up to this many examples (never fewer than data.batch_size): a session
+# run per training-sized batch cost more than the batch (a chief's final scores of a CTR model:
+# 149 runs of 64 examples, 0.5 s more than 16 runs of 1,024). The scores are means over
+# examples: the same in any batches (each batch's mean weighted by its size). Bounded by the
+# inputs' bytes too (SCORING_BATCH_BYTES): a model of images is scored in training-sized
+# batches, as its memory was sized for.
 SCORING_BATCH = 1024
+SCORING_BATCH_BYTES = 4 << 20
 
 
 class CheckpointScorer:
@@ -95,9 +98,10 @@ class CheckpointScorer:
         the costly part of scoring (about a second of CPU for a CTR model of 26 tables)."""
         if not self._splits:
             with self.graph.as_default():
+                batch = scoring_batch(self.work.spec.features)
                 datasets = {
-                    "eval": self.work.eval_dataset(min_batch=SCORING_BATCH),
-                    "train": self.work.train_sample_dataset(TRAIN_SAMPLE, SCORING_BATCH),
+                    "eval": self.work.eval_dataset(min_batch=batch),
+                    "train": self.work.train_sample_dataset(TRAIN_SAMPLE, batch),
                 }
                 shapes = [v1.data.get_output_shapes(d) for d in datasets.values()]
                 iterator = v1.data.Iterator.from_structure(
@@ -141,6 +145,18 @@ class CheckpointScorer:
 
     def close(self) -> None:
         self._sess.close()
+
+
+def scoring_batch(features: dict[str, tuple[tuple[int, ...], str]]) -> int:
+    """The examples a scoring batch may hold (data.batch_size still when larger): up to
+    :data:`SCORING_BATCH`, as many as :data:`SCORING_BATCH_BYTES` of the inputs hold."""
+    size = 0
+    for shape, dtype in features.values():
+        count = 1
+        for dim in shape:
+            count *= max(int(dim), 1)
+        size += count * (64 if dtype == "string" else tf.as_dtype(dtype).size)
+    return max(1, min(SCORING_BATCH, SCORING_BATCH_BYTES // max(size, 1)))
 
 
 def result_scores(scorer: CheckpointScorer, ckpt: str) -> tuple[int, dict[str, float]]:

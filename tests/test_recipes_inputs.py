@@ -338,6 +338,11 @@ def test_eval_is_finite_ordered_and_unsharded(files: Path) -> None:
     assert labels == list(range(1000, 1025))  # every record, in file order, then the end
     assert [len(y) for _, y in inputs.eval_dataset(d)] == [8, 8, 8, 1]
     assert sum(len(y) for _, y in inputs.eval_dataset(d, max_examples=10)) == 10
+    # scored in larger batches (recipes/evaluator.py): the same records, in the same order
+    wide = inputs.eval_dataset(d, min_batch=16)
+    assert [len(y) for _, y in wide] == [16, 9]
+    assert [int(v) for _, y in wide for v in y.numpy()] == labels
+    assert [len(y) for _, y in inputs.train_sample_dataset(d, 20, min_batch=16)] == [16, 4]
     # no data.eval: the first eval_examples records of the train files, and said so
     d = _tfrecord(files, eval_examples=50)
     assert [int(v) for _, y in inputs.eval_dataset(d) for v in y.numpy()] == list(range(50))
@@ -972,3 +977,12 @@ def test_built_inside_a_tf_function_needs_no_python(files: Path, source: str) ->
 def test_input_error_is_a_data_error() -> None:
     assert issubclass(InputError, datasets.DataError)
     assert InputError is errors.InputError and datasets.DataError is errors.DataError
+
+
+def test_a_scoring_batch_holds_up_to_1024_examples_and_4_mib_of_inputs() -> None:
+    from recipes.evaluator import scoring_batch
+
+    tabular = {"num": ((4,), "float32"), "cat": ((), "int64"), "city": ((), "string")}
+    assert scoring_batch(tabular) == 1024
+    assert scoring_batch({"image": ((224, 224, 3), "float32")}) == 6  # 588 KiB each
+    assert scoring_batch({"video": ((64, 512, 512, 3), "float32")}) == 1
