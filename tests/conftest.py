@@ -151,6 +151,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``TFPLAN_TEST_TIMELINE=FILE``: one line per test phase (worker, start, stop,
+    phase, test), so a run's timeline shows which tests a stretch of idle CPU ran beside
+    (``--durations`` gives lengths, not when)."""
+    path = os.environ.get("TFPLAN_TEST_TIMELINE")
+    if not path or getattr(report, "node", None) is not None:  # xdist's controller: a copy
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    line = f"{worker} {report.start:.1f} {report.stop:.1f} {report.when} {report.nodeid}\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     if config.getoption("--tier") == "full":
         return "tier: full (every test)"
