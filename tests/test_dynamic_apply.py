@@ -19,8 +19,10 @@ with its share of the table).
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +40,8 @@ from apply_helpers import (
     topology,
 )
 from chaos_helpers import ApplyRun, kill_task
+
+from recipes.checkpoint_names import PlainNames
 
 pytestmark = pytest.mark.cluster
 
@@ -90,34 +94,30 @@ def _apply(project: Path, algo: str, steps: int, *extra: str) -> Any:
     return proc
 
 
-def _stream_ids(data: Path) -> set[str]:
-    """Every ``item`` id of the stream's training files."""
+@functools.cache
+def _stream_ids(data: str) -> frozenset[str]:
+    """Every ``item`` id of the stream's training files in the folder ``data`` (read once)."""
     import tensorflow as tf
 
     stream = set()
-    for path in sorted(glob.glob(str(data / "part-*.tfrecord"))):
+    for path in sorted(glob.glob(os.path.join(data, "part-*.tfrecord"))):
         for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
             example = tf.train.Example.FromString(raw)
             stream.add(str(example.features.feature["item"].int64_list.value[0]))
-    return stream
+    return frozenset(stream)
 
 
 def _read(project: Path, keras_file: Path | None = None) -> dict[str, Any]:
-    """The final checkpoint's dynamic table (either format: a TF1 algorithm's names, or pss's
-    object checkpoint, the same and a suffix) and the stream's ids; with ``keras_file``, what
+    """The final checkpoint's dynamic table (either format, by the plain names:
+    recipes/checkpoint_names.py's ``PlainNames``) and the stream's ids; with ``keras_file``, what
     the exported model holds and serves. Read in this process (TensorFlow's reader, Keras):
     a subprocess per read paid TensorFlow's import each time."""
     import numpy as np
     import tensorflow as tf
 
     name = (project / "out" / "checkpoint").read_text().split('"')[1]
-    reader = tf.train.load_checkpoint(str(project / "out" / name))
-    suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
-    keys = {n.removesuffix(suffix): n for n in reader.get_variable_to_shape_map()}
-
-    def get(key: str) -> Any:
-        return reader.get_tensor(keys[key])
-
+    reader = PlainNames(tf.train.load_checkpoint(str(project / "out" / name)))
+    keys, get = reader.get_variable_to_shape_map(), reader.get_tensor
     table = "model/item_embedding/embeddings"
     count = sum(1 for n in keys if n.startswith(f"{table}/shard_") and n.count("/") == 3)
     shards = []
@@ -136,7 +136,7 @@ def _read(project: Path, keras_file: Path | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "step": int(get("global_step")),
         "shards": shards,
-        "stream": sorted(_stream_ids(project / "data")),
+        "stream": sorted(_stream_ids(str(project / "data"))),
     }
     if keras_file is not None:
         import keras
