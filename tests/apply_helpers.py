@@ -80,19 +80,45 @@ def free_port_base(count: int = 8) -> int:
     Searched outside the kernel's ephemeral range first: outgoing connections (and their
     TIME_WAIT leftovers, which block a bind) take ports there at random, so after a long test run
     a window of a thousand free ports inside it may not exist. The scan starts at a random point so
-    two calls in a row do not hand out the same window.
+    two calls in a row do not hand out the same window. Each test process (CI runs three at once:
+    the test beds' and two xdist workers) searches its own slice of each region first: a window
+    is free only until its test binds it, and a test that stops its tasks and starts them again
+    (destroy, then apply) leaves it free meanwhile, for another process to take (seen: "port
+    28863 is in use" at the second apply).
     """
     low, high = _ephemeral_range()
     regions = [(10000, low), (high + 1, 65000), (low, high + 1)]
+    slot = _port_slot()
     for start, end in regions:
-        if end - start < count:
-            continue
-        offset = random.randrange(start, end - count)
-        for first, last in ((offset, end), (start, offset + count)):
-            base = _free_window(first, last, count)
+        width = (end - start) // PORT_SLOTS
+        own = (start + slot * width, start + (slot + 1) * width)
+        for first, last in (own, (start, end)):
+            base = _random_window(first, last, count)
             if base is not None:
                 return base
     raise RuntimeError(f"no {count} consecutive free ports on this machine")
+
+
+PORT_SLOTS = 4
+
+
+def _port_slot() -> int:
+    """This test process's slice of the port regions: xdist's ``gwN`` -> N + 1, else 0."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    number = worker[2:] if worker.startswith("gw") else ""
+    return (int(number) + 1) % PORT_SLOTS if number.isdigit() else 0
+
+
+def _random_window(start: int, end: int, count: int) -> int | None:
+    """A window of ``count`` free ports in ``[start, end)``, searched from a random point."""
+    if end - start < count:
+        return None
+    offset = random.randrange(start, end - count)
+    for first, last in ((offset, end), (start, offset + count)):
+        base = _free_window(first, last, count)
+        if base is not None:
+            return base
+    return None
 
 
 def _ephemeral_range() -> tuple[int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ from cgroup_helpers import memory_cgroup
 import tfplan.backends.process.seeds as process_seeds
 from tfplan.backends.api import Launched, LaunchRequest, TaskPhase
 from tfplan.backends.process import ProcessBackend
+from tfplan.backends.transports.scripts import fork_script
 from tfplan.backends.transports.seeds import (
     WarmSeed,
     fork_request,
@@ -524,3 +526,58 @@ def test_pyplot_that_the_seeds_imports_pull_in_loads_when_a_task_first_uses_it(
         "ran_at_use": True,
     }
     backend.stop_seed(seed)
+
+
+def _ask(tmp_path: Path, pgid: int, wait_secs: float, taken_secs: float) -> tuple[int, str, str]:
+    requests = tmp_path / "requests"
+    requests.mkdir(exist_ok=True)
+    (tmp_path / "ready").write_text("1")
+    script = fork_script(str(requests), "w", pgid, wait_secs, 5.0, taken_secs)
+    done = subprocess.run(
+        ["sh", "-c", script], input=b"{}", capture_output=True, timeout=120, check=False
+    )
+    return done.returncode, done.stdout.decode().strip(), done.stderr.decode().strip()
+
+
+@pytest.fixture
+def stand_in_seed() -> Iterator[int]:
+    """A process group that takes SIGUSR1 (the seed's wake-up) and does nothing."""
+    proc = subprocess.Popen(
+        ["sh", "-c", "trap '' USR1; while :; do sleep 1; done"], start_new_session=True
+    )
+    try:
+        yield proc.pid
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_request_never_taken_is_withdrawn_for_a_cold_start(
+    tmp_path: Path, stand_in_seed: int
+) -> None:
+    code, out, err = _ask(tmp_path, stand_in_seed, 0.5, 30.0)
+    assert (code, out) == (4, "") and "did not answer within" in err
+    assert not list((tmp_path / "requests").iterdir())  # withdrawn: the seed will not fork it
+
+
+def test_a_request_the_seed_took_is_answered_even_past_the_wait(
+    tmp_path: Path, stand_in_seed: int
+) -> None:
+    """A seed that took the request (it removes it first) is forking the task: a cold start
+    beside it would run the task twice, the forked one untracked (seen: its port held after
+    destroy). The answer is waited for, past the wait for a ready seed to take it."""
+    requests = tmp_path / "requests"
+    requests.mkdir()
+
+    def take_late() -> None:
+        request = requests / "w.json"
+        wait_until(request.exists, 60, "the request")
+        request.unlink()  # taken: what the seed does before it forks
+        time.sleep(1.5)  # the fork, past the requester's wait of 0.5 s
+        (requests / "w.pid").write_text("4242\n")
+
+    taker = threading.Thread(target=take_late, daemon=True)
+    taker.start()
+    code, out, err = _ask(tmp_path, stand_in_seed, 0.5, 30.0)
+    taker.join()
+    assert (code, out) == (0, "4242"), err

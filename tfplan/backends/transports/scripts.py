@@ -450,13 +450,21 @@ def listening_ports(table: str) -> set[int]:
     return ports
 
 
-def fork_script(requests: str, token: str, pgid: int, wait_secs: float, import_secs: float) -> str:
+def fork_script(
+    requests: str,
+    token: str,
+    pgid: int,
+    wait_secs: float,
+    import_secs: float,
+    taken_secs: float = 20.0,
+) -> str:
     """Ask a warm seed (:mod:`.seed_agent`) for a task: write stdin as ``<requests>/<token>.json``
     atomically, wake the seed's group with SIGUSR1 once it is ready (``ready`` beside
     ``requests``: before, a signal could end a seed that has not blocked it yet, and the seed
     reads what is waiting as soon as it is ready), and print its answer (a PID, or
     ``error: ...``) once it is there. Exits 3 when the seed's group is gone, 4 when it did not
-    become ready within ``import_secs`` or did not answer within ``wait_secs`` of being ready.
+    become ready within ``import_secs`` or did not answer within ``wait_secs`` of being ready
+    (``taken_secs`` more when it had taken the request by then: it is forking it).
     While the seed imports it looks every 0.2 s, then every 10 ms, and whether the seed's group
     is still there every half second (a seed that died after ready is not waited for). A seed
     still importing is waited for rather than raced: a cold start would import the same modules
@@ -468,11 +476,22 @@ def fork_script(requests: str, token: str, pgid: int, wait_secs: float, import_s
     tries = max(int(wait_secs / 0.01), 1)
     looks = max(int(import_secs / 0.2), 1)
     late = f"rm -f {q(request)}; echo '{{}}' >&2; exit 4;"
+    # Past the wait, a request still there was never taken: removed, the caller may start the
+    # task cold. One already taken is being forked (the seed removes it first): its answer comes
+    # once the child leads its own group, and is waited for, or a cold start beside the forked
+    # one would run the task twice (the second untracked, holding its port).
+    untaken = (
+        f"rm {q(request)} 2>/dev/null && "
+        f"{{ echo 'did not answer within {wait_secs:.0f}s' >&2; exit 4; }};"
+    )
+    taken_tries = max(int(taken_secs / 0.01), 1)
+    taken = f"echo 'took the request but did not answer within {taken_secs:.0f}s more' >&2; exit 4;"
     return (
         write_file_script(request)
         + f" && s=0; i=0; j=0; while [ ! -s {q(answer)} ]; do "
         + f"if [ -e {q(ready)} ]; then "
-        + f'[ "$i" -gt {tries} ] && {{ {late.format(f"did not answer within {wait_secs:.0f}s")} }}; '
+        + f'[ "$i" -gt {tries} ] && {{ {untaken} '
+        + f'[ "$i" -gt {tries + taken_tries} ] && {{ {taken} }}; }}; '
         + f'[ "$s" = 0 ] && {{ kill -USR1 -{pgid} 2>/dev/null || {{ {gone} }}; s=1; }}; '
         + f"[ $((i % 50)) = 49 ] && {{ kill -0 -{pgid} 2>/dev/null || {{ {gone} }}; }}; "
         + "i=$((i+1)); sleep 0.01; "

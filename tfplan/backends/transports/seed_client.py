@@ -43,6 +43,7 @@ FORWARDED = (
 )
 IMPORT_WAIT_SECS = 180.0  # a seed still importing is waited for: a cold start would race it
 ANSWER_WAIT_SECS = 30.0  # a ready seed answers within milliseconds
+TAKEN_WAIT_SECS = 20.0  # more, for a request the seed took: it answers once the child leads
 EXIT_WAIT_SECS = 10.0  # for the seed to record the status of a program killed by a signal
 UNKNOWN_EXIT = 137  # no record at all (the seed gone too): counted as killed
 
@@ -106,16 +107,29 @@ def _fork(folder: str, request: dict[str, Any]) -> int | str:
         return "is gone"
     deadline = time.monotonic() + ANSWER_WAIT_SECS
     while not _read(answer):
-        if time.monotonic() > deadline or not _alive(seed):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-            return "did not answer" if _alive(seed) else "is gone"
+        if not _alive(seed):
+            _withdraw(path)
+            return "is gone"
+        if time.monotonic() > deadline:
+            if _withdraw(path):
+                return "did not answer"
+            # taken (the seed removes a request before it forks): the program is being forked;
+            # a cold start beside it would run it twice, so its answer is waited for
+            if time.monotonic() > deadline + TAKEN_WAIT_SECS:
+                return f"took the request but did not answer within {TAKEN_WAIT_SECS:.0f}s more"
         time.sleep(0.005)
     text = _read(answer)
     os.unlink(answer)
     return int(text) if text.isdigit() else f"could not fork it ({text})"
+
+
+def _withdraw(request: str) -> bool:
+    """Remove a request the seed has not taken; False when it had (it is being forked)."""
+    try:
+        os.unlink(request)
+    except OSError:
+        return False
+    return True
 
 
 def _wait_gone(pid: int) -> None:
