@@ -11,6 +11,17 @@ How (TF1 replicas; the chief drives it):
   (``folder``: ``lifecycle.snapshot_dir``, by default ``/dev/shm``, memory that outlives the ps
   process; ``<job>``: a digest of the output folder, so that two jobs never share one). Two slots
   taken in turn: a snapshot being written never destroys the last complete one;
+- with two or more ps (``lifecycle.snapshot_copies``), a copy of each ps's snapshot on the next
+  ps's host, ``ps<k+1>/<slot>/copy-of-ps<k>``: a second ``Saver`` over ps ``k``'s variables
+  placed on ps ``k+1`` (its ``SaveV2`` pulls them over the network and writes there), so a ps
+  whose whole host is lost comes back from it (chain replication, as in the Parameter Server
+  paper's server ranges);
+- beside each, a ``.meta`` file (the ps, the chief's run, the snapshot's number, the global step
+  and when): emptied before the files are written, written once they are complete. A chief
+  that took no snapshot of a ps that comes back empty (the cluster restarted whole, re-planned
+  around a lost host) reads them on each ps's host and its peer's, and restores from the newest
+  snapshot every restarted ps has, when it is newer than the last checkpoint (a later step,
+  taken after the checkpoint was written);
 - :class:`SnapshotHook` starts one snapshot of every ps (one ``session.run``, the ps saving in
   parallel) every ``lifecycle.snapshot_secs`` on a thread of its own: a training step never
   waits for it. The chief remembers, per ps, the last snapshot that completed and the global
@@ -19,15 +30,12 @@ How (TF1 replicas; the chief drives it):
   (recipes/runtime.py) restores that ps alone: from its snapshot when it is at least as new as the
   last checkpoint, else from the checkpoint; the other ps keep their live values. A snapshot that
   cannot be read (gone with its host, another shape) falls back to the checkpoint, in one line;
-- a ps makes its folder as it starts and removes it as it ends: its job done, or stopped by
-  SIGTERM (a teardown, a destroy, a re-planned cluster: a new chief, which never reads an older
-  chief's snapshots). A ps killed (SIGKILL, the OOM killer, its host) leaves it for its
-  restart; that next life removes it as it ends, and the next run into the same output folder
-  writes over it.
+- a ps makes its folder as it starts and removes it as it ends its job. One stopped (SIGTERM: a
+  teardown, a re-planned cluster) or killed leaves it, for the job's next chief or the ps's
+  restart; tfplan removes what is left when it gives the hosts back.
 
-A snapshot of a job that is re-applied is never used: the chief that starts the job has no record
-of any, so the job resumes from its checkpoint, as before. A snapshot that takes long widens the
-interval (to :data:`WIDEN_FACTOR` times its duration) and says so once.
+A snapshot that takes long widens the interval (to :data:`WIDEN_FACTOR` times its duration) and
+says so once.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -91,15 +100,68 @@ class SnapshotFolder:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One complete snapshot of one ps."""
+    """One complete snapshot of one ps, and where it can be read: ``places`` in the order tried,
+    each ``(ps, prefix)``: the files' prefix on the host of that ps (the ps's own, then the copy
+    on its peer's host)."""
 
-    prefix: str  # the files' prefix on the ps's host
+    places: tuple[tuple[int, str], ...]
     step: int  # the global step read in the run that wrote it
     taken: float  # time.time() when it completed
+
+    @property
+    def prefix(self) -> str:
+        return self.places[0][1]
 
     def describe(self) -> str:
         age = max(0.0, time.time() - self.taken)
         return f"snapshot of step {self.step:,} ({age:.1f} s old)"
+
+
+@dataclass(frozen=True)
+class _Meta:
+    """What a snapshot's ``.meta`` file beside its files says: written once the files are
+    complete, emptied before they are written again, so a reader never takes a half-written
+    snapshot for a whole one."""
+
+    ps: int
+    run: str  # the chief that took it
+    generation: int  # its count of snapshots taken (every ps's of one run share it)
+    step: int
+    taken: float
+
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__).encode()
+
+    @staticmethod
+    def decode(data: bytes) -> Optional[_Meta]:
+        try:
+            raw = json.loads(data.decode())
+            return _Meta(
+                int(raw["ps"]),
+                str(raw["run"]),
+                int(raw["generation"]),
+                int(raw["step"]),
+                float(raw["taken"]),
+            )
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None  # emptied (being written) or not ours
+
+
+class _HostFiles:
+    """Small file ops placed on one ps (so on its host's files): two writes (its own snapshot's
+    ``.meta`` and that of the copy it holds), a read and a listing."""
+
+    def __init__(self, ps: int) -> None:
+        with v1.device(f"/job:ps/task:{ps}"):
+            self.names = [v1.placeholder(tf.string, [], name=f"meta_name_ps{ps}_{i}") for i in "ab"]
+            self.datas = [v1.placeholder(tf.string, [], name=f"meta_data_ps{ps}_{i}") for i in "ab"]
+            self.writes = [
+                tf.io.write_file(n, d) for n, d in zip(self.names, self.datas, strict=True)
+            ]
+            self.name = v1.placeholder(tf.string, [], name=f"meta_read_ps{ps}")
+            self.read = tf.io.read_file(self.name)
+            self.pattern = v1.placeholder(tf.string, [], name=f"meta_pattern_ps{ps}")
+            self.listing = tf.io.matching_files(self.pattern)
 
 
 def _ps_index(device: str) -> Optional[int]:
@@ -109,7 +171,13 @@ def _ps_index(device: str) -> Optional[int]:
 
 class PsSnapshots:
     """The snapshot and restore ops of every ps, and the chief's record of the last snapshot of
-    each. Build it in the chief's graph before the graph is finalised."""
+    each. Build it in the chief's graph before the graph is finalised.
+
+    With ``copies`` (and at least two ps) each ps's snapshot is also written on the next ps's
+    host (``ps{k+1}/<slot>/copy-of-ps{k}``: a ``Saver`` over ps ``k``'s variables placed on ps
+    ``k+1``, whose ``SaveV2`` pulls them over the network and writes there): a ps whose whole host
+    is lost comes back from the copy. ``addresses`` (each ps's ``host:port``) only name the hosts
+    in what the chief logs."""
 
     def __init__(
         self,
@@ -118,15 +186,22 @@ class PsSnapshots:
         n_ps: int,
         folder: str,
         output_dir: str,
+        copies: bool = True,
+        addresses: Optional[list[str]] = None,
     ) -> None:
         self._global_step = global_step
         self._folder, self._output_dir = folder, output_dir
-        self._prefixes: dict[int, dict[str, str]] = {}
-        self._savers: dict[int, Any] = {}
+        self._addresses = list(addresses or [])
+        self._run = uuid.uuid4().hex[:12]
+        # ps -> slot -> [(the ps whose host holds it, prefix)]: its own first, then its copy
+        self._places: dict[int, dict[str, list[tuple[int, str]]]] = {}
+        # (ps whose variables, ps whose host) -> the saver whose ops run there
+        self._savers: dict[tuple[int, int], Any] = {}
         self._checkpoint_savers: dict[int, Any] = {}
         self._variables: dict[int, list[Any]] = {}
         self._names: dict[str, int] = {}  # variable op name -> its ps
         self._shapes: dict[int, list[Any]] = {}  # ps -> its variables' shapes, as now held
+        self._files: dict[int, _HostFiles] = {}
         self._last: dict[int, Snapshot] = {}
         self._slot = 0
         self.seen: Optional[int] = None  # the last global step the chief's hooked runs read
@@ -138,18 +213,26 @@ class PsSnapshots:
             if k is not None and k < n_ps:
                 self._variables.setdefault(k, []).append(var)
                 self._names[var.op.name] = k
+        self._peers = {
+            k: (k + 1) % n_ps for k in self._variables if copies and n_ps > 1
+        }  # ps -> the ps on whose host its copy lives
         for k, variables in sorted(self._variables.items()):
-            base = snapshot_folder(folder, output_dir, k)
-            self._prefixes[k] = {s: os.path.join(base, s, "snapshot") for s in SLOTS}
-            with v1.device(f"/job:ps/task:{k}"):
-                # the op, not tf.shape: that folds a static shape into a constant
-                self._shapes[k] = [_held_shape(v) for v in variables]
-                self._savers[k] = v1.train.Saver(
-                    var_list={v.op.name: v for v in variables},
-                    sharded=False,
-                    allow_empty=True,
-                    name=f"snapshot_ps{k}",
-                )
+            var_list = {v.op.name: v for v in variables}
+            self._places[k] = {s: [(k, self._prefix(k, s, k))] for s in SLOTS}
+            hosts = [k] + ([self._peers[k]] if k in self._peers else [])
+            for host in hosts:
+                with v1.device(f"/job:ps/task:{host}"):
+                    if host == k:  # the op, not tf.shape: that folds a static shape into a constant
+                        self._shapes[k] = [_held_shape(v) for v in variables]
+                    self._savers[(k, host)] = v1.train.Saver(
+                        var_list=var_list,
+                        sharded=False,
+                        allow_empty=True,
+                        name=f"snapshot_ps{k}" + ("" if host == k else f"_on_ps{host}"),
+                    )
+                if host != k:
+                    for s in SLOTS:
+                        self._places[k][s].append((host, self._prefix(k, s, host)))
             # the fallback: this ps's share of the checkpoint (its names, its slices), read on the
             # chief as the chief's own saver reads it
             self._checkpoint_savers[k] = v1.train.Saver(
@@ -158,6 +241,13 @@ class PsSnapshots:
                 allow_empty=True,
                 name=f"checkpoint_ps{k}",
             )
+        for k in sorted({h for (_, h) in self._savers}):
+            self._files[k] = _HostFiles(k)
+
+    def _prefix(self, k: int, slot: str, host: int) -> str:
+        """Where the snapshot of ps ``k`` in ``slot`` lies on the host of ps ``host``."""
+        base = snapshot_folder(self._folder, self._output_dir, host)
+        return os.path.join(base, slot, "snapshot" if host == k else f"copy-of-ps{k}")
 
     @property
     def global_step(self) -> Any:
@@ -168,34 +258,110 @@ class PsSnapshots:
         """The snapshots' folder, as every ps names it on its own host."""
         return os.path.dirname(snapshot_folder(self._folder, self._output_dir, 0))
 
+    @property
+    def copies(self) -> dict[int, int]:
+        """ps -> the ps on whose host its copy is written (none with one ps or copies off)."""
+        return dict(self._peers)
+
     def last(self, k: int) -> Optional[Snapshot]:
         with self._lock:
             return self._last.get(k)
 
+    def _host(self, ps: int) -> str:
+        """The host of ps ``ps`` as the cluster names it (without the port), if known."""
+        address = self._addresses[ps] if ps < len(self._addresses) else ""
+        return address.rsplit(":", 1)[0]
+
+    def _meta_feeds(
+        self, slot: str, data: Callable[[int], bytes]
+    ) -> tuple[list[Any], dict[Any, Any]]:
+        """The writes of every ``.meta`` of ``slot`` (``data(ps)`` each) and their feeds."""
+        ops: list[Any] = []
+        feeds: dict[Any, Any] = {}
+        used: dict[int, int] = {}
+        for k, by_slot in self._places.items():
+            for host, prefix in by_slot[slot]:
+                files, i = self._files[host], used.get(host, 0)
+                used[host] = i + 1
+                feeds[files.names[i]] = prefix + ".meta"
+                feeds[files.datas[i]] = data(k)
+                ops.append(files.writes[i])
+        return ops, feeds
+
     def take(self, session: Any) -> tuple[int, float]:
-        """Write one snapshot of every ps (one run: the ps write in parallel, each on its own
-        host); returns the global step read in the same run and how long it took.
+        """Write one snapshot of every ps (the ps write in parallel, each on its own host, and
+        each copy on its peer's host); returns the global step read in the same run and how
+        long it took. Three runs: the slot's ``.meta`` files emptied, the snapshots written,
+        then the ``.meta`` files saying what they hold.
 
         Raises:
             tf.errors.OpError: a ps is unreachable or cannot write (the earlier snapshots stay).
         """
         slot = SLOTS[self._slot % len(SLOTS)]
-        feeds, saves = {}, []
-        for k, saver in self._savers.items():
-            feeds[saver.saver_def.filename_tensor_name] = self._prefixes[k][slot]
-            saves.append(saver.saver_def.save_tensor_name)
+        generation = self._slot
+        options = v1.RunOptions(timeout_in_ms=SAVE_TIMEOUT_MS)
         began = time.monotonic()
-        out = session.run(
-            saves + [self._global_step],
-            feeds,
-            options=v1.RunOptions(timeout_in_ms=SAVE_TIMEOUT_MS),
-        )
+        emptied, feeds = self._meta_feeds(slot, lambda k: b"")
+        session.run(emptied, feeds, options=options)
+        feeds, saves = {}, []
+        for (k, host), saver in self._savers.items():
+            prefix = dict(self._places[k][slot])[host]
+            feeds[saver.saver_def.filename_tensor_name] = prefix
+            saves.append(saver.saver_def.save_tensor_name)
+        out = session.run(saves + [self._global_step], feeds, options=options)
         step, now = int(out[-1]), time.time()
+        said, feeds = self._meta_feeds(
+            slot, lambda k: _Meta(k, self._run, generation, step, now).encode()
+        )
+        session.run(said, feeds, options=options)
         with self._lock:
-            for k in self._savers:
-                self._last[k] = Snapshot(self._prefixes[k][slot], step, now)
+            for k, by_slot in self._places.items():
+                self._last[k] = Snapshot(tuple(by_slot[slot]), step, now)
             self._slot += 1
         return step, time.monotonic() - began
+
+    def found(self, session: Any, ks: list[int]) -> dict[int, Snapshot]:
+        """The snapshots of ps ``ks`` that an earlier chief of this job left (this one has no
+        record of them: the whole cluster restarted, e.g. re-planned around a lost host), read
+        from their ``.meta`` files on each ps's host and its peer's: ps -> the newest snapshot
+        readable from a saver of this graph. When every ps has one of the same run and
+        generation (one snapshot of the whole job), the newest such is taken for all."""
+        metas: dict[int, dict[tuple[str, int], list[tuple[int, str, _Meta]]]] = {}
+        root = os.path.dirname(snapshot_folder(self._folder, self._output_dir, 0))
+        for host in sorted({h for (k, h) in self._savers if k in ks}):
+            files = self._files[host]
+            try:
+                names = session.run(files.listing, {files.pattern: f"{root}/ps*/*/*.meta"})
+            except tf.errors.OpError:
+                continue
+            for raw in names:
+                name = raw.decode()
+                try:
+                    meta = _Meta.decode(session.run(files.read, {files.name: name}))
+                except tf.errors.OpError:
+                    continue
+                prefix = name[: -len(".meta")]
+                if meta is None or meta.ps not in ks:
+                    continue
+                if (host, prefix) not in self._places[meta.ps].get(prefix_slot(prefix), []):
+                    continue  # another number of ps wrote it: no saver of this graph reads it
+                key = (meta.run, meta.generation)
+                metas.setdefault(meta.ps, {}).setdefault(key, []).append((host, prefix, meta))
+
+        def snapshot(entries: list[tuple[int, str, _Meta]]) -> Snapshot:
+            # its own host first, then the copy
+            ordered = sorted(entries, key=lambda e: e[0] != e[2].ps)
+            meta = ordered[0][2]
+            return Snapshot(tuple((h, p) for h, p, _ in ordered), meta.step, meta.taken)
+
+        common = set.intersection(*(set(metas.get(k, {})) for k in ks)) if ks else set()
+        if common:
+            best = max(common, key=lambda key: metas[ks[0]][key][0][2].step)
+            return {k: snapshot(metas[k][best]) for k in ks}
+        return {
+            k: snapshot(max(by_key.values(), key=lambda e: e[0][2].step))
+            for k, by_key in metas.items()
+        }
 
     def _wrong_shapes(self, session: Any, k: int) -> str:
         """The variables of ps ``k`` whose shape now differs from the graph's, as text."""
@@ -213,38 +379,73 @@ class PsSnapshots:
         return sorted({self._names[n] for n in names if n in self._names})
 
     def restore(
-        self, session: Any, k: int, checkpoint: Optional[str], log: Callable[[str], None]
+        self,
+        session: Any,
+        k: int,
+        checkpoint: Optional[str],
+        log: Callable[[str], None],
+        snap: Optional[Snapshot] = None,
     ) -> str:
-        """Bring ps ``k``'s variables back: from its last snapshot when that is at least as new
-        as ``checkpoint``, else from ``checkpoint``, else from their initializers. Returns what
-        was used, as said in the log."""
-        snap = self.last(k)
+        """Bring ps ``k``'s variables back: from its last snapshot (``snap``, else this chief's
+        record) when that is at least as new as ``checkpoint``, its own host's files first,
+        then the copy on its peer's host; else from ``checkpoint``, else from their
+        initializers. Returns what was used, as said in the log."""
+        snap = snap or self.last(k)
         ckpt_step = _checkpoint_step(checkpoint)
         if snap is not None and (ckpt_step is None or snap.step >= ckpt_step):
-            saver = self._savers[k]
-            try:
-                session.run(
-                    saver.saver_def.restore_op_name,
-                    {saver.saver_def.filename_tensor_name: snap.prefix},
+            for i, (host, prefix) in enumerate(snap.places):
+                saver = self._savers[(k, host)]
+                copy = (
+                    ""
+                    if host == k
+                    else f", the copy on ps/{host}'s host {self._host(host)}".strip()
                 )
-                # A resource variable takes the restored tensor's shape, whatever it was: a
-                # snapshot of another shape is refused here, and the checkpoint used instead
-                wrong = self._wrong_shapes(session, k)
-                if wrong:
-                    raise tf.errors.InvalidArgumentError(None, None, f"another shape: {wrong}")
+                try:
+                    session.run(
+                        saver.saver_def.restore_op_name,
+                        {saver.saver_def.filename_tensor_name: prefix},
+                    )
+                    # A resource variable takes the restored tensor's shape, whatever it was:
+                    # a snapshot of another shape is refused here, and the checkpoint used
+                    wrong = self._wrong_shapes(session, k)
+                    if wrong:
+                        raise tf.errors.InvalidArgumentError(None, None, f"another shape: {wrong}")
+                except tf.errors.OpError as e:
+                    # the copy has the same shape: not tried for that
+                    shape = isinstance(e, tf.errors.InvalidArgumentError) and str(e).startswith(
+                        "another shape"
+                    )
+                    last = shape or i == len(snap.places) - 1
+                    what = (
+                        "its snapshot"
+                        if host == k
+                        else f"the copy of its snapshot on ps/{host}'s host {self._host(host)}"
+                    )
+                    log(
+                        f"ps/{k}: {what.strip()} cannot be read ({type(e).__name__}: "
+                        f"{first_line(e)}); "
+                        + ("using the checkpoint" if last else "trying its copy")
+                    )
+                    if last:
+                        break
+                    continue
                 said = snap.describe()
                 lost = ""
                 seen = None if self.seen is None else max(self.seen, snap.step)
                 if seen is not None:  # (the snapshot's own read of the step may be the newer)
                     lost = f": {seen - snap.step:,} steps lost (the chief saw step {seen:,})"
-                log(f"ps/{k} restored from its {said}{lost}" + _behind(ckpt_step, "checkpoint"))
-                self._recovered(k, "snapshot", snap.step, seen)
-                return said
-            except tf.errors.OpError as e:
                 log(
-                    f"ps/{k}: its snapshot cannot be read ({type(e).__name__}: {first_line(e)}); "
-                    "using the checkpoint"
+                    f"ps/{k} restored from its {said}{copy}{lost}"
+                    + _behind(ckpt_step, "checkpoint")
                 )
+                self._recovered(
+                    k,
+                    "snapshot",
+                    snap.step,
+                    seen,
+                    None if host == k else self._host(host) or f"ps/{host}'s host",
+                )
+                return said + copy
         if checkpoint:
             saver = self._checkpoint_savers[k]
             session.run(
@@ -260,15 +461,29 @@ class PsSnapshots:
         self._recovered(k, "initial values", 0, self.seen)
         return "initial values"
 
-    def _recovered(self, k: int, source: str, step: Optional[int], seen: Optional[int]) -> None:
+    def _recovered(
+        self,
+        k: int,
+        source: str,
+        step: Optional[int],
+        seen: Optional[int],
+        copy_on: Optional[str] = None,
+    ) -> None:
         lost = None if seen is None or step is None else max(0, seen - step)
         record = {"ps": k, "source": source, "step": step, "lost_steps": lost, "at": time.time()}
+        if copy_on:  # the copy on another ps's host (its own host's files were gone)
+            record["copy_on"] = copy_on
         self.recoveries.append(record)
         try:  # one write of one short line: appended whole (O_APPEND)
             with open(os.path.join(self._output_dir, RECOVERIES_FILE), "a") as out:
                 out.write(json.dumps(record) + "\n")
         except OSError:
             pass  # the stream said it, and result.json will
+
+
+def prefix_slot(prefix: str) -> str:
+    """The slot (``a``/``b``) a snapshot's prefix lies in: ``.../ps<k>/<slot>/<name>``."""
+    return os.path.basename(os.path.dirname(prefix))
 
 
 def _held_shape(var: Any) -> Any:

@@ -466,7 +466,13 @@ def run_replica(
     snapshots = None
     if task.is_chief and task.n_ps and cfg.snapshots.secs > 0:
         snapshots = PsSnapshots(
-            g.saver_names, g.global_step, task.n_ps, cfg.snapshots.folder, cfg.output_dir
+            g.saver_names,
+            g.global_step,
+            task.n_ps,
+            cfg.snapshots.folder,
+            cfg.output_dir,
+            copies=cfg.snapshots.copies,
+            addresses=list(task.cluster.get("ps", [])),
         )
     creator = RoleSessionCreator(
         scaffold,

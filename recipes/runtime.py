@@ -287,18 +287,29 @@ def wait_for_done_tokens(
             time.sleep(poll_secs)
 
 
+def _newer_than(snapshot: Any, checkpoint: str) -> bool:
+    """Whether an earlier chief's snapshot is past ``checkpoint``: a later step, taken after the
+    checkpoint was written (one left by a run before the output folder was emptied is not)."""
+    tail = checkpoint.rsplit("-", 1)[-1]
+    try:
+        written = os.path.getmtime(checkpoint + ".index")
+    except OSError:
+        return False
+    return tail.isdigit() and snapshot.step > int(tail) and snapshot.taken > written
+
+
 def _short_run() -> Any:
     return v1.RunOptions(timeout_in_ms=5000)
 
 
 def run_ps(task: TaskInfo, log: Any = print, on_exit: Callable[[], None] = lambda: None) -> int:
     """Serve variables until every replica has sent its done token, or SIGTERM; returns the exit
-    code. ``on_exit`` runs as it ends either way (the ps's own snapshots are removed: a stopped
-    ps is not restarted, and a new chief never reads them); a killed ps cannot run it, and
-    leaves its snapshots to its restart."""
+    code. ``on_exit`` runs as it ends its job (the ps's own snapshots are removed: no chief needs
+    them then). A ps stopped (SIGTERM: a teardown, or a cluster re-planned around a lost host) or
+    killed leaves them: the next chief of the job may restore from them (and from the copies of
+    other ps' snapshots its host holds); tfplan removes them when it gives the hosts back."""
 
     def stopped(*_: Any) -> None:
-        on_exit()
         os._exit(0)
 
     # Why SIGTERM -> exit 0: a launcher that stops the cluster has not seen a ps failure.
@@ -564,11 +575,21 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
         if snapshots is None:
             return False
         restarted = snapshots.ps_of(missing)
-        if not restarted or not all(snapshots.last(k) for k in restarted):
+        if not restarted:
             return False
         with v1.Session(self._target, config=self._config) as sess:
+            found = {}
+            if not all(snapshots.last(k) for k in restarted):
+                # this chief took none of them (the cluster restarted whole: re-planned around a
+                # lost host, or chief and ps together): what an earlier chief left, if newer
+                # than the last checkpoint, for every restarted ps
+                found = snapshots.found(sess, restarted)
+                if not latest or not all(
+                    k in found and _newer_than(found[k], latest) for k in restarted
+                ):
+                    return False
             for k in restarted:
-                snapshots.restore(sess, k, latest, self._log)
+                snapshots.restore(sess, k, latest, self._log, found.get(k))
             left = sess.run(self._probe)
         if len(left):
             names = ", ".join(n.decode() for n in left[:3])

@@ -293,3 +293,88 @@ def test_unreachable_host_is_replaced_on_the_others_and_training_completes(
     assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
     assert f"Stopped worker/1 left on h3 (pid {lost['handle']['pid']})" in destroyed.stdout
     assert state_of(ws)["lost"] == []
+
+
+@pytest.mark.netns
+def test_a_ps_whose_host_is_lost_comes_back_from_the_copy_of_its_snapshot_on_another_host(
+    ws: Path, netns_testbed: NetnsTestbed
+) -> None:
+    """Issue 36's lost host: each host has memory of its own for the snapshots (the bed's private
+    tmpfs), and each ps's snapshot is also written on the next ps's host. ps/1's host is cut off
+    (its link down, its tasks killed) while the chief is held; the supervisor re-plans on the
+    other hosts (every task restarts) and the new chief restores ps/1 from the copy on ps/0's
+    host and ps/0 from its own, not from the checkpoint of step 0; training completes from there."""
+    hosts = [_ssh_host(t) for t in netns_testbed.targets()]
+    shm = netns_testbed.private_dir / "shm"  # each host's own, as /dev/shm is on real hosts
+    env = _conf_with_cluster(
+        ws,
+        "three",
+        {
+            "hosts": hosts,
+            "ps": 2,
+            "workers": 2,
+            "ssh_known_hosts": str(netns_testbed.known_hosts),
+            "workdir": str(ws / "work"),
+            "output_dir": str(ws / "out"),
+        },
+    )
+    args = [
+        "cluster=three",
+        "experiment.id=t",
+        f"trainer.max_steps={MAX_STEPS}",
+        "trainer.log_steps=50",
+        "trainer.checkpoint_steps=100000",  # the checkpoint of step 0 only
+        "lifecycle.ps_grace_secs=2",
+        "lifecycle.host_timeout_secs=6",
+        f"lifecycle.snapshot_dir={shm}",
+    ]
+    run = ApplyRun(ws, args, env=env)
+    ns = ""
+    try:
+        fault = run.wait_step(FAULT_AT, timeout=FIRST_FAULT_WAIT_SECS, task="worker/0")
+        ps0, ps1 = task_record(ws, "ps/0"), task_record(ws, "ps/1")
+        assert ps0["host"] != ps1["host"], (ps0["host"], ps1["host"])
+        lost_host = int(ps1["host"][1:])  # "h2" -> 2
+        ns = netns_testbed.namespaces[lost_host - 1]
+        copy_host = netns_testbed.addresses[int(ps0["host"][1:]) - 1]
+        run.wait_for(r"^worker/0\s+\| snapshots: every 1s", timeout=1, after=0)
+        on_lost = [t["name"] for t in state_of(ws)["tasks"] if t["host"] == ps1["host"]]
+        with held(ws, "worker/0"):
+            assert max(checkpoint_steps(ws / "out"), default=0) == 0
+            # each ps's own snapshot and the copy of the other's, on its own host only
+            files = netns_testbed.host_files(lost_host, shm)
+            assert any(f.endswith("/ps1/a/snapshot.index") for f in files), files
+            assert any(f.endswith("/ps1/a/copy-of-ps0.index") for f in files), files
+            subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+            for name in on_lost:
+                kill_task(ws, name)
+            run.wait_for(
+                rf"host\(s\) {ps1['host']} unreachable for \d+s: lost .*ps/1",
+                timeout=240,
+                after=fault,
+            )
+            recovered = run.wait_for(r"worker/0: started on h\d", timeout=60, after=fault)
+        result = _finish_and_check(run, ws, local=False)
+        line = run.wait_for(r"^worker/0\s+\| ps/1 restored from its snapshot", 1, recovered)
+        text = run.lines[line][1]
+        assert f", the copy on ps/0's host {copy_host}" in text, text
+        restored = int(re.search(r"of step ([\d,]+)", text)[1].replace(",", ""))
+        assert restored > 0, text  # not the checkpoint of step 0
+        own = run.wait_for(r"^worker/0\s+\| ps/0 restored from its snapshot of step", 1, recovered)
+        assert f"of step {restored:,} (" in run.lines[own][1], run.lines[own][1]
+        _no_step_below(run, "worker/0", line, restored)
+        copies = [r for r in result["ps_recoveries"] if r.get("copy_on")]
+        assert [(r["ps"], r["source"], r["step"], r["copy_on"]) for r in copies] == [
+            (1, "snapshot", restored, copy_host)
+        ], result["ps_recoveries"]
+        assert (
+            f"ps/1 from its snapshot of step {restored:,} (its copy on {copy_host})" in run.text()
+        )
+    finally:
+        if ns:
+            subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=False)
+    assert ps1["host"] not in {t["host"] for t in state_of(ws)["tasks"]}
+    destroyed = tfplan(ws, "destroy", env=env, timeout=120)
+    assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
+    for i in (1, 2, 3):  # nothing left in any host's memory once the hosts are given back
+        assert not netns_testbed.host_files(i, shm), (i, netns_testbed.host_files(i, shm))

@@ -451,10 +451,12 @@ def test_the_report_says_each_ps_recovery_in_words() -> None:
         {"ps": 0, "source": "snapshot", "step": 4812, "lost_steps": 6},
         {"ps": 1, "source": "checkpoint", "step": 4600, "lost_steps": None},
         {"ps": 0, "source": "initial values", "step": 0, "lost_steps": 12},
+        {"ps": 1, "source": "snapshot", "step": 5000, "lost_steps": None, "copy_on": "10.0.0.2"},
     ]
     assert recoveries_line(recoveries) == (
         "Parameter servers recovered while training: ps/0 from its snapshot of step 4,812, "
         "6 steps lost; ps/1 from its checkpoint of step 4,600; "
-        "ps/0 from its initial values, 12 steps lost"
+        "ps/0 from its initial values, 12 steps lost; "
+        "ps/1 from its snapshot of step 5,000 (its copy on 10.0.0.2)"
     )
     assert recoveries_line([]) is None and recoveries_line(None) is None

@@ -214,11 +214,21 @@ def test_the_snapshots_memory_is_shown_per_ps_host_and_not_when_off_or_for_pss()
     two = _plan("cluster=local", "cluster.ps=2", "algo.optimizer=adagrad")
     held = plan_ps_bytes(two)
     assert len(held) == 2 and min(held) > 0
-    assert snapshot_bytes(two) == {"localhost": 2 * sum(held)}
+    # two slots of each ps's own and of the copy of its neighbour's, both ps on one host
+    assert snapshot_bytes(two) == {"localhost": 4 * sum(held)}
     line = next(t for _, t in plan_lines(two) if t.startswith("Snapshots: "))
     assert line == (
-        "Snapshots: every 1s (lifecycle.snapshot_secs), each ps into /dev/shm on its host, two "
-        f"copies of its variables: localhost {format_bytes(2 * sum(held))}"
+        "Snapshots: every 1s (lifecycle.snapshot_secs), each ps into /dev/shm on its host and on "
+        "the next ps's host (lifecycle.snapshot_copies), two slots each: localhost "
+        f"{format_bytes(4 * sum(held))}"
+    )
+    alone = _plan(
+        "cluster=local", "cluster.ps=2", "algo.optimizer=adagrad", "lifecycle.snapshot_copies=false"
+    )
+    assert snapshot_bytes(alone) == {"localhost": 2 * sum(held)}
+    line = next(t for _, t in plan_lines(alone) if t.startswith("Snapshots: "))
+    assert line.endswith(
+        f"on its host, two copies of its variables: localhost {format_bytes(2 * sum(held))}"
     )
     for off in (
         ("cluster=local", "lifecycle.snapshot_secs=0"),

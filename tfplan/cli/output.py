@@ -39,7 +39,8 @@ def recoveries_line(recoveries: object) -> str | None:
             else ""
         )
         gone = f", {lost:,} steps lost" if isinstance(lost, int) else ""
-        parts.append(f"ps/{r.get('ps')} from its {r.get('source')}{of}{gone}")
+        copy = f" (its copy on {r['copy_on']})" if r.get("copy_on") else ""
+        parts.append(f"ps/{r.get('ps')} from its {r.get('source')}{of}{copy}{gone}")
     return "Parameter servers recovered while training: " + "; ".join(parts) if parts else None
 
 

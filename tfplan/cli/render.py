@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
 from tfplan.planning.costs import job_cost
 from tfplan.planning.footprint import plan_checkpoints, snapshot_bytes
-from tfplan.planning.plan import Action, Change, Plan, Task
+from tfplan.planning.plan import Action, Change, Plan, Role, Task
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT
 
 if TYPE_CHECKING:  # rich loads only to print to a terminal
@@ -352,11 +352,19 @@ def _snapshot_lines(plan: Plan) -> list[Line]:
             f"at most {format_bytes(max(hosts.values()))} on each of {len(hosts)} hosts "
             f"({format_bytes(sum(hosts.values()))} in all)"
         )
+    copies = (
+        bool(snapshots.get("copies", True)) and sum(1 for t in plan.tasks if t.role is Role.PS) > 1
+    )
+    also = (
+        " and on the next ps's host (lifecycle.snapshot_copies), two slots each"
+        if copies
+        else ", two copies of its variables"
+    )
     return [
         (
             "",
             f"Snapshots: every {float(snapshots['secs']):g}s (lifecycle.snapshot_secs), each ps "
-            f"into {snapshots.get('folder')} on its host, two copies of its variables: {each}",
+            f"into {snapshots.get('folder')} on its host{also}: {each}",
         )
     ]
 

@@ -379,6 +379,9 @@ class LifecycleConfig:
     # instead of the last checkpoint (docs/reliability.md). 0: off (checkpoints only)
     snapshot_secs: float = 1.0
     snapshot_dir: str = "/dev/shm"  # on each ps's host: memory that outlives the ps process
+    # with 2 or more ps: each ps's snapshot is also written on the next ps's host (ps/k's on
+    # ps/k+1's), so a ps whose whole host is lost comes back from the copy; false: own host only
+    snapshot_copies: bool = True
 
 
 @dataclass

@@ -88,16 +88,21 @@ def plan_ps_bytes(plan: Plan) -> tuple[int, ...]:
 def snapshot_bytes(plan: Plan) -> dict[str, int]:
     """The memory the in-memory snapshots take on each ps host (``lifecycle.snapshot_dir``, by
     default /dev/shm): two copies (the slots taken in turn) of each ps's variables and slots,
-    summed per host; empty when off, for the TF2 strategies and when the variables are unknown."""
+    and with ``snapshot_copies`` (2 or more ps) two of the previous ps's (ps/k's copy lives on
+    ps/k+1's host), summed per host; empty when off, for the TF2 strategies and when the
+    variables are unknown."""
     snapshots = plan.run_config.get("snapshots") or {}
     algo = str((plan.run_config.get("algo") or {}).get("name") or "")
     held = plan_ps_bytes(plan)
     if not held or not float(snapshots.get("secs") or 0) or algo in TF2_STRATEGIES:
         return {}
+    n_ps = len(held)
+    copies = bool(snapshots.get("copies", True)) and n_ps > 1
     hosts: dict[str, int] = {}
     for task in plan.tasks:
-        if task.role is Role.PS and task.index < len(held):
-            hosts[task.host] = hosts.get(task.host, 0) + 2 * held[task.index]
+        if task.role is Role.PS and task.index < n_ps:
+            mine = held[task.index] + (held[(task.index - 1) % n_ps] if copies else 0)
+            hosts[task.host] = hosts.get(task.host, 0) + 2 * mine
     return hosts
 
 

@@ -434,6 +434,7 @@ def _run_config(cfg: Config, output_dir: str, cwd: str) -> dict[str, Any]:
         "snapshots": {
             "secs": float(cfg.lifecycle.snapshot_secs),
             "folder": cfg.lifecycle.snapshot_dir,
+            "copies": bool(cfg.lifecycle.snapshot_copies),
         },
     }
 
