@@ -9,8 +9,8 @@ what it allocated, and raises :class:`ApplyError` naming the problem.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from tfplan.backends.api import Backend, CancelResult
@@ -186,13 +186,14 @@ def _start_all(
         raise
     state = store.write(replace(holder[0], allocation=allocation))
     started: list[TaskRecord] = []
+    launched: Generator[list[TaskRecord], None, None] | None = None
     try:
         for line in readiness_lines(backend.stage(plan, tasks, allocation) or ()):
             say(line)
         launches = PlanLaunches(plan, allocation)
         notes: dict[str, str] = {}
-        for batch in _launch_all(tasks, launches, backend, allocation, progress, notes):
-            started.extend(batch)
+        launched = _launch_all(tasks, launches, backend, allocation, progress, notes, started)
+        for batch in launched:
             state = store.write(state.with_tasks(batch))
             if len(tasks) <= TASK_LINES_UP_TO:
                 for record in batch:
@@ -207,13 +208,28 @@ def _start_all(
             for why in sorted(set(notes.values())):
                 say(f"{sum(n == why for n in notes.values())} task(s): {why}")
     except BaseException as error:
+        told = _unfailing(say)  # the output may be what failed (a closed pipe): clean up anyway
         if isinstance(error, TfplanError) and not isinstance(error, ApplyError):
-            say(f"apply failed: {error}")
-        state = stop_tasks(state, started, store, backend, say, forget=True)
+            told(f"apply failed: {error}")
+        if launched is not None:
+            launched.close()  # the starts still under way end, and join ``started``
+        state = stop_tasks(state, started, store, backend, told, forget=True)
         if not had_allocation:
-            state = _release(state, store, backend, say)
+            state = _release(state, store, backend, told)
         raise
     return state
+
+
+def _unfailing(say: Say) -> Say:
+    """``say`` that never raises for its output (a closed pipe, a gone terminal)."""
+
+    def told(line: str) -> None:
+        try:
+            say(line)
+        except (OSError, ValueError):  # BrokenPipeError; "I/O operation on closed file"
+            pass
+
+    return told
 
 
 # Each started task is a line up to this many; a larger apply says one line (and the CLI
@@ -228,9 +244,13 @@ def _launch_all(
     allocation: Allocation,
     progress: Progress | None,
     notes: dict[str, str],
-) -> Iterator[list[TaskRecord]]:
+    started: list[TaskRecord],
+) -> Generator[list[TaskRecord], None, None]:
     """Start ``tasks``, up to the backend's ``launch_fanout`` at once, in plan order; yield
     the records of those started since the last batch (the caller records them at once).
+    ``started`` gets every record, yielded or not: a caller that stops iterating (its output
+    gone, Ctrl-C) closes the iterator, which waits for the starts under way, so that it can
+    stop every task this apply started.
 
     The first failure stops further starts; what was already under way is still yielded, then
     ApplyError is raised naming the task that failed. ``notes`` gets what the backend said of
@@ -269,36 +289,62 @@ def _launch_all(
                 record = one(task)
             except ApplyError as error:
                 raise _failed(error, done) from error
+            started.append(record)
             done += 1
             if progress is not None:
                 progress(done, total)
             yield [record]
         return
-    failure: ApplyError | None = None
     order = {task.name: i for i, task in enumerate(tasks)}
     with ThreadPoolExecutor(max_workers=fanout, thread_name_prefix="launch") as pool:
         waiting = {pool.submit(one, task): task for task in tasks}
-        while waiting:
-            finished, _ = wait(waiting, return_when=FIRST_COMPLETED)
-            batch = []
-            for future in finished:
-                del waiting[future]
-                problem = future.exception()
-                if problem is None:
-                    batch.append(future.result())
-                elif failure is None:
-                    failure = (
-                        problem if isinstance(problem, ApplyError) else ApplyError(str(problem))
-                    )
-                    for pending in waiting:
-                        pending.cancel()
-            waiting = {f: t for f, t in waiting.items() if not f.cancelled()}
-            done += len(batch)
-            if progress is not None:
-                progress(done, total)
-            if batch:
-                batch.sort(key=lambda r: order[r.name])
+        try:
+            for batch in _batches(waiting, order, progress, total):
+                started.extend(batch)
                 yield batch
+        except BaseException:
+            # The caller gave up (its output gone, Ctrl-C) or a start failed: the starts under
+            # way still end, and a task they started must be stopped with the others, not left
+            # running unrecorded (seen: a bench killed mid-apply left four forked tasks).
+            for pending in waiting:
+                pending.cancel()
+            for future in list(waiting):
+                if not future.cancelled() and future.exception() is None:
+                    started.append(future.result())
+            raise
+
+
+def _batches(
+    waiting: dict[Future[TaskRecord], Task],
+    order: dict[str, int],
+    progress: Progress | None,
+    total: int,
+) -> Iterator[list[TaskRecord]]:
+    """The records of the starts in ``waiting`` as they end, in batches (``waiting`` loses each
+    start as it ends: what it holds is always what is still under way); the first failure
+    cancels those not begun and is raised once the others have ended."""
+    failure: ApplyError | None = None
+    done = 0
+    while waiting:
+        finished, _ = wait(waiting, return_when=FIRST_COMPLETED)
+        batch = []
+        for future in finished:
+            del waiting[future]
+            problem = future.exception()
+            if problem is None:
+                batch.append(future.result())
+            elif failure is None:
+                failure = problem if isinstance(problem, ApplyError) else ApplyError(str(problem))
+                for pending in waiting:
+                    pending.cancel()
+        for future in [f for f in waiting if f.cancelled()]:
+            del waiting[future]
+        done += len(batch)
+        if progress is not None:
+            progress(done, total)
+        if batch:
+            batch.sort(key=lambda r: order[r.name])
+            yield batch
     if failure is not None:
         raise _failed(failure, done) from failure
 
