@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from test_render import _plan
 
-from tfplan.backends.api import Capabilities, CancelResult, Launched, LaunchRequest
+from tfplan.backends.api import CancelResult, Capabilities, Launched, LaunchRequest
 from tfplan.engine.applier import apply_plan
 from tfplan.engine.store import StateStore
+from tfplan.errors import ApplyError, BackendError
 from tfplan.planning.state import Allocation
 
 
@@ -104,16 +105,12 @@ def test_a_failed_start_stops_what_started_and_what_was_under_way(tmp_path: Path
     def launch(request: LaunchRequest, allocation: Allocation) -> Launched:
         if request.name == "worker/1":
             time.sleep(0.1)
-            from tfplan.errors import BackendError
-
             raise BackendError("no room")
         return StandInBackend.launch(backend, request, allocation)
 
     backend.launch = launch  # type: ignore[method-assign]
     for name in ("ps/0", "worker/0"):
         backend.gate(name).set()
-    from tfplan.errors import ApplyError
-
     with pytest.raises(ApplyError, match="worker/1 could not start"):
         apply_plan(plan, store, backend, lambda line: None)  # type: ignore[arg-type]
     assert sorted(backend.stopped) == sorted(backend.started) == ["ps/0", "worker/0"]
