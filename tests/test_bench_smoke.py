@@ -477,3 +477,31 @@ def test_slurm_study(tmp_path: Path, slurm_cluster: SlurmTestbed) -> None:
     assert started and int(started.group(1)) > 0, facts
     assert facts["srun rc: task exit 3"].startswith("3 "), facts
     assert slurm_cluster.run("squeue", "-h").stdout.strip() == ""  # nothing left queued
+
+
+@pytest.mark.timeout(600)
+def test_bench_snapshots(tmp_path: Path) -> None:
+    """The default side alone (a copy of each ps's snapshot on the next ps's host), on the CTR
+    example's split tables: the job trains, its row and the plan's memory line are written."""
+    out = tmp_path / "bench_snapshots.md"
+    args = ["--repeats", "1", "--steps", "60", "--vocab-scale", "0.001", "--sides", "copies"]
+    run_bench("bench_snapshots.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
+    text = out.read_text()
+    row = "| own host + copy on the next ps's (default) |"
+    assert figure(text, row, column=0) > 0, text  # examples/s
+    assert "on its host and on the next ps's host (lifecycle.snapshot_copies)" in text, text
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(900)
+def test_bench_host_loss(tmp_path: Path) -> None:
+    """One round with the copies (the default): ps/1's host cut off, the re-planned cluster's
+    chief brings ps/1 back from the copy of its snapshot on ps/0's host, past the checkpoint."""
+    out = tmp_path / "bench_host_loss.md"
+    args = ["--repeats", "1", "--sides", "copies", "--fault-at", "300"]
+    run_bench("bench_host_loss.py", *args, "--out", str(out), cwd=tmp_path, timeout=840)
+    text = out.read_text()
+    row = "| a copy on the next ps's host (default) |"
+    assert f"{row} 1 | copy |" in text, text
+    assert figure(text, row, column=2) >= 0, text  # steps lost (none went back past the cut)
+    assert re.search(r"back to [\d,]+ \(copy\): `ps/1 restored from its snapshot of step", text)
