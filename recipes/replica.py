@@ -573,8 +573,7 @@ def run_replica(
         raise input_failure(e, cfg, gs) from None
     if task.is_chief:
         final = _final_checkpoint(cfg, task, server, g, scaffold, log, config)
-        recoveries = snapshots.recoveries if snapshots is not None else []
-        _write_result(cfg, task, work, final, progress, log, exporter, recoveries)
+        _write_result(cfg, task, work, final, progress, log, exporter, snapshots)
     _send_done_tokens(server, task, g, log, config)
     log(f"{task.type}/{task.index} finished after {i} runs")
     return 0
@@ -635,7 +634,7 @@ def _write_result(
     progress: ProgressLog,
     log: Log,
     exporter: Any = None,
-    recoveries: Optional[list[dict[str, Any]]] = None,
+    snapshots: Optional[PsSnapshots] = None,
 ) -> None:
     """Score the final checkpoint's weights (held-out split, and a bounded sample of the
     training set), then write result.json atomically. Then a user's Keras model is exported
@@ -648,7 +647,9 @@ def _write_result(
     )
     gs, scores = result_scores(CheckpointScorer(work, config), ckpt)
     result = result_record(progress, gs, scores, cfg.algo.name, task.n_replicas, task.n_ps, ckpt)
-    if recoveries:  # each ps restore the chief made while training (recipes/ps_snapshots.py)
-        result["ps_recoveries"] = recoveries
+    if snapshots is not None:  # the in-memory snapshots (recipes/ps_snapshots.py)
+        result["snapshots"] = snapshots.summary()
+        if snapshots.recoveries:  # each ps restore the chief made while training
+            result["ps_recoveries"] = snapshots.recoveries
     write_result(cfg.output_dir, result, log)
     finish_export(exporter, cfg, ckpt, log)

@@ -575,11 +575,12 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
         if snapshots is None:
             return False
         restarted = snapshots.ps_of(missing)
-        if not restarted:
+        known = all(snapshots.last(k) for k in restarted)
+        if not restarted or not (known or latest):  # (a job's first start: nothing to find)
             return False
         with v1.Session(self._target, config=self._config) as sess:
             found = {}
-            if not all(snapshots.last(k) for k in restarted):
+            if not known:
                 # this chief took none of them (the cluster restarted whole: re-planned around a
                 # lost host, or chief and ps together): what an earlier chief left, if newer
                 # than the last checkpoint, for every restarted ps

@@ -68,6 +68,12 @@ def test_algorithm_trains_and_every_task_exits(algo: str, tmp_path: Path) -> Non
         assert "snapshots: every 1s, each ps into" in c.tasks["worker/0"].text or (
             c.result()["wall_time_secs"] < 1.0  # (none due in a run shorter than a second)
         )
+        taken = result["snapshots"]  # how many, how long: in result.json (one ps: no copies)
+        assert taken["copies"] is False and taken["taken"] >= 0, taken
+        if taken["taken"]:
+            assert taken["first_secs"] > 0, taken
+        if taken["taken"] > 1:  # the others, apart from the first (it sets up their graphs)
+            assert 0 < taken["median_secs"] <= taken["max_secs"], taken
         assert list((tmp_path / "shm").glob("tfplan-snapshots-*/ps0")) == []
         # the ps sees this output folder: it saved its own variables (recipes/ps_saving.py)
         assert "checkpoints: each ps saves its own variables into" in c.tasks["worker/0"].text

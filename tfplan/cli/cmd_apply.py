@@ -271,7 +271,9 @@ def _report(
     else:
         out.print(f"\n[bold red]Training failed[/]: {outcome.reason}.")
     if isinstance(result, dict):
-        shown = {k: v for k, v in result.items() if k not in ("status", "ps_recoveries")}
+        shown = {
+            k: v for k, v in result.items() if k not in ("status", "ps_recoveries", "snapshots")
+        }
         out.print(f"Result ({result_at}): {', '.join(f'{k}={v}' for k, v in shown.items())}")
         recovered = recoveries_line(result.get("ps_recoveries"))
         if recovered is not None:
