@@ -2,17 +2,18 @@
 also copied onto the next ps's host (``lifecycle.snapshot_copies``, the default with 2+ ps).
 
     .venv/bin/python bench/bench_snapshots.py [--repeats 3] [--steps 1500] [--vocab-scale 0.01]
-        [--out docs/bench_snapshots.md]
+        [--sides none,own,copies] [--algo hogwild] [--out docs/bench_snapshots.md]
 
 examples/ctr (26 tables at ``--vocab-scale`` x the real vocabularies, a DCN-v2, every variable
-over 500 KB split into one part per ps), HOGWILD! on the embedded local cluster: 2 ps, 2
-workers, batch 64. The three sides run alternating, ``--repeats`` times each, each a fresh job
-of ``--steps`` global steps. Reported per side: the job's training examples/s (result.json, its
-steady state) and its ratio to the side without snapshots (medians), the snapshots taken, and
-how long the first and the others took (the chief's three runs: the ``.meta`` files emptied, every ps's files and
-copies written, the ``.meta`` files written; no training step waits for it); and what the plan
-says they take in memory on the host. One machine, so every ps's "host" is this one: the copy's
-bytes go over loopback.
+over 500 KB split into one part per ps), ``--algo`` (HOGWILD!: the snapshots on a thread beside
+training; ``sync``: each taken between two rounds, which wait for it; its figures go to
+docs/bench_snapshots_sync.md) on the embedded local cluster: 2 ps, 2 workers, batch 64. The sides
+run alternating, ``--repeats`` times each, each a fresh job of ``--steps`` global steps. Reported
+per side: the job's training examples/s (result.json, its steady state) and its ratio to the side
+without snapshots (medians), the snapshots taken, and how long the first and the others took
+(the chief's three runs: the ``.meta`` files emptied, every ps's files and copies written, the
+``.meta`` files written); and what the plan says they take in memory on the host. One machine,
+so every ps's "host" is this one: the copy's bytes go over loopback.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ SIDES = {
     "own host only": ["lifecycle.snapshot_copies=false"],
     "own host + copy on the next ps's (default)": [],
 }
+SYNCHRONOUS = ("sync", "sync_lr", "sagn")  # rounds: recipes/sync_rounds.py
 SIDE_KEYS = dict(zip(("none", "own", "copies"), SIDES, strict=True))
 
 
-def overrides(scale: float, steps: int, shm: Path, *extra: str) -> list[str]:
+def overrides(scale: float, steps: int, shm: Path, algo: str, *extra: str) -> list[str]:
     return [
         "cluster.ps=2",
-        "algo=hogwild",
+        f"algo={algo}",
         "model._target_=ctr.models.build",
         f"model.vocab_scale={scale}",
         "model.partition_bytes=500000",
@@ -78,6 +80,12 @@ def main() -> None:
     parser.add_argument("--vocab-scale", type=float, default=0.01)
     parser.add_argument("--out", default=str(REPO / "docs" / "bench_snapshots.md"))
     parser.add_argument("--sides", default="none,own,copies", help="none, own, copies")
+    parser.add_argument(
+        "--algo",
+        default="hogwild",
+        help="hogwild (the snapshots on a thread beside training), or a synchronous one (sync: "
+        "each taken between two rounds, which wait for it)",
+    )
     args = parser.parse_args()
     chosen = args.sides.split(",")
     if not chosen or any(k not in SIDE_KEYS for k in chosen):
@@ -94,13 +102,16 @@ def main() -> None:
         shm = Path(tmp) / "shm"  # the snapshots' memory folder: this run's own, removed with it
         for side, extra in sides.items():
             memory[side] = planned_memory(
-                project, overrides(args.vocab_scale, args.steps, shm, *extra)
+                project, overrides(args.vocab_scale, args.steps, shm, args.algo, *extra)
             )
         for repeat in range(args.repeats):
             for i, (side, extra) in enumerate(sides.items()):
                 run = f"s{i}-{repeat}"
                 result = apply_example(
-                    project, REPO, run, overrides(args.vocab_scale, args.steps, shm, *extra)
+                    project,
+                    REPO,
+                    run,
+                    overrides(args.vocab_scale, args.steps, shm, args.algo, *extra),
                 )
                 runs[side].append(result)
                 taken = result.get("snapshots") or {}
@@ -144,12 +155,13 @@ def write_report(
             "# What the in-memory snapshots cost (bench/bench_snapshots.py)",
             "",
             f"`.venv/bin/python bench/bench_snapshots.py --repeats {args.repeats} --steps "
-            f"{args.steps} --vocab-scale {args.vocab_scale:g} --sides {args.sides}` on "
+            f"{args.steps} --vocab-scale {args.vocab_scale:g} --sides {args.sides} --algo "
+            f"{args.algo}` on "
             f"{platform.node() and 'this machine'} ({os.cpu_count()} cores), "
             f"{elapsed / 60:.1f} min; the sides alternating.",
             "",
             f"examples/ctr: 26 tables at {args.vocab_scale:g} x the real vocabularies, a DCN-v2, "
-            f"{EXAMPLES:,} click records; HOGWILD!, 2 ps, 2 workers, batch {BATCH}, every "
+            f"{EXAMPLES:,} click records; `algo={args.algo}`, 2 ps, 2 workers, batch {BATCH}, every "
             f"variable over 500 KB split into one part per ps; {args.steps} global steps per "
             "job, snapshots every second (`lifecycle.snapshot_secs=1`). One machine: every ps's "
             "host is this one, so a copy crosses loopback, not a network.",
@@ -163,9 +175,15 @@ def write_report(
             "",
             *[f"- {side}: `{line}`" for side, line in memory.items()],
             "",
-            "A snapshot runs on a thread of the chief's: no training step waits for it; what it "
-            "costs training is the ps' CPU (and, across hosts, the network) spent writing it. "
-            "The first of a job pays the setup of its runs' graphs in the distributed session "
+            (
+                "A synchronous algorithm's snapshot is taken between two rounds: the next round "
+                "waits for it (its duration is the pause), the workers compute meanwhile. "
+                if args.algo in SYNCHRONOUS
+                else "A snapshot runs on a thread of the chief's: no training step waits for it; "
+                "what it costs training is the ps' CPU (and, across hosts, the network) spent "
+                "writing it. "
+            )
+            + "The first of a job pays the setup of its runs' graphs in the distributed session "
             "(and does not widen the interval); the others are what a snapshot costs.",
             "",
         ]

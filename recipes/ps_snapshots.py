@@ -67,6 +67,7 @@ v1 = tf.compat.v1
 SLOTS = ("a", "b")
 WIDEN_FACTOR = 5.0  # a snapshot taking d seconds is taken at most every WIDEN_FACTOR * d
 SAVE_TIMEOUT_MS = 60_000  # a snapshot not written in this long counts as failed
+ROUND_WAIT_SECS = 30.0  # for a synchronous round being applied to end before a snapshot
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,11 @@ class PsSnapshots:
         output_dir: str,
         copies: bool = True,
         addresses: Optional[list[str]] = None,
+        together: bool = False,
     ) -> None:
+        # a synchronous algorithm's: every ps goes back to one snapshot when one comes back
+        # (the global step then counts exactly the rounds every ps holds)
+        self.together = together
         self._global_step = global_step
         self._n_ps = n_ps
         self._folder, self._output_dir = folder, output_dir
@@ -262,6 +267,11 @@ class PsSnapshots:
     def where(self) -> str:
         """The snapshots' folder, as every ps names it on its own host."""
         return os.path.dirname(snapshot_folder(self._folder, self._output_dir, 0))
+
+    @property
+    def all_ps(self) -> list[int]:
+        """Every ps that holds variables."""
+        return sorted(self._variables)
 
     @property
     def copies(self) -> dict[int, int]:
@@ -340,6 +350,9 @@ class PsSnapshots:
             "median_secs": round(statistics.median(rest), 4) if rest else None,
             "max_secs": round(rest[-1], 4) if rest else None,
             "copies": bool(self._peers),
+            # a synchronous algorithm's: taken between two rounds, which waited for each (so the
+            # durations are the pauses training took)
+            "between_rounds": self.together,
         }
 
     def found(self, session: Any, ks: list[int]) -> dict[int, Snapshot]:
@@ -407,12 +420,14 @@ class PsSnapshots:
         checkpoint: Optional[str],
         log: Callable[[str], None],
         snap: Optional[Snapshot] = None,
+        use_snapshot: bool = True,
     ) -> str:
         """Bring ps ``k``'s variables back: from its last snapshot (``snap``, else this chief's
         record) when that is at least as new as ``checkpoint``, its own host's files first,
-        then the copy on its peer's host; else from ``checkpoint``, else from their
-        initializers. Returns what was used, as said in the log."""
-        snap = snap or self.last(k)
+        then the copy on its peer's host; else (or without ``use_snapshot``) from
+        ``checkpoint``, else from their initializers. Returns what was used, as said in the
+        log: ``snapshot of step ...`` when a snapshot was."""
+        snap = (snap or self.last(k)) if use_snapshot else None
         ckpt_step = _checkpoint_step(checkpoint)
         if snap is not None and (ckpt_step is None or snap.step >= ckpt_step):
             for i, (host, prefix) in enumerate(snap.places):
@@ -545,8 +560,15 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
     read-only folder) is said once; restarts then fall back to the checkpoints."""
 
     def __init__(
-        self, snapshots: PsSnapshots, every_secs: float, log: Callable[[str], None] = print
+        self,
+        snapshots: PsSnapshots,
+        every_secs: float,
+        log: Callable[[str], None] = print,
+        rounds: Any = None,
     ) -> None:
+        # a synchronous optimizer's RoundGate (recipes/sync_rounds.py): each snapshot is taken
+        # between two rounds, which wait for it
+        self._rounds = rounds
         self._snapshots = snapshots
         self._every = every_secs
         self._interval = every_secs
@@ -576,7 +598,13 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
 
     def _take(self, session: Any) -> None:
         try:
-            step, secs = self._snapshots.take(session)
+            if self._rounds is None:
+                step, secs = self._snapshots.take(session)
+            else:
+                with self._rounds.between(ROUND_WAIT_SECS) as clear:
+                    if not clear:
+                        return  # a round waiting for a replica that is gone: the next time
+                    step, secs = self._snapshots.take(session)
         except RuntimeError:  # "Attempted to use a closed Session": a recovery replaced it
             return
         except tf.errors.OpError as e:
@@ -595,6 +623,8 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         self.taken += 1
         if self.taken == 1:
             also = " and a copy on the next ps's host" if self._snapshots.copies else ""
+            if self._rounds is not None:
+                also += ", between two rounds (the rounds wait for it)"
             self._log(
                 f"snapshots: every {self._every:g}s, each ps into {self._snapshots.where} on its "
                 f"own host{also}; the first at step {step:,}"

@@ -473,6 +473,7 @@ def run_replica(
             cfg.output_dir,
             copies=cfg.snapshots.copies,
             addresses=list(task.cluster.get("ps", [])),
+            together=g.train.rounds is not None,
         )
     creator = RoleSessionCreator(
         scaffold,
@@ -488,7 +489,7 @@ def run_replica(
     try:
         hooks = _hooks(cfg, g, scaffold, task.is_chief, max_steps, progress)
         if snapshots is not None:
-            hooks.append(SnapshotHook(snapshots, cfg.snapshots.secs, log))
+            hooks.append(SnapshotHook(snapshots, cfg.snapshots.secs, log, g.train.rounds))
         stop_hook = next(h for h in hooks if isinstance(h, v1.train.StopAtStepHook))
         with v1.train.MonitoredSession(
             session_creator=creator,

@@ -574,7 +574,12 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
         snapshots = self._snapshots
         if snapshots is None:
             return False
-        restarted = snapshots.ps_of(missing)
+        came_back = snapshots.ps_of(missing)
+        restarted = came_back
+        if came_back and snapshots.together:
+            # synchronous rounds: every ps back to one snapshot, so that the global step counts
+            # exactly the rounds every ps holds (one ps back alone would lose rounds it counts)
+            restarted = snapshots.all_ps
         known = all(snapshots.last(k) for k in restarted)
         if not restarted or not (known or latest):  # (a job's first start: nothing to find)
             return False
@@ -589,8 +594,16 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
                     k in found and _newer_than(found[k], latest) for k in restarted
                 ):
                     return False
-            for k in restarted:
-                snapshots.restore(sess, k, latest, self._log, found.get(k))
+            if restarted != came_back:
+                back = ", ".join(f"ps/{k}" for k in came_back)
+                self._log(
+                    f"{back} came back: every ps goes back to one snapshot (synchronous rounds)"
+                )
+            said = [snapshots.restore(sess, k, latest, self._log, found.get(k)) for k in restarted]
+            if snapshots.together and not all(s.startswith("snapshot of step") for s in said):
+                # one of them could not be read: all from the checkpoint, still together
+                for k in restarted:
+                    snapshots.restore(sess, k, latest, self._log, use_snapshot=False)
             left = sess.run(self._probe)
         if len(left):
             names = ", ".join(n.decode() for n in left[:3])

@@ -116,3 +116,64 @@ def test_what_a_ps_killed_outright_left_in_memory_is_removed_when_the_job_ends(w
     assert code != 0, run.text()[-3000:]
     assert re.search(r"ps/0 failed \(exit code 137\)", run.text()), run.text()[-3000:]
     assert not where.exists(), sorted(where.rglob("*"))
+
+
+SYNC_FIRST = (
+    r"^worker/0\s+\| snapshots: every [\d.]+s, each ps into \S+ on its own host and a copy on "
+    r"the next ps's host, between two rounds \(the rounds wait for it\); the first at step ([\d,]+)"
+)
+
+
+@pytest.mark.timeout(600)
+def test_a_synchronous_job_brings_every_ps_back_to_one_snapshot_taken_between_two_rounds(
+    ws: Path,
+) -> None:
+    """sync on 2 ps: the snapshots are taken between two rounds (SyncReplicasOptimizer's chief
+    applies rounds in a thread of its own, held back for each). ps/1 killed: every ps goes back
+    to the same snapshot, so the global step counts exactly the rounds both hold (ps/1 alone
+    back would lose rounds the step on ps/0 counts). Training goes on from that step: the
+    accumulators on the ps that lived take the rounds again (the chief's session sets their
+    step), none is applied twice (no step below it, none skipped)."""
+    run = ApplyRun(
+        ws,
+        [
+            *base_overrides(ws, free_port_base()),
+            "algo=sync",
+            "cluster.ps=2",
+            "trainer.max_steps=100000000",
+            *paced(0.02),
+            "trainer.log_steps=10",
+            "trainer.checkpoint_steps=1000000",
+            "lifecycle.restart.backoff_secs=0.2",
+            "lifecycle.snapshot_secs=0.5",
+        ],
+    )
+    first = run.wait_for(SYNC_FIRST, 300)
+    first_step = _number(re.search(SYNC_FIRST, run.lines[first][1])[1])  # type: ignore[index]
+    before = run.wait_step(first_step + 50, 300, task="worker/0")
+    last_checkpoint = max(checkpoint_steps(ws / "out"))  # (the recovered session writes one)
+    kill_task(ws, "ps/1")
+    together = run.wait_for(
+        r"^worker/0\s+\| ps/1 came back: every ps goes back to one snapshot \(synchronous rounds\)",
+        120,
+        before,
+    )
+    steps = []
+    for k in (0, 1):
+        line = run.wait_for(
+            rf"^worker/0\s+\| ps/{k} restored from its snapshot of step", 60, together
+        )
+        steps.append(_number(re.search(r"of step ([\d,]+)", run.lines[line][1])[1]))  # type: ignore[index]
+    assert steps[0] == steps[1] > last_checkpoint, (steps, last_checkpoint)
+    step = steps[0]
+    again = run.wait_for(r"^worker/0\s+\| step=", 120, together)
+    after = [s for name, s in run.steps(again) if name == "worker/0"]
+    assert after and min(after) >= step, (step, after[:5])
+    run.wait_step(step + 30, 120, task="worker/0")  # rounds go on from there
+    recoveries = json.loads(tfplan(ws, "status", "--json", check=True).stdout)["ps_recoveries"]
+    assert sorted((r["ps"], r["source"], r["step"]) for r in recoveries) == [
+        (0, "snapshot", step),
+        (1, "snapshot", step),
+    ], recoveries
+    run.proc.send_signal(signal.SIGINT)
+    run.finish(timeout=120)

@@ -86,6 +86,9 @@ class TrainGraph:
     run_options: Optional[Any] = None  # v1.RunOptions for every training run (e.g. a timeout)
     stop_grace_secs: float = 5.0  # MonitoredSession's stop_grace_period_secs
     batches_per_global_step: int = 1  # examples per global step = this * batch_size
+    # a synchronous optimizer's rounds (recipes/sync_rounds.py): the chief's snapshots of the ps
+    # are taken between two of them, and a ps that comes back brings every ps back to one
+    rounds: Optional[Any] = None
     extras: dict[str, Any] = field(default_factory=dict)  # internals the rule tests inspect
 
 

@@ -34,6 +34,7 @@ from recipes.algorithms.local import (
     read_all,
 )
 from recipes.algorithms.sync import replicas_to_aggregate
+from recipes.sync_rounds import gate_rounds
 
 v1 = tf.compat.v1
 
@@ -61,6 +62,7 @@ class SAGN(WindowedAlgorithm):
             round_op = sync_opt.apply_gradients(
                 [(mean[k], center[k]) for k in center], global_step=ctx.global_step
             )
+        rounds = gate_rounds(sync_opt)
         with tf.control_dependencies([round_op]):
             values = read_all(center)
             zeros = {k: tf.zeros_like(values[k]) for k in center}
@@ -75,7 +77,11 @@ class SAGN(WindowedAlgorithm):
             exchange,
             extras={"optimizer": sync_opt, "grad_sum": grad_sum},
             graph_fields={
-                "hooks": [sync_opt.make_session_run_hook(ctx.is_chief, num_tokens=0)],
+                "hooks": [
+                    sync_opt.make_session_run_hook(ctx.is_chief, num_tokens=0),
+                    rounds.hook(),
+                ],
+                "rounds": rounds,
                 "run_options": v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
                 "stop_grace_secs": float(option(ctx, "stop_grace_secs", 5.0)),
                 "batches_per_global_step": r * window,

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph, make_optimizer
 from recipes.errors import ConfigError
+from recipes.sync_rounds import gate_rounds
 
 v1 = tf.compat.v1
 
@@ -48,15 +49,17 @@ class SyncSGD(Algorithm):
             train_op = opt.minimize(
                 loss, global_step=ctx.global_step, var_list=list(params.values())
             )
+        rounds = gate_rounds(opt)
         graph = TrainGraph(
             params=params,
             train_params=params,
             loss=loss,
             step_ops=[train_op],
-            hooks=[opt.make_session_run_hook(ctx.is_chief)],
+            hooks=[opt.make_session_run_hook(ctx.is_chief), rounds.hook()],
             run_options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
             stop_grace_secs=float(ctx.algo.get("stop_grace_secs", 5.0)),
             batches_per_global_step=r,
+            rounds=rounds,
             extras={"optimizer": opt},
         )
         return graph

@@ -23,6 +23,7 @@ from recipes.algorithms.base import Algorithm, BuildContext, Problem, TrainGraph
 from recipes.algorithms.local import option
 from recipes.algorithms.sync import replicas_to_aggregate
 from recipes.errors import ConfigError
+from recipes.sync_rounds import gate_rounds
 
 v1 = tf.compat.v1
 
@@ -61,14 +62,16 @@ class SyncLR(Algorithm):
             train_op = opt.apply_gradients(
                 [(scaled(g, lr * r), v) for g, v in grads], global_step=ctx.global_step
             )
+        rounds = gate_rounds(opt)
         return TrainGraph(
             params=params,
             train_params=params,
             loss=loss,
             step_ops=[train_op],
-            hooks=[opt.make_session_run_hook(ctx.is_chief)],
+            hooks=[opt.make_session_run_hook(ctx.is_chief), rounds.hook()],
             run_options=v1.RunOptions(timeout_in_ms=int(timeout * 1000)),
             stop_grace_secs=float(option(ctx, "stop_grace_secs", 5.0)),
             batches_per_global_step=r,
+            rounds=rounds,
             extras={"optimizer": opt, "lr": lr},
         )
