@@ -49,6 +49,8 @@ def overrides(scale: float, steps: int, shm: Path, algo: str, *extra: str) -> li
     return [
         "cluster.ps=2",
         f"algo={algo}",
+        # sync at the CTR example's 0.1 went NaN in its first rounds once (with no snapshots)
+        *(["algo.lr=0.02"] if algo in SYNCHRONOUS else []),
         "model._target_=ctr.models.build",
         f"model.vocab_scale={scale}",
         "model.partition_bytes=500000",
@@ -161,7 +163,9 @@ def write_report(
             f"{elapsed / 60:.1f} min; the sides alternating.",
             "",
             f"examples/ctr: 26 tables at {args.vocab_scale:g} x the real vocabularies, a DCN-v2, "
-            f"{EXAMPLES:,} click records; `algo={args.algo}`, 2 ps, 2 workers, batch {BATCH}, every "
+            f"{EXAMPLES:,} click records; `algo={args.algo}`"
+            + (" (`algo.lr=0.02`)" if args.algo in SYNCHRONOUS else "")
+            + f", 2 ps, 2 workers, batch {BATCH}, every "
             f"variable over 500 KB split into one part per ps; {args.steps} global steps per "
             "job, snapshots every second (`lifecycle.snapshot_secs=1`). One machine: every ps's "
             "host is this one, so a copy crosses loopback, not a network.",
