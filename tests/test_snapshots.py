@@ -36,7 +36,8 @@ RESTORED = (
 @pytest.fixture
 def ws(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
-    kill_groups(recorded_groups(tmp_path))
+    ApplyRun.kill_all(tmp_path)  # first the supervisor, so that it restarts nothing (seen: a
+    kill_groups(recorded_groups(tmp_path))  # failed run's ps restarted after this, left running)
 
 
 def _number(text: str) -> int:
