@@ -232,6 +232,23 @@ def test_killing_tfplan_leaves_tasks_running_and_watch_takes_over(ws: Path) -> N
     assert not [p for p in seeds if alive(p)], "the job's end stops the seed tfplan left"
 
 
+def _three_hosts(ws: Path, netns_testbed: NetnsTestbed, ps: int) -> dict[str, str]:
+    """The env selecting ``cluster=three``: the bed's three namespace hosts over SSH, ``ps``
+    parameter servers and 2 workers, the workdir and output folder in ``ws``."""
+    return _conf_with_cluster(
+        ws,
+        "three",
+        {
+            "hosts": [_ssh_host(t) for t in netns_testbed.targets()],
+            "ps": ps,
+            "workers": 2,
+            "ssh_known_hosts": str(netns_testbed.known_hosts),
+            "workdir": str(ws / "work"),
+            "output_dir": str(ws / "out"),
+        },
+    )
+
+
 @pytest.mark.netns
 def test_unreachable_host_is_replaced_on_the_others_and_training_completes(
     ws: Path, netns_testbed: NetnsTestbed
@@ -241,19 +258,7 @@ def test_unreachable_host_is_replaced_on_the_others_and_training_completes(
     checkpoint) and training completes; once h3 is back, destroy stops what was left there.
     The chief is held from the fault until the re-plan has replaced it: without worker/1 it
     could otherwise train to the end before host_timeout_secs passed."""
-    hosts = [_ssh_host(t) for t in netns_testbed.targets()]
-    env = _conf_with_cluster(
-        ws,
-        "three",
-        {
-            "hosts": hosts,
-            "ps": 1,
-            "workers": 2,
-            "ssh_known_hosts": str(netns_testbed.known_hosts),
-            "workdir": str(ws / "work"),
-            "output_dir": str(ws / "out"),
-        },
-    )
+    env = _three_hosts(ws, netns_testbed, ps=1)
     args = [
         "cluster=three",
         "experiment.id=t",
@@ -304,20 +309,8 @@ def test_a_ps_whose_host_is_lost_comes_back_from_the_copy_of_its_snapshot_on_ano
     (its link down, its tasks killed) while the chief is held; the supervisor re-plans on the
     other hosts (every task restarts) and the new chief restores ps/1 from the copy on ps/0's
     host and ps/0 from its own, not from the checkpoint of step 0; training completes from there."""
-    hosts = [_ssh_host(t) for t in netns_testbed.targets()]
     shm = netns_testbed.private_dir / "shm"  # each host's own, as /dev/shm is on real hosts
-    env = _conf_with_cluster(
-        ws,
-        "three",
-        {
-            "hosts": hosts,
-            "ps": 2,
-            "workers": 2,
-            "ssh_known_hosts": str(netns_testbed.known_hosts),
-            "workdir": str(ws / "work"),
-            "output_dir": str(ws / "out"),
-        },
-    )
+    env = _three_hosts(ws, netns_testbed, ps=2)
     args = [
         "cluster=three",
         "experiment.id=t",
