@@ -123,6 +123,9 @@ class TrainerConf:
     # a model larger than this is exported as parts (recipes/export_parts.py); None: half the
     # exporting host's available memory
     export_join_bytes: Optional[int] = None
+    # an Embedding table larger than this is scored from the checkpoint's rows, not loaded
+    # (recipes/checkpoint_rows.py); None: every table loaded whole
+    score_rows_bytes: Optional[int] = 64 * 1024 * 1024
     trace_step: int = 0  # TF1: a worker logs its N-th step's traffic (recipes/traffic.py)
 
 

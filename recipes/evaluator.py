@@ -21,11 +21,14 @@ import os
 import time
 from typing import Any, Callable, Optional
 
+import numpy as np
 import tensorflow as tf
 
-from recipes.checkpoint_names import GLOBAL_STEP, model_name, sliced_names, stored
+from recipes.checkpoint_names import GLOBAL_STEP, PART, model_name, sliced_names, stored
+from recipes.checkpoint_rows import CheckpointRows, TableShape
 from recipes.config import RunConfig
 from recipes.reporting import append_eval_record, eval_line, read_result_step
+from recipes.sparse_lookup import rows_from
 from recipes.workload import Workload
 
 __all__ = ["CheckpointScorer", "result_scores", "run_evaluator", "scoring_batch"]
@@ -50,17 +53,25 @@ SCORING_BATCH_BYTES = 4 << 20
 class CheckpointScorer:
     """The model's variables and ``global_step`` in a private graph and local session: restores
     a checkpoint from disk and scores the held-out data (or a sample of the training data) with
-    those weights (never the live ps ones), batch by batch through ``tf.data``."""
+    those weights (never the live ps ones), batch by batch through ``tf.data``. An Embedding
+    table larger than ``trainer.score_rows_bytes`` is not restored: each batch reads its rows
+    from the checkpoint's files (recipes/checkpoint_rows.py), so the scorer never holds it."""
 
-    def __init__(self, work: Workload, config: Optional[Any] = None) -> None:
+    def __init__(
+        self, work: Workload, config: Optional[Any] = None, log: Callable[[str], None] = print
+    ) -> None:
         self.work = work
         self.graph = v1.Graph()
         with self.graph.as_default():
             self._step = v1.train.get_or_create_global_step()
             self._params = work.model.create_params()
             self._state = work.model.state_variables()
+            self._rows = _rows_read(work, log)
+            by_rows = set(self._rows.tables) if self._rows else set()
             model_vars = {
-                model_name(k): v for k, v in [*self._params.items(), *self._state.items()]
+                model_name(k): v
+                for k, v in [*self._params.items(), *self._state.items()]
+                if _table_path(k) not in by_rows
             }
             # a dynamic table's ids and rows in use (recipes/dynamic_table.py)
             model_vars.update(getattr(work.model, "dynamic_state", dict)())
@@ -87,6 +98,8 @@ class CheckpointScorer:
         # its graph takes the eager path, which cannot reach these graph variables.
         with self.graph.as_default():
             (self._tf2_saver if tf2 else self._saver).restore(self._sess, ckpt)
+            if self._rows is not None:
+                self._rows.open(ckpt, tf2)
             if self._tables is None:  # the model's own lookup tables (IntegerLookup's, ...)
                 self._tables = v1.tables_initializer()
                 self._sess.run(self._tables)
@@ -111,7 +124,8 @@ class CheckpointScorer:
                     ),
                 )
                 features, labels = iterator.get_next()
-                loss, metrics = self.work.scores(self._params, features, labels, self._state)
+                with rows_from(self._rows.sources if self._rows else {}):
+                    loss, metrics = self.work.scores(self._params, features, labels, self._state)
                 size = tf.shape(tf.nest.flatten(labels)[0])[0]
                 fetches = [size, loss, *metrics.values()]
                 for name, dataset in datasets.items():
@@ -145,6 +159,40 @@ class CheckpointScorer:
 
     def close(self) -> None:
         self._sess.close()
+        if self._rows is not None:
+            self._rows.close()
+
+
+def _table_path(key: str) -> str:
+    """The variable a parameter key belongs to: a split table's part's table."""
+    part = PART.search(key)
+    return key[: part.start()] if part else key
+
+
+def _rows_read(work: Workload, log: Callable[[str], None]) -> Optional[CheckpointRows]:
+    """The tables of ``work``'s model (built in the current graph) that are scored by rows:
+    its row-read Embedding tables larger than ``trainer.score_rows_bytes``; None when none is."""
+    limit = work.cfg.trainer.score_rows_bytes
+    shapes: dict[str, tuple[tuple[int, ...], str]] = getattr(
+        work.model, "sparse_table_shapes", dict
+    )()
+    if limit is None or not shapes:
+        return None
+    tables = {}
+    for path, (shape, dtype) in shapes.items():
+        size = np.dtype(dtype).itemsize
+        for d in shape:
+            size *= d
+        if size > limit:
+            tables[path] = TableShape(shape, dtype)
+    if not tables:
+        return None
+    total = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in tables.values())
+    log(
+        f"scoring: {len(tables)} table(s) of {total / 2**20:,.1f} MiB read from each checkpoint "
+        f"row by row, not loaded (trainer.score_rows_bytes={limit:,})"
+    )
+    return CheckpointRows(tables, log)
 
 
 def scoring_batch(features: dict[str, tuple[tuple[int, ...], str]]) -> int:

@@ -361,6 +361,16 @@ class KerasModel:
                 parts[w.path] = list(zip(bounds[:-1], bounds[1:], strict=True))
         return parts
 
+    def sparse_table_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The tables read row by row (:meth:`_read_sparse`) of the model built in the current
+        graph: path -> (the whole table's shape, its dtype's name)."""
+        model = self.template()
+        return {
+            w.path: (tuple(int(d) for d in w.shape), np.dtype(w.dtype).name)
+            for w in model.trainable_variables
+            if w.path in self.sparse_tables
+        }
+
     def table_keys(self) -> frozenset[str]:
         """The parameter keys of the tables read row by row (:meth:`_read_sparse`; a split
         table's parts), in the model built in the current graph."""

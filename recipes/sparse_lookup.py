@@ -28,6 +28,8 @@ __all__ = [
     "OUT_OF_RANGE",
     "ForwardContext",
     "Piece",
+    "RowSource",
+    "rows_from",
     "fed_by",
     "float_ids_error",
     "lookup_rows",
@@ -69,6 +71,35 @@ def tables_in_use(pieces: Mapping[str, Sequence[Piece]]) -> Any:
     return _pieces.holding(pieces)
 
 
+class RowSource:
+    """A table read outside the graph's variables: ``read(ids)`` returns the rows ``ids`` (a
+    NumPy int64 vector of distinct ids) as an array of ``[len(ids), *shape[1:]]`` in
+    ``dtype``. While :func:`rows_from` holds it, an Embedding over that table calls it once per
+    batch with the batch's distinct ids (``tf.numpy_function``, in the process that runs the
+    step): the scorers read a table larger than themselves from the checkpoint this way
+    (recipes/checkpoint_rows.py)."""
+
+    def __init__(self, read: Callable[[Any], Any], shape: Sequence[int], dtype: Any) -> None:
+        self.read = read
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = tf.as_dtype(dtype)
+
+    def gather(self, ids: Any) -> Any:
+        rows = tf.numpy_function(
+            lambda i: self.read(i), [tf.cast(ids, tf.int64)], self.dtype, name="read_rows"
+        )
+        return tf.ensure_shape(rows, [None, *self.shape[1:]])
+
+
+_sources = ForwardContext()  # table path -> its RowSource, during one forward pass
+
+
+def rows_from(sources: Mapping[str, RowSource]) -> Any:
+    """While inside, an Embedding whose table path is in ``sources`` reads its batch's rows
+    from that source instead of the table's variables (which the step then never reads)."""
+    return _sources.holding(sources)
+
+
 def _gather_where_it_lives(table: Any, ids: Any) -> Any:
     """``table``'s rows ``ids``, gathered on the device that holds ``table``, whatever device
     scope the forward pass is built in (as ``tf.nn.embedding_lookup`` colocates its gathers)."""
@@ -97,7 +128,9 @@ def lookup_rows(pieces: Sequence[Piece], ids: Any, what: str = "the table") -> A
     )
     with tf.control_dependencies([check]):
         unique = tf.identity(unique)
-    if len(pieces) == 1:
+    if isinstance(pieces[0][0], RowSource):
+        rows = pieces[0][0].gather(unique)
+    elif len(pieces) == 1:
         # received here (this scope's device) before it is spread: a gather of the ps's output
         # would colocate its gradient's ops with the ps and the worker at once
         rows = tf.identity(_gather_where_it_lives(pieces[0][0], unique))
@@ -149,6 +182,9 @@ def sparse_call(layer: Any, path: str) -> Callable[[Any], Any]:
 
     def call(inputs: Any) -> Any:
         pieces: Optional[Mapping[str, Sequence[Piece]]] = _pieces.get()
+        sources: Optional[Mapping[str, RowSource]] = _sources.get()
+        if sources and path in sources:
+            pieces = {path: [(sources[path], 0, sources[path].shape[0])]}
         if not pieces or path not in pieces:
             return own(inputs)
         if inputs.dtype.is_floating:

@@ -164,6 +164,36 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         f.write(line)
 
 
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
+    """With ``TFPLAN_TEST_CPU=FILE`` (root, cgroup v1's cpuacct): one line per test, the CPU
+    seconds of every process it started (the test process is moved into a cgroup of the test's
+    own for its set-up, call and teardown; its children inherit it, sessions and seeds too).
+    What a run's wall time cannot say on a busy machine: which tests cost the CPU."""
+    path = os.environ.get("TFPLAN_TEST_CPU")
+    if not path or not CPUACCT.is_dir() or os.geteuid() != 0:
+        yield
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    group = CPUACCT / f"tfplan-test-{os.getpid()}-{abs(hash(item.nodeid))}"
+    group.mkdir(exist_ok=True)
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    try:
+        yield
+    finally:
+        (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+        used = int((group / "cpuacct.usage").read_text()) / 1e9
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{used:.2f} {worker} {item.nodeid}\n")
+        try:
+            group.rmdir()
+        except OSError:  # a process it started lives on (a session-wide bed): its group stays
+            pass
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     if config.getoption("--tier") == "full":
         return "tier: full (every test)"

@@ -312,6 +312,10 @@ class TrainerConfig:
     # beside a model.json that says how to assemble them, not joined into one .keras file;
     # null: half the exporting host's available memory (docs/your_model.md "Your model back")
     export_join_bytes: int | None = None
+    # the evaluator and the chief's final scores read an Embedding table larger than this many
+    # bytes row by row from the checkpoint (each batch's rows, memory-mapped) instead of loading
+    # it: a scorer never holds such a table; 0: every table so; null: every table loaded whole
+    score_rows_bytes: int | None = 64 * 1024 * 1024
     # TF1 algorithms: each worker measures its N-th step's traffic with TensorFlow's step
     # statistics and logs one line (bytes received from / sent to the ps); 0: never
     trace_step: int = 0

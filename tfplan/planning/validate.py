@@ -526,6 +526,13 @@ def _check_trainer(cfg: Config, counts: RoleCounts) -> None:
             f"{t.export_join_bytes} < 1",
             "use e.g. 4000000000 (bytes), or null for half the host's available memory",
         )
+    if t.score_rows_bytes is not None:
+        _require(
+            t.score_rows_bytes >= 0,
+            "trainer.score_rows_bytes",
+            f"{t.score_rows_bytes} < 0",
+            "use e.g. 67108864 (bytes: larger tables are scored by rows), 0 (all), or null (none)",
+        )
     _require(t.summary_steps >= 1, "trainer.summary_steps", f"{t.summary_steps} < 1", "use e.g. 50")
     _require(t.log_steps >= 1, "trainer.log_steps", f"{t.log_steps} < 1", "use e.g. 100")
     _require(t.eval_secs > 0, "trainer.eval_secs", "not positive", "use e.g. 2")
