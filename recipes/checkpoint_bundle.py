@@ -25,6 +25,7 @@ as a short data file (:class:`BundleError`).
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -266,6 +267,51 @@ class Bundle:
             if mine.size:
                 out[mine] = self._array(stored, name)[ids[mine] - lo]
         return out
+
+    def row_range(self, name: str, lo: int, hi: int) -> Any:
+        """Rows ``[lo, hi)`` of the tensor ``name``, read from its files (``pread``, not the
+        maps: a long sequential read leaves no pages in this process). Memory: those rows.
+
+        Raises:
+            KeyError: no such tensor. IndexError: a range outside its rows.
+            BundleError: stored in a way this reader does not read, or a file is short.
+        """
+        entry = self.entries[name]
+        pieces = (
+            list(zip(self._sliced[name], self._slice_entries.get(name, []), strict=False))
+            if name in self._sliced
+            else [((0, entry.shape[0] if entry.shape else 1), entry)]
+        )
+        total = pieces[-1][0][1]
+        if not 0 <= lo <= hi <= total:
+            raise IndexError(f"{name}: rows [{lo}, {hi}) outside its {total} rows")
+        out = np.empty((hi - lo, *entry.shape[1:]), dtype=entry.dtype)
+        for (first, end), stored in pieces:
+            a, b = max(lo, first), min(hi, end)
+            if a >= b:
+                continue
+            if stored.dtype is None:
+                raise BundleError(f"{name}: not a numeric tensor")
+            row = stored.size // max(1, end - first)
+            view = out[a - lo : b - lo].reshape(-1).view(np.uint8)
+            self._pread(stored.shard, stored.offset + (a - first) * row, view, name)
+        return out
+
+    def _pread(self, shard: int, offset: int, into: Any, name: str) -> None:
+        path = f"{self.prefix}.data-{shard:05d}-of-{self._shards:05d}"
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise BundleError(f"{path}: {e.strerror}") from None
+        try:
+            done = 0
+            while done < len(into):
+                got = os.preadv(fd, [memoryview(into)[done:]], offset + done)
+                if got <= 0:
+                    raise BundleError(f"{name}: its data file is shorter than its entry (torn)")
+                done += got
+        finally:
+            os.close(fd)
 
     def tensor(self, name: str) -> Any:
         """The whole tensor ``name`` (a copy), its slices joined."""

@@ -46,6 +46,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
+from recipes import export_parts
+from recipes.checkpoint_bundle import Bundle, BundleError
 from recipes.checkpoint_names import MODEL_PREFIX, OBJECT_SUFFIX, PART, model_name, object_based
 from recipes.config import load_run_config
 from recipes.dynamic_export import resident_rows, with_lookups
@@ -192,6 +194,12 @@ class _Entries:
         self._shapes = self._reader.get_variable_to_shape_map()
         self._dtypes = self._reader.get_variable_to_dtype_map()
         self._listing: Optional[bytes] = None  # the bundle's entries (:meth:`stored`)
+        # the files read directly where they can be (recipes/checkpoint_bundle.py): any range
+        # of rows for its own memory, where TensorFlow's reader reads a stored slice whole
+        try:
+            self._bundle: Optional[Bundle] = Bundle(path)
+        except BundleError:
+            self._bundle = None
         keys = list(self._shapes)
         tf2 = object_based(keys)
         self._keys = {
@@ -241,6 +249,9 @@ class _Entries:
             self._check(name, tuple(int(d) for d in self._shapes[key]), shape)
             if not shape:
                 return self._reader.get_tensor(key)
+            if self._direct(key):
+                assert self._bundle is not None
+                return self._bundle.row_range(key, lo, hi)
             dims = " ".join(str(d) for d in shape)
             spec = f"{dims} " + ":".join([f"{lo},{hi - lo}"] + ["-"] * (len(shape) - 1))
             dtype = self._dtypes[key]
@@ -265,13 +276,24 @@ class _Entries:
         """The row ranges in which the checkpoint stores the weight at ``path``, in order: the
         slices its parameter servers saved (or an older checkpoint's parts), else all its rows
         at once. Why: TensorFlow's bundle reader reads a stored slice whole to give any rows of
-        it, so rows are best read one stored slice at a time (:meth:`rows` of exactly one)."""
+        it, so rows are best read one stored slice at a time (:meth:`rows` of exactly one).
+        Where the files are read directly (:meth:`_direct`), each slice in ranges of at most
+        :data:`recipes.export_parts.CHUNK_BYTES`: the exporter holds one range, not a slice."""
         import re
 
         rows = shape[0] if shape else 1
         name = model_name(path)
         if name not in self._keys:
             return [(lo, hi) for _, lo, hi in self._old_parts(name)] or [(0, rows)]
+        if shape and self._direct(self._keys[name]):  # any range costs only its rows
+            assert self._bundle is not None
+            per_row = max(1, self._bundle.entries[self._keys[name]].size // max(1, rows))
+            step = max(1, export_parts.CHUNK_BYTES // per_row)
+            return [
+                (first + i, min(end, first + i + step))
+                for first, end in self._bundle.slices(self._keys[name])
+                for i in range(0, end - first, step)
+            ]
         # The bundle's listing names each slice entry by TensorFlow's ordered code of the
         # tensor's name and the slice: b"\x00" + name + b"\x00\x01" + dims and (start, length)
         # pairs, then " (DT_...) [shape]"; entries sort by start.
@@ -289,6 +311,17 @@ class _Entries:
         for size in sizes:
             bounds.append(bounds[-1] + size)
         return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+    def _direct(self, key: str) -> bool:
+        """Whether ``key``'s rows are read from the files directly (a numeric tensor, stored
+        whole or in row slices), not through TensorFlow's reader."""
+        if self._bundle is None or not self._bundle.has(key):
+            return False
+        try:
+            self._bundle.slices(key)
+        except BundleError:
+            return False
+        return self._bundle.entries[key].dtype is not None
 
     def _old_parts(self, name: str) -> list[tuple[str, int, int]]:
         """The parts ``<name>/part_<i>`` an older checkpoint holds instead of ``name``, in

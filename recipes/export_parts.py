@@ -109,19 +109,65 @@ def stateless_layout(cfg: RunConfig) -> Layout:
 
 def join_limit(cfg: RunConfig, override: Optional[int] = None) -> int:
     """The most bytes of weights joined into one ``.keras`` file: ``override``, else
-    ``trainer.export_join_bytes``, else half this host's available memory."""
+    ``trainer.export_join_bytes``, else half the memory this process can still take: the
+    host's available memory, or less where a memory cgroup limits it (a task's own limit,
+    cluster.memory; a container's)."""
     if override is not None:
         return override
     if cfg.trainer.export_join_bytes is not None:
         return int(cfg.trainer.export_join_bytes)
+    available = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
+                    available = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")) // 2
+    if available is None:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    left = cgroup_memory_left()
+    return (available if left is None else min(available, left)) // 2
+
+
+def cgroup_memory_left(
+    proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup"
+) -> Optional[int]:
+    """The bytes this process's memory cgroups (its own and each one above it) let it still
+    take, the least of them; None when none sets a limit (or none can be read)."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found: Optional[int] = None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            base, limit_file, usage_file = root, "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit_file, usage_file = (
+                os.path.join(root, "memory"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            folder = os.path.join(base, *parts[:depth])
+            try:
+                with open(os.path.join(folder, limit_file)) as f:
+                    limit_text = f.read().strip()
+                with open(os.path.join(folder, usage_file)) as f:
+                    usage = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            if limit_text == "max" or int(limit_text) >= 1 << 60:  # v1's "no limit"
+                continue
+            left = max(0, int(limit_text) - usage)
+            found = left if found is None else min(found, left)
+    return found
 
 
 def parts_folder(out: str) -> str:

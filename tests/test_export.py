@@ -672,3 +672,52 @@ def test_a_dynamic_table_with_no_resident_id_exports_a_lookup_that_reads_zeros(
     got = exported(raw).numpy().ravel()
     bias = float(model.get_layer("out").bias.numpy()[0])
     np.testing.assert_allclose(got, [bias, bias])  # zeros in: the output layer's bias out
+
+
+def test_the_join_limit_is_half_what_the_process_can_still_take_under_its_memory_cgroup(
+    tmp_path: Path,
+) -> None:
+    """``trainer.export_join_bytes`` unset: half the host's available memory, or of what the
+    process's memory cgroup (a task's own limit, a container's) leaves it, whichever is less;
+    read from the kernel's files for cgroup v1 and v2 alike (here: folders shaped as the
+    kernel's), and in a real cgroup of 600 MiB."""
+    from recipes.export_parts import cgroup_memory_left
+
+    proc_cgroup = tmp_path / "cgroup"
+    proc_cgroup.write_text("4:memory:/job/task\n0::/job/task\n")
+    v1_dir = tmp_path / "memory" / "job" / "task"
+    v1_dir.mkdir(parents=True)
+    (v1_dir / "memory.limit_in_bytes").write_text("1000\n")
+    (v1_dir / "memory.usage_in_bytes").write_text("400\n")
+    (v1_dir.parent / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # no limit
+    (v1_dir.parent / "memory.usage_in_bytes").write_text("400\n")
+    v2_dir = tmp_path / "job"
+    (v2_dir / "task").mkdir(parents=True)
+    (v2_dir / "memory.max").write_text("900\n")  # the parent's limit binds too
+    (v2_dir / "memory.current").write_text("500\n")
+    (v2_dir / "task" / "memory.max").write_text("max\n")
+    (v2_dir / "task" / "memory.current").write_text("500\n")
+    assert cgroup_memory_left(str(proc_cgroup), str(tmp_path)) == 400  # min(1000-400, 900-500)
+    (v2_dir / "memory.max").write_text("max\n")
+    assert cgroup_memory_left(str(proc_cgroup), str(tmp_path)) == 600
+    assert cgroup_memory_left(str(tmp_path / "missing"), str(tmp_path)) is None
+    if os.geteuid() != 0:
+        return  # a real memory cgroup needs root (CI runs as root)
+    from cgroup_helpers import memory_cgroup
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from recipes.config import AlgoConf, DataConf, ModelConf, RunConfig, TrainerConf; "
+        "from recipes.export_parts import join_limit; "
+        "cfg = RunConfig('/tmp', AlgoConf('hogwild'), ModelConf(), DataConf(), TrainerConf()); "
+        "print(join_limit(cfg))"
+    )
+    with memory_cgroup(600 << 20) as procs:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"import sys; sys.stdin.readline(); exec({code!r})", str(REPO)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        procs.write_text(str(proc.pid))  # in the cgroup before it reads anything
+        out, _ = proc.communicate("go\n", timeout=60)
+    assert proc.returncode == 0
+    assert 0 < int(out) <= 300 << 20, out
