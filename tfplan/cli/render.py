@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
 from tfplan.planning.costs import job_cost
 from tfplan.planning.footprint import plan_checkpoints, snapshot_bytes
+from tfplan.planning.memory import limit_text
 from tfplan.planning.plan import Action, Change, Plan, Role, Task
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT
 
@@ -168,6 +169,8 @@ def _compact_block(plan: Plan, change: Change) -> list[Line]:
         ]
         if task.is_chief:
             fields.append("chief = true")
+        if task.memory_limit is not None:
+            fields.append(f"memory = {limit_text(task.memory_limit)}")
     lines.append((style, f'  {symbol} task "{change.task}" {{ {", ".join(fields)} }}'))
     return lines
 
@@ -199,14 +202,20 @@ def _change_block(plan: Plan, change: Change) -> list[Line]:
 AFTER_APPLY = "(known after apply)"
 
 
+def _memory(task: Task) -> str:
+    return f"{limit_text(task.memory_limit)} (a cgroup of its own)"
+
+
 def _task_fields(plan: Plan, task: Task) -> list[tuple[str, str]]:
     address = plan.address_of(task)
     known = plan.addresses_known
+    memory = [] if task.memory_limit is None else [("memory", _memory(task))]
     return [
         ("host", f'"{task.host}" ({address})' if address else f'"{task.host}" {AFTER_APPLY}'),
         ("port", str(task.port) if task.port is not None else "(none: not in the cluster spec)"),
         ("chief", "true" if task.is_chief else "false"),
         ("devices", "[" + ", ".join(f'"{d}"' for d in task.devices) + "]"),
+        *memory,
         (
             "command",
             _value(" ".join(task.command))

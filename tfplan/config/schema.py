@@ -99,6 +99,10 @@ class ClusterConfig:
     # Fork every Python task from one process per host that imported TensorFlow once (a warm
     # seed, kept while the experiment's tasks run); false: each task starts its own interpreter
     warm: bool = True
+    # A memory limit per role (ps, chief, worker, evaluator), each task in a memory cgroup of its
+    # own (process backend: docs/process_backend.md): bytes, a size such as 512MiB or 1.5G
+    # (powers of 1024), or null for none; {} (the default): no limits
+    memory: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

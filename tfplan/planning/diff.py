@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tfplan.planning.memory import limit_text
 from tfplan.planning.plan import Action, Change, Task
 from tfplan.planning.policy import JobPolicy
 from tfplan.planning.state import State, TaskRecord, TaskStatus
@@ -211,6 +212,8 @@ def _restart_reasons(
     ):
         if before != after:
             reasons.append(f"{name}: {_short(before)} -> {_short(after)}")
+    if old.memory_limit != task.memory_limit:
+        reasons.append(f"memory: {limit_text(old.memory_limit)} -> {limit_text(task.memory_limit)}")
     for key in sorted({*old.env, *task.env}):
         if old.env.get(key) != task.env.get(key):
             reasons.append(f"env {key}: {_short(old.env.get(key))} -> {_short(task.env.get(key))}")

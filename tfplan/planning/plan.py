@@ -111,6 +111,9 @@ class Task:
     # Whether the task may use Keras (the user's program or code): a warm process for tasks
     # that never do imports TensorFlow without the Keras 3 its import pulls in (1.5 s of CPU)
     keras: bool = True
+    # bytes the task may use (cluster.memory of its role), held by a memory cgroup of its own;
+    # None: no limit of its own
+    memory_limit: int | None = None
 
     @property
     def name(self) -> str:
@@ -134,6 +137,7 @@ class Task:
             "is_chief": self.is_chief,
             "fingerprint": self.fingerprint,
             **({} if self.keras else {"keras": False}),
+            **({} if self.memory_limit is None else {"memory_limit": self.memory_limit}),
         }
 
     @classmethod
@@ -151,6 +155,7 @@ class Task:
             is_chief=bool(data["is_chief"]),
             fingerprint=data["fingerprint"],
             keras=bool(data.get("keras", True)),
+            memory_limit=None if data.get("memory_limit") is None else int(data["memory_limit"]),
         )
 
 

@@ -24,6 +24,7 @@ from tfplan.planning.commands import split_command, task_command, with_python
 from tfplan.planning.context import PlanContext
 from tfplan.planning.costs import with_costs
 from tfplan.planning.diff import diff
+from tfplan.planning.memory import memory_key, memory_limits, memory_warnings
 from tfplan.planning.placement import PortRange, Slot, allocate_ports, place
 from tfplan.planning.plan import Action, Change, HostSpec, Plan, Role, Task
 from tfplan.planning.policy import (
@@ -140,6 +141,7 @@ def plan(
     elastic = is_elastic(cfg, target.resize_in_place)
     # Keras only where the user's program, or code of the user's the recipes call, may use it
     keras = cfg.recipe.kind != "builtin" or bool(named_targets(cfg))
+    limits = memory_limits(cfg.cluster.memory or {})
     tasks = tuple(
         _task(
             cfg,
@@ -153,6 +155,7 @@ def plan(
             cluster_digest,
             elastic,
             keras,
+            limits,
         )
         for slot in slots
     )
@@ -189,6 +192,7 @@ def plan(
         sharding=preview_sharding(cfg.model, cfg.data, counts.ps),
         warnings=(
             _warnings(cfg, ports)
+            + memory_warnings(limits, cfg.cluster.chief is ChiefMode.worker0, counts.workers)
             + _down_warnings(down)
             + _launch_warnings(cfg, tasks, ClusterSpecText(endpoints))
             + (_target_warnings(changes, tasks, state) if targets else ())
@@ -470,6 +474,7 @@ def _task(
     cluster_digest: str,
     elastic: bool = False,
     keras: bool = True,
+    limits: Mapping[str, int | None] | None = None,
 ) -> Task:
     name = f"{slot.role.value}/{slot.index}"
     task_dir = posixpath.join(workdir, f"{slot.role.value}-{slot.index}")
@@ -491,7 +496,8 @@ def _task(
         "TFPLAN_RUN_CONFIG": run_yaml,
     }
     _check_startable(name, command, env)
-    restart_relevant = {
+    memory_limit = (limits or {}).get(memory_key(slot.role.value, is_chief))
+    restart_relevant: dict[str, Any] = {
         "host": where.name,
         "address": where.address,
         "port": port,
@@ -505,6 +511,8 @@ def _task(
             membership_digest(endpoints, slot.role.value, slot.index) if elastic else cluster_digest
         ),
     }
+    if memory_limit is not None:  # only when set: a task without one keeps its fingerprint
+        restart_relevant["memory_limit"] = memory_limit
     return Task(
         role=slot.role,
         index=slot.index,
@@ -518,6 +526,7 @@ def _task(
         is_chief=is_chief,
         fingerprint=_digest(restart_relevant),
         keras=keras,
+        memory_limit=memory_limit,
     )
 
 

@@ -72,6 +72,7 @@ class TaskRecord:
     # ran with a port it never listened on, then ended by itself: it never joined the cluster
     # (a user's program that did not read TF_CONFIG; seen by the supervisor)
     never_listened: bool = False
+    memory_limit: int | None = None  # the plan's (Task.memory_limit): its cgroup's limit
 
     @property
     def running(self) -> bool:
@@ -109,10 +110,13 @@ class TaskRecord:
             config_digest=plan.config_digest,
             cluster_digest=plan.cluster_digest,
             started_at=started_at,
+            memory_limit=task.memory_limit,
         )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        if self.memory_limit is None:
+            del data["memory_limit"]  # written only when set, as in the plan
         data["status"] = self.status.value
         data["command"] = list(self.command)
         data["devices"] = list(self.devices)

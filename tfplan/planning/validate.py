@@ -38,6 +38,7 @@ from tfplan.config.schema import (
     SyncLrConfig,
 )
 from tfplan.errors import ConfigError
+from tfplan.planning.memory import check_memory
 from tfplan.planning.roles import RoleCounts
 
 # The names of losses, metrics, optimizers, models and data sources are the recipes' own
@@ -128,6 +129,10 @@ def _check_output_mode(cfg: Config, counts: RoleCounts) -> None:
         f"choose one of {', '.join(OUTPUT_MODES)} (auto: apply finds out whether the hosts "
         "share output_dir)",
     )
+
+
+def _check_memory(cfg: Config, counts: RoleCounts) -> None:
+    check_memory(cfg.cluster.memory or {}, cfg.cluster.backend)
 
 
 def _check_ports(cfg: Config, counts: RoleCounts) -> None:
@@ -637,6 +642,7 @@ def _check_lifecycle(cfg: Config, counts: RoleCounts) -> None:
 _CHECKS: tuple[Check, ...] = (
     _check_roles,
     _check_output_mode,
+    _check_memory,
     _check_ports,
     _check_algo,
     _check_model_and_data,
