@@ -111,6 +111,10 @@ class LaunchRequest:
     # started next to the live task. It must not share the task's exit record (its own exit
     # file, its own scheduler step); ``log_path`` is its own log.
     standby: bool = False
+    # bytes the task may use (Task.memory_limit: cluster.memory), held by a memory cgroup of
+    # its own where the backend makes one (process backend); None: no limit of its own
+    memory_limit: int | None = None
+    experiment: str = ""  # the experiment's id: names what is the task's on its host (a cgroup)
 
 
 @dataclass(frozen=True)

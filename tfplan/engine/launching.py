@@ -63,6 +63,8 @@ class PlanLaunches:
             log_path=task.log_path,
             devices=task.devices,
             tf_config=self.text.tf_config(task.role.value, task.index),
+            memory_limit=task.memory_limit,
+            experiment=self.plan.experiment_id,
         )
 
 
@@ -83,6 +85,8 @@ def restart_request(record: TaskRecord, state: State) -> LaunchRequest:
         keep_log_as=f"{record.log_path}.{record.restarts}",
         attempt=record.restarts + 1,
         tf_config=text.tf_config(record.role, record.index),
+        memory_limit=record.memory_limit,
+        experiment=state.experiment_id,
     )
 
 
@@ -109,4 +113,6 @@ def standby_request(record: TaskRecord, state: State) -> LaunchRequest:
         attempt=record.restarts + 1,
         tf_config=text.tf_config(record.role, record.index),
         standby=True,
+        memory_limit=record.memory_limit,
+        experiment=state.experiment_id,
     )

@@ -26,7 +26,7 @@ from tfplan.backends.api import (
 )
 from tfplan.backends.delivery import deliver, shell_bytes
 from tfplan.backends.fanout import run_on_hosts
-from tfplan.backends.process import firewall, outputs, running, seeds, shell
+from tfplan.backends.process import firewall, memory, outputs, running, seeds, shell
 from tfplan.backends.process.target import LOCAL_ADDRESSES, plan_target
 from tfplan.backends.staging import run_yaml, ship_code
 from tfplan.backends.transports.pool import TransportPool
@@ -121,7 +121,8 @@ class ProcessBackend(Backend):
         return outputs.fetch(self.pool[self._near(near)], folder, dest)
 
     def preflight(self, plan: Plan, tasks: Sequence[Task]) -> list[PreflightResult]:
-        """Per host: python, TensorFlow (built-in recipes), free ports, writable folders; and
+        """Per host: python, TensorFlow (built-in recipes), free ports, writable folders, a
+        memory cgroup tfplan can make (where a task has a limit: ``cluster.memory``); and
         whether the hosts share the output folder as ``cluster.output_mode`` requires
         (:meth:`locate_output`). Returns each host's answer.
 
@@ -144,10 +145,12 @@ class ProcessBackend(Backend):
                 ps_bytes=sum(held[t.index] for t in ps),
             )
             result = self.pool[name].preflight(request)
-            if self.firewall:
-                problem = firewall.support_problem(self.pool, name)
-                if problem:
-                    result = replace(result, problems=(*result.problems, problem))
+            problems = [
+                memory.support_problem(self.pool, name, plan, tasks) if result.ok else None,
+                firewall.support_problem(self.pool, name) if self.firewall else None,
+            ]
+            if any(problems):
+                result = replace(result, problems=(*result.problems, *filter(None, problems)))
             return result
 
         hosts = sorted({t.host for t in tasks})
@@ -174,24 +177,28 @@ class ProcessBackend(Backend):
             allocation = firewall.install(self.pool, plan, allocation, say, submitted)
         if self.warm and not self._seeds:  # a sweep's own seeds come first
             allocation = seeds.start_seeds(self.pool, plan, tasks, allocation, say, submitted)
-        kept = leftovers.record(allocation, plan)
+        kept = memory.record(leftovers.record(allocation, plan), plan, tasks)
         if kept != allocation:
             allocation = kept
             submitted(allocation)
         return allocation
 
     def release(self, allocation: Allocation) -> None:
-        """Stop the experiment's warm seeds, remove the firewall rules it installed and what
+        """Stop the experiment's warm seeds, remove the firewall rules it installed, what
         its parameter servers left on their hosts (in-memory snapshots:
-        :mod:`tfplan.backends.leftovers`); idempotent, the tasks have ended already.
+        :mod:`tfplan.backends.leftovers`) and its tasks' memory cgroups; idempotent, the tasks
+        have ended already.
 
         Raises:
-            BackendError: a seed or a host's rules could not be confirmed gone.
+            BackendError: a seed, a host's rules or a memory cgroup could not be confirmed
+                gone (a cgroup that still holds a process is left, and named).
         """
         problems: dict[str, str] = {}
         problems.update(seeds.stop_seeds(self.pool, allocation))
         problems.update(firewall.remove(self.pool, allocation))
         known = {h.name for h in self.hosts}
+        for host, problem in memory.remove(self.pool, allocation, sorted(known)).items():
+            problems[host] = f"{problems[host]}; {problem}" if host in problems else problem
         left = {h: p for h, p in leftovers.leftovers(allocation).items() if h in known}
 
         def remove(host: str) -> None:
@@ -242,6 +249,7 @@ class ProcessBackend(Backend):
         seed = self._seeds.get(request.host) or seeds.allocation_seeds(allocation).get(request.host)
         env = {**request.env, "TF_CONFIG": request.tf_config} if request.tf_config else request.env
         note = ""
+        cgroup = memory.group_of(request) if request.memory_limit is not None else ""
         if (
             seed is not None
             and forkable(seed, request.command, env)
@@ -249,7 +257,7 @@ class ProcessBackend(Backend):
         ):
             # the delivery's environment: TF_CONFIG, or TF_CONFIG_FILE when it is too large to
             # pass on to what the task starts (the seed reads the file in, as the launcher does)
-            forked = seeds.fork(self.pool, seed, request, delivery.env, exit_file)
+            forked = seeds.fork(self.pool, seed, request, delivery.env, exit_file, cgroup)
             if isinstance(forked, Launched):
                 return forked
             note = f"a cold start: the warm seed on {request.host} {forked}"
@@ -261,6 +269,8 @@ class ProcessBackend(Backend):
                 workdir=request.workdir,
                 log_path=request.log_path,
                 exit_file=exit_file,
+                memory_limit=request.memory_limit,
+                cgroup=cgroup,
             )
         )
         handle: dict[str, object] = {"pid": started.pid, "pgid": started.pgid}

@@ -194,14 +194,24 @@ def fork(
     request: LaunchRequest,
     env: dict[str, str],
     exit_file: str | None,
+    cgroup: str = "",
 ) -> Launched | str:
     """``request`` forked from ``seed``, or why it could not be (the seed is gone, did not
-    answer within the wait, or failed to fork): the caller starts it the usual way."""
+    answer within the wait, or failed to fork, or to make the task's memory cgroup
+    ``cgroup``): the caller starts it the usual way."""
     transport = pool[request.host]
     began = time.time()
     exit_path = exit_file or exit_file_of(request.workdir)
     token = f"{request.name.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
-    payload = fork_request(request.command, env, request.workdir, request.log_path, exit_path)
+    payload = fork_request(
+        request.command,
+        env,
+        request.workdir,
+        request.log_path,
+        exit_path,
+        request.memory_limit,
+        cgroup,
+    )
     try:
         answer = transport.run_script(
             fork_script(seed.requests, token, seed.pgid, FORK_WAIT_SECS, SEED_IMPORT_WAIT_SECS),

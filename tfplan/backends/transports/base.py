@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import sys
 import tarfile
 import threading
@@ -46,6 +47,7 @@ __all__ = ["STATUS_TIMEOUT_SECS", "WATCH_RETRY_SECS", "Transport"]
 
 STATUS_TIMEOUT_SECS = 5.0
 WATCH_RETRY_SECS = 30.0
+_CGROUP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a folder's name, not a path
 
 
 class Transport(ABC):
@@ -291,6 +293,11 @@ class Transport(ABC):
             _scripts.check_env_names(spec.env)
         except ValueError as error:
             raise BackendError(f"host {self.target.name}: task {spec.name}: {error}") from None
+        if spec.memory_limit is not None and not _CGROUP_NAME.match(spec.cgroup):
+            raise BackendError(
+                f"host {self.target.name}: task {spec.name} has a memory limit but its cgroup "
+                f"name {spec.cgroup!r} is not a plain name"
+            )
         return self._start(spec)
 
     def _start_by_script(self, spec: LaunchSpec) -> Launched:
@@ -298,7 +305,13 @@ class Transport(ABC):
         detached start script runs there and prints the wrapper's PID."""
         began = time.time()
         script = _scripts.remote_start_script(
-            spec.command, spec.env, spec.workdir, spec.log_path, spec.exit_file
+            spec.command,
+            spec.env,
+            spec.workdir,
+            spec.log_path,
+            spec.exit_file,
+            spec.memory_limit,
+            spec.cgroup,
         )
         result = self.run_script(script, f"start task {spec.name} in {spec.workdir}", timeout=30)
         last = result.stdout.decode().strip().splitlines()[-1:] or [""]

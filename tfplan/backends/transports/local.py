@@ -111,10 +111,14 @@ class LocalTransport(Transport):
             if os.path.lexists(exit_file):
                 os.remove(exit_file)
             env = {**os.environ, **spec.env, "TFPLAN_EXIT_FILE": exit_file}
+            for name in ("TFPLAN_CGROUP", "TFPLAN_MEMORY_LIMIT"):  # a task's own, not tfplan's
+                env.pop(name, None)
+            env.update(_scripts.memory_env(spec.memory_limit, spec.cgroup))
+            wrapper = _scripts.task_wrapper(spec.memory_limit)
             with open(spec.log_path, "wb") as log:
                 began = time.time()
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", _scripts.TASK_WRAPPER, "tfplan-task", *spec.command],
+                    ["/bin/sh", "-c", wrapper, "tfplan-task", *spec.command],
                     cwd=spec.workdir,
                     env=env,
                     stdin=subprocess.DEVNULL,

@@ -13,10 +13,13 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
+from tfplan.backends.transports.cgroups import CGROUP_SH, ENTER_FAILED_EXIT, ENTER_SH
+
 __all__ = [
     "EXIT_CODE_FILE",
     "fork_script",
     "LISTENING_SCRIPT",
+    "MEMORY_TASK_WRAPPER",
     "listening_ports",
     "STREAM_POLL_SECS",
     "TASK_WRAPPER",
@@ -49,12 +52,20 @@ STREAM_POLL_SECS = 0.2
 # warm standby, and a replica's "leave the running job" (both sent to the whole group), must not
 # end the wrapper (their default action). Traps
 # with a command (not '') are reset in children, so the task still receives the signals normally.
-TASK_WRAPPER = (
-    "trap 'true' TERM INT HUP USR1 USR2; "
-    '"$@"; rc=$?; '
+_RECORD_EXIT = (
     'printf "%s\\n" "$rc" > "$TFPLAN_EXIT_FILE.tmp.$$" '
     '&& mv -f "$TFPLAN_EXIT_FILE.tmp.$$" "$TFPLAN_EXIT_FILE"; '
     "exit $rc"
+)
+TASK_WRAPPER = "trap 'true' TERM INT HUP USR1 USR2; \"$@\"; rc=$?; " + _RECORD_EXIT
+# The same for a task with a memory limit (LaunchSpec.memory_limit): the wrapper enters the
+# task's memory cgroup first (:mod:`.cgroups`; $TFPLAN_CGROUP, $TFPLAN_MEMORY_LIMIT), so that
+# the program and all it starts are in it; one that cannot enter records 125 and runs nothing.
+MEMORY_TASK_WRAPPER = (
+    CGROUP_SH
+    + "trap 'true' TERM INT HUP USR1 USR2; "
+    + f'if {ENTER_SH}; then "$@"; rc=$?; else rc={ENTER_FAILED_EXIT}; fi; '
+    + _RECORD_EXIT
 )
 
 
@@ -109,12 +120,26 @@ def prepare_start_script(workdir: str, log_path: str, exit_path: str | None = No
     return f"mkdir -p {q(workdir)} {q(log_dir)} && rm -f {q(exit_path)} && : > {q(log_path)}"
 
 
+def task_wrapper(memory_limit: int | None) -> str:
+    """The wrapper of a task: :data:`MEMORY_TASK_WRAPPER` for one with a memory limit."""
+    return TASK_WRAPPER if memory_limit is None else MEMORY_TASK_WRAPPER
+
+
+def memory_env(memory_limit: int | None, cgroup: str) -> dict[str, str]:
+    """What :data:`MEMORY_TASK_WRAPPER` reads (the task's program sees it too)."""
+    if memory_limit is None:
+        return {}
+    return {"TFPLAN_CGROUP": cgroup, "TFPLAN_MEMORY_LIMIT": str(memory_limit)}
+
+
 def remote_start_script(
     command: Sequence[str],
     env: Mapping[str, str],
     workdir: str,
     log_path: str,
     exit_path: str | None = None,
+    memory_limit: int | None = None,
+    cgroup: str = "",
 ) -> str:
     """Start the wrapped command detached in its own session and print its PID.
 
@@ -124,6 +149,7 @@ def remote_start_script(
     ``$!`` is the new session's leader: PID == PGID.
     """
     check_env_names(env)
+    env = {**env, **memory_env(memory_limit, cgroup)}
     exports = "".join(f"export {name}={q(value)}; " for name, value in env.items())
     argv = " ".join(q(word) for word in command)
     exit_path = exit_path or exit_file(workdir)
@@ -131,7 +157,7 @@ def remote_start_script(
         f"{prepare_start_script(workdir, log_path, exit_path)} || exit 97; "
         f"cd {q(workdir)} || exit 98; "
         f"{exports}export TFPLAN_EXIT_FILE={q(exit_path)}; "
-        f"setsid sh -c {q(TASK_WRAPPER)} tfplan-task {argv} "
+        f"setsid sh -c {q(task_wrapper(memory_limit))} tfplan-task {argv} "
         f"> {q(log_path)} 2>&1 < /dev/null & echo $!"
     )
 
@@ -329,7 +355,9 @@ _TAILS_CODE = (
 
 
 # Prints the kernel's out-of-memory kills since a unix time, one JSON list: /dev/kmsg (root),
-# else `dmesg` (kernel.dmesg_restrict=0); [] when neither can be read.
+# else `dmesg` (kernel.dmesg_restrict=0); [] when neither can be read. A kill the kernel
+# attributes (its ``oom-kill:`` line) names the memory cgroup whose limit was reached
+# (``memcg``; "" for the host's own want of memory) and the victim's own (``task_memcg``).
 _OOM_CODE = r"""
 import json, os, re, subprocess, sys, time
 since = float(sys.argv[1])
@@ -359,13 +387,23 @@ except OSError:
         m = re.match(r"\[\s*([\d.]+)\]\s*(.*)", line)
         if m:
             lines.append((float(m.group(1)), m.group(2)))
+memcg = re.compile(r"oom-kill:(.*?)task_memcg=([^,]*),.*?pid=(\d+)")
+limit = re.compile(r"oom_memcg=([^,]*)")
+groups = {}
 found = []
 for mono, text in lines:
+    g = memcg.search(text)
+    if g:  # a kill for the host's want of memory (global_oom) names no oom_memcg: ""
+        reached = limit.search(g.group(1))
+        groups[int(g.group(3))] = (reached.group(1) if reached else "", g.group(2))
     m = pat.search(text)
     at = now_unix - (now_mono - mono)
     if m and at >= since - 1:
         rss = (int(m.group(3)) + int(m.group(4) or 0)) * 1024
-        found.append({"pid": int(m.group(1)), "name": m.group(2), "rss": rss, "at": at})
+        kill = {"pid": int(m.group(1)), "name": m.group(2), "rss": rss, "at": at}
+        if int(m.group(1)) in groups:  # the memory cgroup whose limit was reached, and its own
+            kill["memcg"], kill["task_memcg"] = groups[int(m.group(1))]
+        found.append(kill)
 print(json.dumps(found))
 """
 

@@ -20,8 +20,10 @@ Protocol, all in FOLDER on the host:
 
 A request may also carry ``env_whole`` (the environment is the request's alone, not the seed's
 plus the request's), ``log_append`` (the log is opened for appending, never truncated: a step's
-own output, ``/proc/<pid>/fd/1``) and ``owner`` (a PID the task lives no longer than: when it
-ends, the task's process group is killed; :mod:`.seed_client`'s step that stands for the task).
+own output, ``/proc/<pid>/fd/1``), ``owner`` (a PID the task lives no longer than: when it
+ends, the task's process group is killed; :mod:`.seed_client`'s step that stands for the task)
+and ``memory_limit`` with ``cgroup`` (the task runs in a memory cgroup of its own of that many
+bytes, made by the seed as the cold start's wrapper makes it: ``cgroups.CGROUP_SH``).
 
 A task forked from the seed is what the shell wrapper would have started: its own session and
 process group (``setsid``), cwd its workdir, stdout and stderr its log (truncated), stdin
@@ -50,6 +52,9 @@ from typing import Any
 
 WAKE_SECS = 1.0
 LEAD_WAIT_SECS = 10.0  # for a forked task to lead its own session before it is answered
+CGROUP_V2 = "/sys/fs/cgroup"
+CGROUP_V1 = "/sys/fs/cgroup/memory"
+ENTER_FAILED_EXIT = 125  # as the cold start's wrapper records it (cgroups.ENTER_FAILED_EXIT)
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -68,6 +73,76 @@ def _record_exit(path: str, code: int) -> None:
         _write_atomic(path, f"{code}\n")
     except OSError:
         pass  # the seed records it when it reaps the task
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as out:
+        out.write(text)
+
+
+def _memory_group(name: str, limit: int) -> str:
+    """Create (or reuse) the memory cgroup ``name`` with ``limit`` bytes; its folder. The
+    mirror of ``cgroups.CGROUP_SH``: v2 under ``/sys/fs/cgroup/tfplan/`` (``+memory`` on the
+    way, no swap), else v1 as a child of this process's own memory cgroup.
+
+    Raises:
+        OSError: the host has no memory cgroup this process can make (the request's answer).
+    """
+    if not name or "/" in name or name.startswith("."):
+        raise OSError(f"{name!r} is not a plain name for a cgroup")
+    controllers = os.path.join(CGROUP_V2, "cgroup.controllers")
+    if os.path.isfile(controllers):
+        with open(controllers) as f:
+            if "memory" not in f.read().split():
+                raise OSError("cgroup v2 without the memory controller")
+        root = os.path.join(CGROUP_V2, "tfplan")
+        os.makedirs(root, exist_ok=True)
+        for parent in (CGROUP_V2, root):
+            _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
+        group = os.path.join(root, name)
+        os.makedirs(group, exist_ok=True)
+        _write(os.path.join(group, "memory.max"), str(limit))
+        if os.path.isfile(os.path.join(group, "memory.swap.max")):
+            _write(os.path.join(group, "memory.swap.max"), "0")
+        return group
+    if not os.path.isdir(CGROUP_V1):
+        raise OSError("no memory cgroup here (neither cgroup v2 nor v1 at /sys/fs/cgroup)")
+    own = ""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(":", 2)
+            if len(parts) == 3 and "memory" in parts[1].split(","):
+                own = parts[2]
+    parent = CGROUP_V1 + own if os.path.isdir(CGROUP_V1 + own) else CGROUP_V1
+    group = os.path.join(parent, name)
+    os.makedirs(group, exist_ok=True)
+    swap = os.path.join(group, "memory.memsw.limit_in_bytes")
+    if os.path.isfile(swap):
+        try:
+            _write(swap, str(limit))  # raised first: memsw is at least the limit
+        except OSError:
+            pass
+    _write(os.path.join(group, "memory.limit_in_bytes"), str(limit))
+    if os.path.isfile(swap):
+        _write(swap, str(limit))
+    return group
+
+
+def _enter_group(request: dict[str, Any]) -> None:
+    """In the task, before its program: into the memory group the seed made for it."""
+    group = request.get("memory_group")
+    if not group:
+        return
+    try:
+        _write(os.path.join(group, "cgroup.procs"), str(os.getpid()))
+    except OSError as error:
+        print(
+            f"error: could not put the task in its memory cgroup {request['cgroup']} ({error}): "
+            "run tfplan as root on this host, delegate a cgroup to its user, or remove "
+            "cluster.memory",
+            file=sys.stderr,
+        )
+        raise SystemExit(ENTER_FAILED_EXIT) from None
 
 
 def _run_task(
@@ -119,10 +194,15 @@ def _run_task(
         os.dup2(log, 2)
         os.close(log)
         os.close(null)
+        _enter_group(request)
         if request.get("owner"):
             _guard(int(request["owner"]))
         base = {} if request.get("env_whole") else base_env
         env = {**base, **request["env"], "TFPLAN_EXIT_FILE": request["exit_file"]}
+        if request.get("memory_group"):  # what the cold start's wrapper reads, for the program
+            env.update(
+                TFPLAN_CGROUP=request["cgroup"], TFPLAN_MEMORY_LIMIT=str(request["memory_limit"])
+            )
         os.environ.clear()
         os.environ.update(env)
         if "TF_CONFIG_FILE" in env and "TF_CONFIG" not in env:
@@ -231,6 +311,8 @@ class Seed:
         # what a cold start's wrapper fails on fails here, answered to the requester (who then
         # starts the task the usual way, to report it as such): not in a task already started
         os.makedirs(request["workdir"], exist_ok=True)
+        if request.get("memory_limit") is not None:
+            request["memory_group"] = _memory_group(request["cgroup"], int(request["memory_limit"]))
         mode = os.O_APPEND if request.get("log_append") else os.O_CREAT | os.O_TRUNC
         log = os.open(request["log_path"], os.O_WRONLY | mode, 0o644)
         waiting, led = os.pipe()

@@ -215,14 +215,23 @@ def seed_env(command: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
 
 
 def fork_request(
-    command: Sequence[str], env: Mapping[str, str], workdir: str, log_path: str, exit_file: str
+    command: Sequence[str],
+    env: Mapping[str, str],
+    workdir: str,
+    log_path: str,
+    exit_file: str,
+    memory_limit: int | None = None,
+    cgroup: str = "",
 ) -> bytes:
-    """What the seed agent reads from ``requests/<token>.json``."""
-    data = {
+    """What the seed agent reads from ``requests/<token>.json``; with ``memory_limit``, the
+    task enters the memory cgroup ``cgroup`` of that limit before its program runs."""
+    data: dict[str, Any] = {
         "argv": list(command),
         "env": dict(env),
         "workdir": workdir,
         "log_path": log_path,
         "exit_file": exit_file,
     }
+    if memory_limit is not None:
+        data.update(memory_limit=memory_limit, cgroup=cgroup)
     return json.dumps(data).encode()

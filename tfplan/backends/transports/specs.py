@@ -58,6 +58,9 @@ class LaunchSpec:
 
     ``exit_file``: where the wrapper records the exit status, when not ``<workdir>/exit_code``
     (a warm standby shares its task's workdir but must not share its exit record).
+
+    ``memory_limit``: bytes; the task's processes run in the memory cgroup ``cgroup`` (a plain
+    name, :func:`~.cgroups.cgroup_name`) of that limit, entered before the program starts.
     """
 
     name: str
@@ -66,6 +69,8 @@ class LaunchSpec:
     workdir: str
     log_path: str
     exit_file: str | None = None
+    memory_limit: int | None = None
+    cgroup: str = ""
 
 
 @dataclass(frozen=True)
