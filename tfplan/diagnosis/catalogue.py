@@ -30,6 +30,8 @@ class KnownFailure:
         needs_oom_record: the host's kernel must have recorded an out-of-memory kill in the
             task's life (``OomKill``).
         needs_never_listened: the task ran with a port and was never seen listening on it.
+        needs_memory_limit: the task had a memory limit of its own (``cluster.memory``), and
+            the kill's record does not say another limit or the host's memory was reached.
         user_frames_in: the log's last error shows frames of the user's own files, in this
             form: ``error`` (the recipes' ``error:`` line and its indented frames) or
             ``traceback`` (a Python traceback); fills ``{error}`` and ``{where}`` (the
@@ -54,6 +56,7 @@ class KnownFailure:
     exit_codes: tuple[int, ...] = ()
     needs_oom_record: bool = False
     needs_never_listened: bool = False
+    needs_memory_limit: bool = False
     user_frames_in: str = ""
     catch_all: bool = False
     free_space_of: str = ""
@@ -69,6 +72,18 @@ class KnownFailure:
 
 
 CATALOGUE: list[KnownFailure] = [
+    KnownFailure(
+        id="memory-limit",
+        title="Killed by the kernel at the task's own memory limit (cluster.memory)",
+        exit_codes=(137, -9),
+        needs_oom_record=True,
+        needs_memory_limit=True,
+        cause="killed by the kernel on host {host}: it reached its memory limit of {limit} "
+        "({limit_key})",
+        fix="raise {limit_key} (a TensorFlow process alone needs about 400 MiB), or make the task "
+        "use less (a smaller data.batch_size or model)",
+        reproduce="a program that allocates more than its role's cluster.memory",
+    ),
     KnownFailure(
         id="oom-killed",
         title="Killed by the out-of-memory killer",

@@ -37,6 +37,16 @@ class OomKill:
     name: str
     rss_bytes: int  # 0: not known (a container's kill reported by its scheduler)
     at: float  # unix time
+    # the memory cgroup whose limit was reached ("": the host's own memory ran out) and the
+    # killed process's own; None: the kernel did not say
+    memcg: str | None = None
+    task_memcg: str | None = None
+
+    @property
+    def own_limit(self) -> bool:
+        """Whether the kill may be the process's own cgroup's limit (not the host's memory,
+        nor a limit of a group above its own); True where the kernel did not say."""
+        return self.memcg is None or (bool(self.memcg) and self.memcg == self.task_memcg)
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,8 @@ class Evidence:
     oom: OomKill | None = None
     never_listened: bool = False  # ran with a port, never seen listening on it
     free_bytes: int | None = None  # free space where the log says the disk is full, when read
+    memory_limit: int | None = None  # its memory cgroup's limit (cluster.memory), if any
+    memory_key: str = ""  # the key that set it: cluster.memory.worker
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,8 @@ def _fields(entry: KnownFailure, evidence: Evidence, groups: dict[str, str]) -> 
             else ""
         ),
         "at_step": f" at step {step}" if step else "",
+        "limit": size_text(evidence.memory_limit) if evidence.memory_limit else "?",
+        "limit_key": evidence.memory_key or "cluster.memory",
         "flags": flags.strip(),
         "peer": peer,
         "folder": _folder(groups, evidence.output_dir),
@@ -166,6 +180,10 @@ def explain(
         if entry.needs_never_listened and not evidence.never_listened:
             continue
         if entry.needs_oom_record and evidence.oom is None:
+            continue
+        if entry.needs_memory_limit and not (
+            evidence.memory_limit and evidence.oom is not None and evidence.oom.own_limit
+        ):
             continue
         if entry.user_frames_in and not _user_frames_shown(entry, evidence.output):
             continue

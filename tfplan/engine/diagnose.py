@@ -23,6 +23,7 @@ from tfplan.diagnosis.explain import (
 )
 from tfplan.diagnosis.frames import error_frames
 from tfplan.errors import TfplanError
+from tfplan.planning.memory import memory_key
 from tfplan.planning.state import TaskRecord
 
 __all__ = ["Diagnosis", "diagnose", "diagnose_output", "free_space", "oom_of"]
@@ -68,11 +69,14 @@ def oom_of(backend: Backend, task: TaskRecord) -> OomKill | None:
     if not kills:
         return None
     last = max(kills, key=lambda k: float(k.get("at", 0)))  # type: ignore[arg-type]
+    memcg, task_memcg = last.get("memcg"), last.get("task_memcg")
     return OomKill(
         pid=int(last.get("pid", 0)),  # type: ignore[call-overload]
         name=str(last.get("name", "")),
         rss_bytes=int(last.get("rss", 0)),  # type: ignore[call-overload]
         at=float(last.get("at", 0)),  # type: ignore[arg-type]
+        memcg=None if memcg is None else str(memcg),
+        task_memcg=None if task_memcg is None else str(task_memcg),
     )
 
 
@@ -93,7 +97,15 @@ def diagnose_output(
     in one round trip per host). ``backend``: where to read the free space of a full disk the
     log names (left out: not read)."""
     evidence = Evidence(
-        task.name, task.host, task.exit_code, output, output_dir, oom, task.never_listened
+        task.name,
+        task.host,
+        task.exit_code,
+        output,
+        output_dir,
+        oom,
+        task.never_listened,
+        memory_limit=task.memory_limit,
+        memory_key=f"cluster.memory.{memory_key(task.role, task.is_chief)}",
     )
     found = explain(evidence)
     if found is not None and found.free_space_of and backend is not None:
