@@ -347,6 +347,9 @@ def test_a_task_over_its_limit_is_killed_by_the_kernel_and_the_run_says_which_li
         assert "allocated" not in life.read_text()
     row = json.loads(tfplan(ws, "explain", "worker/0", "--json", check=True).stdout)[0]
     assert row["known"] == "memory-limit" and "128 MiB (cluster.memory.chief)" in row["line"]
+    if start == "cold":  # status says the limit beside the task's RSS
+        status = json.loads(tfplan(ws, "status", "--json", check=True).stdout)["tasks"][0]
+        assert status["memory_limit"] == 128 * MiB, status
     tfplan(ws, "destroy", "--auto-approve", f"experiment.id={experiment}", check=True)
     assert _groups(name) == []
 

@@ -18,6 +18,7 @@ from tfplan.cli.output import recoveries_line
 from tfplan.engine.diagnose import diagnose, diagnose_output, oom_of
 from tfplan.engine.lognoise import is_noise
 from tfplan.engine.logs import STEP_PATTERN
+from tfplan.planning.memory import limit_text
 from tfplan.planning.plan import ROLE_ORDER
 from tfplan.planning.state import State, TaskRecord, standby_task
 
@@ -108,7 +109,7 @@ def run_status(args: argparse.Namespace) -> int:
             row["state"] + restarts,
             f"{row['uptime_secs']:.0f}s" if row["uptime_secs"] is not None else "",
             f"{row['cpu_percent']:.0f}" if row["cpu_percent"] is not None else "",
-            f"{row['rss_bytes'] / 2**20:.0f} MiB" if row["rss_bytes"] is not None else "",
+            _rss_text(row),
             str(row["step"]) if row["step"] is not None else "",
             row.get("explanation") or row["last_line"],
         )
@@ -191,11 +192,19 @@ def _row(
         ),
         "cpu_percent": cpu,
         "rss_bytes": rss,
+        "memory_limit": task.memory_limit,  # its cgroup's (cluster.memory); None: none of its own
         "step": step,
         "last_line": last,
         "detail": (info.detail or info.error or "") if info is not None else "",
         "standby": standby,
     }
+
+
+def _rss_text(row: dict[str, Any]) -> str:
+    """``300 MiB``, and ``of 1.0 GiB`` for a task with a memory limit of its own."""
+    limit = f"of {limit_text(row['memory_limit'])}" if row.get("memory_limit") else ""
+    rss = f"{row['rss_bytes'] / 2**20:.0f} MiB" if row["rss_bytes"] is not None else ""
+    return " ".join(part for part in (rss, limit) if part)
 
 
 def _diagnosis(
