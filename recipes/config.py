@@ -194,8 +194,21 @@ def _pick(cls: type, raw: Any, section: str) -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"run config: '{section}' must be a mapping, got {type(raw).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in raw.items() if k in known and (v is not None or k == "path")}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    # a null is a value where the field may be None and is not by default (trainer.
+    # score_rows_bytes=null: every table loaded); elsewhere it leaves the field at its default
+    nullable = {
+        name
+        for name, f in fields.items()
+        if "Optional[" in str(f.type)
+        and f.default is not None
+        and f.default is not dataclasses.MISSING
+    }
+    return {
+        k: v
+        for k, v in raw.items()
+        if k in fields and (v is not None or k == "path" or k in nullable)
+    }
 
 
 def _paths(raw: Any, key: str) -> tuple[str, ...]:

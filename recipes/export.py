@@ -286,8 +286,13 @@ class _Entries:
         if name not in self._keys:
             return [(lo, hi) for _, lo, hi in self._old_parts(name)] or [(0, rows)]
         if shape and self._direct(self._keys[name]):  # any range costs only its rows
+            import numpy as np
+
             assert self._bundle is not None
-            per_row = max(1, self._bundle.entries[self._keys[name]].size // max(1, rows))
+            entry = self._bundle.entries[self._keys[name]]  # a sliced one stores no bytes itself
+            per_row = max(
+                1, int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(entry.dtype).itemsize
+            )
             step = max(1, export_parts.CHUNK_BYTES // per_row)
             return [
                 (first + i, min(end, first + i + step))

@@ -591,6 +591,17 @@ def test_a_model_too_large_to_join_is_exported_as_parts_that_assemble_to_the_sam
     from recipes import export_parts
 
     monkeypatch.setattr(export_parts, "CHUNK_BYTES", 4000)
+    from recipes import export as export_module
+
+    read = export_module._Entries.rows
+    widest: list[int] = []  # the most rows of a table one read asked for
+
+    def rows(self: Any, path: str, shape: tuple[int, ...], lo: int, hi: int) -> Any:
+        if path == "table/embeddings":
+            widest.append(hi - lo)
+        return read(self, path, shape, lo, hi)
+
+    monkeypatch.setattr(export_module._Entries, "rows", rows)
     cfg = _cfg(tmp_path, "tabled")
     values, order, trainable = _trained(cfg)
     assert values["table/embeddings"].shape == (1000, 4)
@@ -612,6 +623,9 @@ def test_a_model_too_large_to_join_is_exported_as_parts_that_assemble_to_the_sam
         [0, 250], [250, 333], [333, 583], [583, 666], [666, 916], [916, 1000],
     ]  # fmt: skip
     assert manifest["bytes"] == sum(v.nbytes for v in values.values())
+    # read range by range (the files' 250 rows) where the files are read directly, never a
+    # stored slice whole (an older checkpoint's parts: TensorFlow reads each part whole)
+    assert max(widest) == (250 if fmt != "tf1-parts-named" else 334), widest
     from recipes import assemble_parts
 
     for path in order:  # every weight's files join to the checkpoint's value
