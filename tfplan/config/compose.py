@@ -7,15 +7,12 @@ import re
 from collections.abc import Iterator
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, cast, get_type_hints
+from typing import TYPE_CHECKING, Any, cast, get_type_hints
 
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tfplan.config import compose_cache
 from tfplan.config.algorithms import ALGORITHMS
 from tfplan.config.schema import (
     AlgoConfig,
@@ -27,6 +24,9 @@ from tfplan.config.schema import (
 )
 from tfplan.config.step_cap import cap_from_env  # TFPLAN_MAX_STEPS_CAP: docs/planning.md
 from tfplan.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hydra.errors import MissingConfigException
 
 __all__ = [
     "BUILTIN_CONF",
@@ -82,6 +82,8 @@ def groups_over(main: str | None) -> Path | None:
 
 def register_configs() -> None:
     """Register the top-level schema and one schema per group option with Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
     cs = ConfigStore.instance()
     cs.store(name="schema_config", node=Config)
     groups: dict[str, dict[str, Any]] = {
@@ -103,7 +105,6 @@ def compose_config(overrides: list[str], config_dir: str | Path | None = None) -
     Raises:
         ConfigError: an unknown group option, key or wrongly typed value, in one line.
     """
-    register_configs()
     overrides = instantiate_overrides(overrides)
     directory = conf_dir(config_dir)
     if not directory.is_dir():
@@ -112,6 +113,26 @@ def compose_config(overrides: list[str], config_dir: str | Path | None = None) -
             f"no folder {directory}",
             "give the folder of your own config groups (e.g. conf/ holding cluster/mine.yaml)",
         )
+    # Kept from an earlier run of the same composition (tfplan/config/compose_cache.py): Hydra,
+    # and its import, are skipped
+    searched = groups_over(str(directory))
+    key = compose_cache.cache_key(overrides, [directory, *([searched] if searched else [])])
+    kept = compose_cache.load(key) if key else None
+    if isinstance(kept, DictConfig):
+        return kept
+    cfg = _compose(overrides, directory)
+    if key:
+        compose_cache.store(key, cfg)
+    return cfg
+
+
+def _compose(overrides: list[str], directory: Path) -> DictConfig:
+    """Hydra's composition of ``overrides`` over ``directory``, resolved and checked."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(directory), version_base=None):
@@ -189,6 +210,8 @@ def to_config(cfg: DictConfig) -> Config:
 
 def one_line_error(error: BaseException) -> ConfigError:
     """Hydra/OmegaConf messages span many lines; keep the key, the problem and the options."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+
     if isinstance(error, MissingConfigException):
         return _missing_option(error)
     if isinstance(error, OverrideParseException):

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from tfplan.backends.staging import RECIPES_DIR
+from tfplan.config.compose_cache import user_cache_dir  # noqa: F401 - re-exported
 from tfplan.files import files_digest, write_atomic
 from tfplan.planning.plan import UserCode, VariableSpec
 
@@ -46,16 +47,6 @@ INSPECT_TIMEOUT_SECS = 180.0
 # hash at about a GB/s), beyond it by their sizes and modification times (a copy that keeps
 # them still hits).
 HASHED_BYTES = 64 << 20
-
-
-def user_cache_dir() -> Path:
-    """Where tfplan keeps what it learnt across projects: ``$TFPLAN_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/tfplan``, else ``~/.cache/tfplan``."""
-    chosen = os.environ.get("TFPLAN_CACHE_DIR")
-    if chosen:
-        return Path(chosen).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base, "tfplan")
 
 
 class Inspection:
