@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,12 @@ from spark_testbed import SparkTestbed, spark_missing
 from testbed import LoopbackSshd, NetnsTestbed  # tests/ is on sys.path (no __init__.py)
 
 from tfplan.backends.transports.specs import HostTarget
+
+# pytest keeps the assertion-rewritten test modules in __pycache__ only where Python may write
+# bytecode: with PYTHONDONTWRITEBYTECODE (set on this machine and CI's) every pytest process (each
+# xdist worker) rewrote all the test modules again, 7 of its 13 s of collection. The processes the
+# tests start keep the environment's setting.
+sys.dont_write_bytecode = False
 
 TIERS = ("fast", "full")
 
@@ -60,11 +67,27 @@ def pytest_configure(config: pytest.Config) -> None:
     # from an earlier run, and nothing written into this machine's own cache.
     # The run's shared folder (TFPLAN_TEST_RUN_DIR) also holds the examples' data, written once
     # (apply_helpers.example_with_data).
+    # Warm seeds kept between applies (cluster.warm_keep_secs) register there too
+    # (TFPLAN_WARM_DIR), and the run's end stops them; a developer's TFPLAN_WARM_KEEP_SECS is
+    # not the tests' (a test that keeps a seed says so).
+    os.environ.pop("TFPLAN_WARM_KEEP_SECS", None)
     if "TFPLAN_TEST_RUN_DIR" not in os.environ:
         run_dir = tempfile.mkdtemp(prefix="tfplan-test-run-")
         os.environ["TFPLAN_TEST_RUN_DIR"] = run_dir
         os.environ["TFPLAN_CACHE_DIR"] = os.path.join(run_dir, "cache")
+        os.environ["TFPLAN_WARM_DIR"] = os.path.join(run_dir, "warm")
         config.add_cleanup(lambda: shutil.rmtree(run_dir, ignore_errors=True))
+        config.add_cleanup(lambda: stop_kept_seeds(Path(run_dir) / "warm"))  # runs first
+
+
+def stop_kept_seeds(root: Path) -> None:
+    """End the kept warm seeds the run's applies left under ``root``, by the process groups
+    their records name (they would end by themselves once idle)."""
+    for record in root.glob("*/*/pgid"):
+        try:
+            os.killpg(int(record.read_text()), signal.SIGKILL)
+        except (ValueError, ProcessLookupError, PermissionError, OSError):
+            pass
 
 
 # A test that uses a test bed carries its mark, whether or not it says so: CI runs those apart

@@ -235,6 +235,67 @@ def test_detach_status_logs_destroy(ws: Path) -> None:
     assert not alive(seeds[0]) and state_of(ws)["allocation"] is None, "destroy left the seed"
 
 
+ENV_PROGRAM = (
+    "import tensorflow  # noqa: F401 - a training program's import\n"
+    "import json, os, sys\n"
+    "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
+    "print('env', task['type'], task['index'], os.environ.get('FROM_RUN_A'),\n"
+    "      os.environ.get('FROM_CLI_B'), os.getpgid(os.getppid()), flush=True)\n"
+)
+
+
+def test_a_kept_seed_forks_the_next_runs_tasks_and_ends_by_itself_once_idle(
+    ws: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """cluster.warm_keep_secs (the first apply's key; the second's TFPLAN_WARM_KEEP_SECS, which
+    a null key reads): the first apply's seed outlives its run; a second apply (another
+    experiment and folder, started with another environment) forks its tasks from it, with its
+    own environment, none of the first run's, as a cold start would have them; destroy leaves
+    the seed, which ends by itself once idle that long and leaves no folder."""
+    warm = tmp_path_factory.mktemp("warm")  # this test's own kept seeds, none of the run's
+    program = ws / "env_task.py"
+    program.write_text(ENV_PROGRAM)
+    runs = {}
+    for run, env in (("a", {}), ("b", {"FROM_CLI_B": "b", "TFPLAN_WARM_KEEP_SECS": "6"})):
+        overrides = [
+            *base_overrides(ws / run, free_port_base(), experiment=run),
+            "recipe=command",
+            f"recipe.command='{sys.executable} {program}'",
+            *(["cluster.warm_keep_secs=6", "+recipe.env.FROM_RUN_A=a"] if run == "a" else []),
+        ]
+        (ws / run).mkdir()
+        runs[run] = tfplan(
+            ws / run,
+            "apply",
+            "--auto-approve",
+            *overrides,
+            env={"TFPLAN_WARM_DIR": str(warm), **env},
+            check=True,
+        ).stdout
+    seeds = [json.loads(p.read_text()) for p in warm.glob("localhost/*/seed.json")]
+    assert len(seeds) == 1 and seeds[0]["kept"], seeds
+    seed = int(seeds[0]["pgid"])  # the seed's group (its wrapper's; the seed in it)
+    assert "kept from an earlier run" not in runs["a"], runs["a"]
+    assert f"warm seed on localhost (pid {seed}) kept from an earlier run" in runs["b"], runs["b"]
+    lines = {
+        run: sorted(ln.split("| ", 1)[1] for ln in runs[run].splitlines() if "| env " in ln)
+        for run in runs
+    }
+    # every task of both runs forked from the one seed (its parent's group), each run's own env
+    assert lines["a"] == [
+        f"env {r} {i} a None {seed}" for r, i in (("ps", 0), ("worker", 0), ("worker", 1))
+    ], lines
+    assert lines["b"] == [
+        f"env {r} {i} None b {seed}" for r, i in (("ps", 0), ("worker", 0), ("worker", 1))
+    ], lines
+    for run in runs:
+        assert all(t["handle"].get("forked") for t in state_of(ws / run, run)["tasks"])
+    destroyed = tfplan(ws / "b", "destroy", env={"TFPLAN_WARM_DIR": str(warm)}, check=True)
+    assert alive(seed), destroyed.stdout  # the host's, not the run's
+    wait_until(lambda: not alive(seed), 60, "the kept seed's end, idle")
+    assert not list(warm.glob("localhost/*")), "an idle seed removes its folder"
+
+
 def test_dead_task_is_planned_for_replacement_and_replaced(ws: Path) -> None:
     port = free_port_base()
     overrides = [

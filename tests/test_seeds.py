@@ -26,9 +26,12 @@ from tfplan.backends.transports.seeds import (
     WarmSeed,
     fork_request,
     forkable,
+    kept_env,
+    kept_key,
     seed_env,
     worth_a_seed,
 )
+from tfplan.errors import BackendError
 from tfplan.planning.plan import BackendRef
 from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
 
@@ -94,6 +97,58 @@ def test_the_seed_environment_leaves_out_what_is_per_task_and_adds_the_recipes_d
     # a seed for the built-in recipes forks them: same import-time values as their own defaults
     seed = _seed(**built_in)
     assert forkable(seed, (PY, "-m", "recipes.train"), {"A": "1"})
+
+
+def test_a_kept_seed_is_kept_for_the_key_else_the_environments_seconds_else_not() -> None:
+    keep = process_seeds.keep_secs
+    assert keep(30, {"TFPLAN_WARM_KEEP_SECS": "300"}) == 30.0  # the key wins
+    assert keep(0, {"TFPLAN_WARM_KEEP_SECS": "300"}) == 0.0
+    assert keep(None, {"TFPLAN_WARM_KEEP_SECS": "300"}) == 300.0
+    assert keep(None, {"TFPLAN_WARM_KEEP_SECS": " "}) == 0.0
+    assert keep(None, {}) == 0.0  # the default: the seed is the run's
+    for bad in ("soon", "-5", "nan"):
+        with pytest.raises(BackendError, match=f"TFPLAN_WARM_KEEP_SECS='{bad}' is not a number"):
+            keep(None, {"TFPLAN_WARM_KEEP_SECS": bad})
+
+
+def test_a_kept_seed_holds_only_import_time_values_and_its_key_names_what_it_can_fork() -> None:
+    # a run's own variables never reach the seed other runs fork from; tfplan's own import-time
+    # values (a local host's tasks inherit them) do
+    env = kept_env(
+        (PY, "t.py"), {"LR": "0.1", "TF_USE_LEGACY_KERAS": "1"}, {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    )
+    assert env == {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    key = kept_key("h", PY, env, True)
+    assert key == kept_key("h", PY, dict(reversed(env.items())), True)
+    others = [
+        kept_key("other", PY, env, True),
+        kept_key("h", "/opt/tf215/bin/python", env, True),
+        kept_key("h", PY, {**env, "TF_USE_LEGACY_KERAS": "0"}, True),
+        kept_key("h", PY, env, False),
+    ]
+    assert key not in others and len(set(others)) == 4
+
+
+def test_warm_keep_secs_is_refused_below_zero_and_off_the_process_backend() -> None:
+    from tfplan.config.compose import compose_config, to_config
+    from tfplan.engine.plans import make_plan
+    from tfplan.errors import ConfigError
+    from tfplan.planning.context import PlanContext
+
+    ctx = PlanContext(cwd="/home/user/project", local_python=PY, tf_version="2.21.0")
+    conf = Path(__file__).resolve().parent.parent / "conf"
+
+    def error(*overrides: str) -> str:
+        with pytest.raises(ConfigError) as raised:
+            make_plan(to_config(compose_config(list(overrides), conf)), None, ctx)
+        return str(raised.value)
+
+    assert error("cluster.warm_keep_secs=-1").startswith("cluster.warm_keep_secs: -1.0 < 0")
+    said = error("cluster=k8s", "cluster.warm_keep_secs=60")
+    assert said.startswith("cluster.warm_keep_secs: the kubernetes backend's warm seeds live")
+    assert "set it to 0" in said and "\n" not in said
+    plan = make_plan(to_config(compose_config(["cluster.warm_keep_secs=60"], conf)), None, ctx)
+    assert plan.backend.config["warm_keep_secs"] == 60.0  # in the plan: the backend reads it
 
 
 def test_a_fork_request_is_the_whole_task() -> None:

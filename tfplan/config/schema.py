@@ -99,6 +99,11 @@ class ClusterConfig:
     # Fork every Python task from one process per host that imported TensorFlow once (a warm
     # seed, kept while the experiment's tasks run); false: each task starts its own interpreter
     warm: bool = True
+    # the process backend's warm seed outlives the run on each host by this many seconds of
+    # idleness, for the next apply there (any experiment) to fork from: no TensorFlow import at
+    # all in a repeated apply; 0: stopped with the run; null (the default): the environment's
+    # TFPLAN_WARM_KEEP_SECS where tfplan runs, else 0 (docs/process_backend.md)
+    warm_keep_secs: float | None = None
     # A memory limit per role (ps, chief, worker, evaluator), each task in a memory cgroup of its
     # own (process backend: docs/process_backend.md): bytes, a size such as 512MiB or 1.5G
     # (powers of 1024), or null for none; {} (the default): no limits
@@ -314,7 +319,7 @@ class TrainerConfig:
     export_model: bool = True
     # a model whose weights exceed this many bytes is exported as its parts (files of rows)
     # beside a model.json that says how to assemble them, not joined into one .keras file;
-    # null: half the exporting host's available memory (docs/your_model.md "Your model back")
+    # null: a quarter of what the exporting process can still take (docs/your_model.md "Your model back")
     export_join_bytes: int | None = None
     # the evaluator and the chief's final scores read an Embedding table larger than this many
     # bytes row by row from the checkpoint (each batch's rows, memory-mapped) instead of loading

@@ -135,6 +135,19 @@ def _check_memory(cfg: Config, counts: RoleCounts) -> None:
     check_memory(cfg.cluster.memory or {}, cfg.cluster.backend)
 
 
+def _check_warm_keep(cfg: Config, counts: RoleCounts) -> None:
+    keep = cfg.cluster.warm_keep_secs
+    if keep is None:
+        return  # TFPLAN_WARM_KEEP_SECS, read by the process backend (others keep no seed)
+    _require(keep >= 0, "cluster.warm_keep_secs", f"{keep} < 0", "use e.g. 300, or 0")
+    _require(
+        keep == 0 or cfg.cluster.backend == "process",
+        "cluster.warm_keep_secs",
+        f"the {cfg.cluster.backend} backend's warm seeds live inside its allocation and end with it",
+        "set it to 0 (only the process backend keeps a seed between runs)",
+    )
+
+
 def _check_ports(cfg: Config, counts: RoleCounts) -> None:
     cluster = cfg.cluster
     _require(
@@ -643,6 +656,7 @@ _CHECKS: tuple[Check, ...] = (
     _check_roles,
     _check_output_mode,
     _check_memory,
+    _check_warm_keep,
     _check_ports,
     _check_algo,
     _check_model_and_data,

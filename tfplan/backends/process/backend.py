@@ -6,6 +6,7 @@ described in :mod:`tfplan.backends.process`.
 
 from __future__ import annotations
 
+import os
 import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -77,6 +78,7 @@ class ProcessBackend(Backend):
         self._output: dict[tuple[str, str, tuple[str, ...]], OutputPlace] = {}
         self._seeds: dict[str, WarmSeed] = {}  # a sweep's (use_seeds)
         self.warm = bool(ref.config.get("warm", True))
+        self.warm_keep_secs = seeds.keep_secs(ref.config.get("warm_keep_secs"), os.environ)
 
     # ---- plan time (tfplan.backends.process.target) --------------------------------------
     @classmethod
@@ -176,7 +178,9 @@ class ProcessBackend(Backend):
         if self.firewall:
             allocation = firewall.install(self.pool, plan, allocation, say, submitted)
         if self.warm and not self._seeds:  # a sweep's own seeds come first
-            allocation = seeds.start_seeds(self.pool, plan, tasks, allocation, say, submitted)
+            allocation = seeds.start_seeds(
+                self.pool, plan, tasks, allocation, say, submitted, self.warm_keep_secs
+            )
         kept = memory.record(leftovers.record(allocation, plan), plan, tasks)
         if kept != allocation:
             allocation = kept
@@ -315,7 +319,9 @@ class ProcessBackend(Backend):
         held = seeds.allocation_seeds(allocation)
         if not held:
             return allocation.id
-        return "warm seed " + ", ".join(f"{h} (pid {s.pid})" for h, s in sorted(held.items()))
+        return "warm seed " + ", ".join(
+            f"{h} (pid {s.pid}{', kept' if s.kept else ''})" for h, s in sorted(held.items())
+        )
 
     def starts_warm(self, host: str, allocation: Allocation | None = None) -> bool:
         return host in self._seeds or (

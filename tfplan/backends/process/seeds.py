@@ -5,10 +5,12 @@ a task forked from it, and the seeds stopped at release.
 
 from __future__ import annotations
 
+import json
+import os
 import posixpath
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from tfplan.backends.api import Launched, LaunchRequest, Say
@@ -18,6 +20,8 @@ from tfplan.backends.transports.scripts import exit_file as exit_file_of
 from tfplan.backends.transports.scripts import fork_script, q, write_file_script
 from tfplan.backends.transports.seeds import (
     AGENT_SOURCE,
+    KEEP_ENV,
+    KEPT_RECORD,
     PRELOAD,
     SEEDS_KEY,
     WITHOUT_KERAS,
@@ -25,6 +29,10 @@ from tfplan.backends.transports.seeds import (
     allocation_seeds,
     fork_request,
     forkable,
+    kept_env,
+    kept_key,
+    kept_lookup_script,
+    kept_root,
     seed_env,
     worth_a_seed,
 )
@@ -40,6 +48,8 @@ __all__ = [
     "SEED_STOP_GRACE_SECS",
     "allocation_seeds",
     "fork",
+    "keep_secs",
+    "kept_seed",
     "seed_ready",
     "start_seed",
     "start_seeds",
@@ -67,10 +77,11 @@ def start_seed(
     python: str,
     env: dict[str, str],
     keras: bool = True,
+    idle_exit: float | None = None,
 ) -> WarmSeed:
     """Start a warm seed on ``host`` (it imports :data:`PRELOAD`, then waits for requests);
     ``keras=False``: without the Keras 3 that TensorFlow's import pulls in (tasks that never use
-    it).
+    it); ``idle_exit``: a kept seed, which ends by itself once idle that long.
 
     Raises:
         BackendError: the host could not start it.
@@ -87,16 +98,75 @@ def start_seed(
         stdin=AGENT_SOURCE.encode(),
     )
     deferred = () if keras else WITHOUT_KERAS
+    keep = () if idle_exit is None else ("--idle-exit", f"{idle_exit:g}")
     started = transport.start(
         LaunchSpec(
             name="seed",
-            command=(python, seed.agent_path, folder, *deferred, *PRELOAD),
+            command=(python, seed.agent_path, folder, *keep, *deferred, *PRELOAD),
             env=dict(env),
             workdir=folder,
             log_path=seed.log_path,
         )
     )
-    return replace(seed, pid=started.pid, pgid=started.pgid)
+    return replace(seed, pid=started.pid, pgid=started.pgid, kept=idle_exit is not None)
+
+
+def keep_secs(configured: object, environ: Mapping[str, str]) -> float:
+    """How long a host's seed outlives a run, idle (``cluster.warm_keep_secs``): the configured
+    seconds, or where that is null, ``TFPLAN_WARM_KEEP_SECS`` of tfplan's environment (a
+    developer's shell sets it once for every apply), else 0: stopped with the run.
+
+    Raises:
+        BackendError: ``TFPLAN_WARM_KEEP_SECS`` is not a number of seconds >= 0.
+    """
+    if configured is not None:
+        return float(configured)  # type: ignore[arg-type]
+    text = environ.get(KEEP_ENV, "").strip()
+    try:
+        value = float(text) if text else 0.0
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise BackendError(
+            f"{KEEP_ENV}={text!r} is not a number of seconds: set it to e.g. 300, or unset it"
+        )
+    return value
+
+
+def kept_seed(
+    pool: TransportPool, task: Task, keras: bool, keep_secs: float, local_env: dict[str, str]
+) -> WarmSeed:
+    """The host's kept seed that can fork ``task`` (:func:`kept_key`): a running one, adopted
+    (its idle clock starts again), else one started now that outlives this run by
+    ``keep_secs`` of idleness (docs/process_backend.md "Warm seeds kept between runs").
+
+    Raises:
+        BackendError: the host could not be asked, or could not start it.
+    """
+    transport = pool[task.host]
+    local = transport.target.resolved_kind() == "local"
+    env = kept_env(task.command, task.env, local_env if local else None)
+    python = task.command[0]
+    key = kept_key(task.host, python, env, keras)
+    found = transport.run_script(
+        kept_lookup_script(kept_root(local_env), task.host, key),
+        f"look for a kept warm seed on {task.host}",
+    )
+    head, _, record = found.stdout.decode().partition("\n")
+    if record.strip():
+        try:
+            return replace(WarmSeed.from_dict(json.loads(record)), adopted=True)
+        except (ValueError, KeyError):
+            pass  # a record being written: start another
+    folder = posixpath.join(head.removeprefix("root ").strip(), f"{key}-{uuid.uuid4().hex[:8]}")
+    seed = start_seed(pool, task.host, folder, python, env, keras, idle_exit=keep_secs)
+    transport.run_script(
+        write_file_script(posixpath.join(folder, KEPT_RECORD))
+        + f" && printf '%s\\n' {seed.pgid} > {q(posixpath.join(folder, 'pgid'))}",
+        f"record the kept warm seed in {folder}",
+        stdin=json.dumps(seed.to_dict()).encode(),
+    )
+    return seed
 
 
 def seed_ready(pool: TransportPool, seed: WarmSeed) -> bool:
@@ -133,10 +203,13 @@ def start_seeds(
     allocation: Allocation,
     say: Say,
     submitted: Callable[[Allocation], None],
+    keep_secs: float = 0.0,
 ) -> Allocation:
     """A warm seed on each host of ``tasks`` that has Python tasks a seed saves TensorFlow's
-    import (:func:`worth_a_seed`) and no live seed that can fork them; one that cannot start is said, and that host's tasks start cold. The seeds are
-    recorded in the allocation (and it is submitted) as soon as they start."""
+    import (:func:`worth_a_seed`) and no live seed that can fork them; one that cannot start is
+    said, and that host's tasks start cold. The seeds are recorded in the allocation (and it is
+    submitted) as soon as they start. ``keep_secs`` > 0 (``cluster.warm_keep_secs``): the host's
+    kept seed, adopted when one runs (:func:`kept_seed`)."""
     seeds = allocation_seeds(allocation)
     alive = _seeds_alive(pool, list(seeds.values()))
     forked = [t for t in tasks if worth_a_seed(t.command, t.workdir)]
@@ -156,12 +229,15 @@ def start_seeds(
         wanted[task.host] = task
     if not wanted:
         return allocation
-    stale = [seeds[h] for h in wanted if h in seeds]
+    stale = [seeds[h] for h in wanted if h in seeds and not seeds[h].kept]
     if stale:
         run_on_hosts({s.host: s for s in stale}, lambda s: stop_seed(pool, s, 1.0))
     root = posixpath.join(posixpath.dirname(plan.code_dir), "_seed")
+    local_env = dict(os.environ)
 
     def start(task: Task) -> WarmSeed:
+        if keep_secs > 0:
+            return kept_seed(pool, task, task.host in keras, keep_secs, local_env)
         folder = posixpath.join(root, _safe(task.host))
         env = seed_env(task.command, task.env)
         return start_seed(pool, task.host, folder, task.command[0], env, task.host in keras)
@@ -169,6 +245,11 @@ def start_seeds(
     done = run_on_hosts(wanted, start)
     for host, error in sorted(done.failed.items()):
         say(f"warm seed on {host} could not start ({error}); its tasks start cold")
+    for host, seed in sorted(done.succeeded.items()):
+        if seed.adopted:
+            say(
+                f"warm seed on {host} (pid {seed.pid}) kept from an earlier run: tasks fork from it"
+            )
     seeds.update(done.succeeded)
     allocation = replace(
         allocation,
@@ -179,9 +260,10 @@ def start_seeds(
 
 
 def stop_seeds(pool: TransportPool, allocation: Allocation) -> dict[str, str]:
-    """Stop the seeds the allocation records (the tasks they forked have ended already): each
-    host's that could not be confirmed gone, and why."""
-    seeds = allocation_seeds(allocation)
+    """Stop the seeds the allocation records (the tasks they forked have ended already), but a
+    kept one (it ends by itself, idle: the next runs on its host fork from it): each host's
+    that could not be confirmed gone, and why."""
+    seeds = {h: s for h, s in allocation_seeds(allocation).items() if not s.kept}
     if not seeds:
         return {}
     stopped = run_on_hosts(seeds, lambda s: stop_seed(pool, s, SEED_STOP_GRACE_SECS))
@@ -203,6 +285,18 @@ def fork(
     began = time.time()
     exit_path = exit_file or exit_file_of(request.workdir)
     token = f"{request.name.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
+    # A kept seed on this machine was started by another tfplan process, whose environment
+    # its own is: a task forked from it gets this one's, as a cold start here would.
+    whole = seed.kept and transport.target.resolved_kind() == "local"
+    if whole:
+        env = {
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if k not in ("TFPLAN_CGROUP", "TFPLAN_MEMORY_LIMIT")
+            },
+            **env,
+        }
     payload = fork_request(
         request.command,
         env,
@@ -211,6 +305,7 @@ def fork(
         exit_path,
         request.memory_limit,
         cgroup,
+        env_whole=whole,
     )
     try:
         answer = transport.run_script(
@@ -226,6 +321,8 @@ def fork(
         return f"could not fork it ({text or 'no answer'})"
     pid = int(text)
     handle: dict[str, object] = {"pid": pid, "pgid": pid, "forked": True}
+    if seed.kept:
+        handle["seed"] = seed.folder  # which one: a host's kept seed serves many runs
     if exit_file is not None:
         handle["exit_file"] = exit_file
     return Launched(

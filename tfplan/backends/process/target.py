@@ -58,6 +58,11 @@ def plan_target(backend: str, cluster: ClusterConfig, ctx: PlanContext) -> Targe
             "hosts": [asdict(t) for t in targets],
             "firewall": cluster.firewall,
             "warm": cluster.warm,
+            **(
+                {"warm_keep_secs": cluster.warm_keep_secs}
+                if cluster.warm_keep_secs is not None
+                else {}
+            ),
         },
     )
     return Target(ref, Topology(places=places), resize_in_place=True)

@@ -133,14 +133,37 @@ if req.get("gpus") and have:
         bad("%d GPU(s) assigned on this host but TensorFlow sees %d (it would train on the CPU):"
             " fix the host's CUDA install (nvidia-smi, pip install 'tensorflow[and-cuda]') or"
             " set the host's gpus to %d" % (req["gpus"], seen, seen))
+def holder(port):
+    # " by pid N (its command)": the process listening on the port in this host's network
+    # namespace, found from /proc/net/tcp* (the socket's inode) and /proc/*/fd; "" if unseen
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                for row in list(f)[1:]:
+                    cols = row.split()
+                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add("socket:[%s]" % cols[9])
+        except (OSError, ValueError, IndexError):
+            pass
+    for pid in (d for d in os.listdir("/proc") if d.isdigit()) if inodes else ():
+        try:
+            if any(os.readlink("/proc/%s/fd/%s" % (pid, fd)) in inodes
+                   for fd in os.listdir("/proc/%s/fd" % pid)):
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+                return " by pid %s (%s)" % (pid, cmd[:100] + ("..." if len(cmd) > 100 else ""))
+        except OSError:
+            continue
+    return ""
 for port in req["ports"]:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind((req["bind_address"], port))
     except OSError as exc:
-        bad("port %d is in use (%s): stop what holds it or change cluster.port_base"
-            % (port, exc.strerror))
+        bad("port %d is in use%s (%s): stop what holds it or change cluster.port_base"
+            % (port, holder(port), exc.strerror))
     finally:
         s.close()
 def available_memory():

@@ -1,7 +1,7 @@
 """A warm seed: one Python process per host that imports TensorFlow once and forks tasks from it.
 
-Shipped to the host as a file and run there as ``python seed_agent.py FOLDER [--defer PACKAGE]...
-MODULE...`` (stdlib only: a host needs no tfplan). It imports the MODULEs (``tensorflow``: seconds
+Shipped to the host as a file and run there as ``python seed_agent.py FOLDER [--idle-exit SECS]
+[--defer PACKAGE]... MODULE...`` (stdlib only: a host needs no tfplan). It imports the MODULEs (``tensorflow``: seconds
 of CPU per process), without the PACKAGEs they would pull in (``--defer keras``: for tasks that
 never use Keras), then serves fork requests, so that a task started from it begins its own work
 at once instead of paying the import again. A sweep keeps one per host while its points run
@@ -17,6 +17,12 @@ Protocol, all in FOLDER on the host:
 - ``requests/<token>.pid``: the answer, the PID of the started task, or ``error: <why>``.
 - ``started``: the seed's PID, written before the imports (a requester on the host tells a seed
   still importing from one that died).
+
+A kept seed (``--idle-exit SECS``: ``cluster.warm_keep_secs``, a seed that outlives the run that
+started it, for the next runs on the host) ends by itself once it has had no task alive and no
+request for SECS: it writes ``exiting`` (no apply adopts it from then on) and renames ``ready``,
+serves a request that came meanwhile and stays, or else removes its folder and exits. An apply
+that adopts it touches ``adopted``: its idle clock starts again there.
 
 A request may also carry ``env_whole`` (the environment is the request's alone, not the seed's
 plus the request's), ``log_append`` (the log is opened for appending, never truncated: a step's
@@ -272,13 +278,15 @@ def _guard(owner: int) -> None:
 
 
 class Seed:
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, idle_exit: float | None = None) -> None:
         self.folder = folder
         self.requests = os.path.join(folder, "requests")
         os.makedirs(self.requests, exist_ok=True)
         self.base_env = dict(os.environ)
         self.base_path = [p for p in sys.path[1:] if p not in _python_path(self.base_env)]
         self.children: dict[int, str] = {}  # pid -> exit file
+        self.idle_exit = idle_exit  # a kept seed: ends by itself once idle this long
+        self.active = time.monotonic()  # the last fork, end of a task, or adoption
 
     def serve(self) -> None:
         waited = {signal.SIGUSR1, signal.SIGCHLD}
@@ -287,6 +295,46 @@ class Seed:
             if got is None or got.si_signo == signal.SIGUSR1:
                 self.fork_requested()
             self.reap()
+            if self.idle_exit is not None and self.idle():
+                self.end_if_still_idle()
+
+    def idle(self) -> bool:
+        """A kept seed's: no task of its own alive and nothing asked of it for ``idle_exit``
+        seconds (an apply that adopts it marks ``adopted``: its clock starts again then)."""
+        if self.children:
+            return False
+        if not os.path.isdir(self.folder):
+            return True  # its folder removed (a cleaner of /tmp): no one can reach it
+        try:
+            adopted = os.path.getmtime(os.path.join(self.folder, "adopted"))
+            self.active = max(self.active, time.monotonic() - max(0.0, time.time() - adopted))
+        except OSError:
+            pass
+        assert self.idle_exit is not None
+        return time.monotonic() - self.active >= self.idle_exit
+
+    def end_if_still_idle(self) -> None:
+        """Say it is exiting (no apply adopts it from then on), then look once more: a request
+        that came meanwhile is served and the seed stays; else it removes its folder and ends."""
+        exiting = os.path.join(self.folder, "exiting")
+        ready = os.path.join(self.folder, "ready")
+        try:
+            _write_atomic(exiting, f"{os.getpid()}\n")
+            os.rename(ready, ready + ".was")
+            waiting = [n for n in os.listdir(self.requests) if n.endswith(".json")]
+        except OSError:
+            waiting = []
+        if waiting:
+            os.rename(ready + ".was", ready)
+            os.remove(exiting)
+            self.active = time.monotonic()
+            self.fork_requested()
+            return
+        print(f"seed idle for {self.idle_exit:g}s: ending", flush=True)
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+        os._exit(0)
 
     def fork_requested(self) -> None:
         for name in sorted(os.listdir(self.requests)):
@@ -330,6 +378,7 @@ class Seed:
             os.close(log)
             os.close(led)
         self.children[pid] = exit_file
+        self.active = time.monotonic()
         try:
             # a byte once the child leads its own session, or EOF if it died before
             select.select([waiting], [], [], LEAD_WAIT_SECS)
@@ -351,6 +400,7 @@ class Seed:
                 return
             pid = dead.si_pid
             exit_file = self.children.pop(pid, None)
+            self.active = time.monotonic()
             recorded = exit_file is None or os.path.exists(exit_file)  # the task recorded its own
             _, status = os.waitpid(pid, 0)
             if recorded or exit_file is None:
@@ -422,22 +472,26 @@ def _import(modules: list[str], deferred: set[str]) -> None:
                 del sys.modules[name]  # what a refused import left half done
 
 
-def _arguments(argv: list[str]) -> tuple[str, list[str], set[str]]:
-    """``FOLDER [--defer PACKAGE]... MODULE...``: the folder, the modules, what is deferred."""
-    folder, rest, deferred = argv[0], list(argv[1:]), set()
-    while len(rest) >= 2 and rest[0] == "--defer":
-        deferred.add(rest[1])
+def _arguments(argv: list[str]) -> tuple[str, list[str], set[str], float | None]:
+    """``FOLDER [--idle-exit SECS] [--defer PACKAGE]... MODULE...``: the folder, the modules,
+    what is deferred, and a kept seed's idle time before it ends by itself (None: never)."""
+    folder, rest, deferred, idle_exit = argv[0], list(argv[1:]), set(), None
+    while len(rest) >= 2 and rest[0] in ("--defer", "--idle-exit"):
+        if rest[0] == "--defer":
+            deferred.add(rest[1])
+        else:
+            idle_exit = float(rest[1])
         rest = rest[2:]
-    return folder, rest, deferred
+    return folder, rest, deferred, idle_exit
 
 
 def main() -> None:
-    folder, modules, deferred = _arguments(sys.argv[1:])
+    folder, modules, deferred, idle_exit = _arguments(sys.argv[1:])
     # Blocked before anything: a request that comes while the imports run waits for them.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGCHLD})
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
     began = time.monotonic()
-    seed = Seed(folder)
+    seed = Seed(folder, idle_exit)
     _write_atomic(os.path.join(folder, "started"), f"{os.getpid()}\n")
     _import(modules, deferred)
     # Everything imported lives as long as the seed: out of the collector's reach (gc.freeze),
@@ -453,6 +507,7 @@ def main() -> None:
         flush=True,
     )
     _write_atomic(os.path.join(folder, "ready"), f"{os.getpid()} {took:.3f}\n")
+    seed.active = time.monotonic()
     seed.fork_requested()  # what was asked while it imported (no signal comes before ready)
     seed.serve()
 

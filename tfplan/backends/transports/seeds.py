@@ -16,10 +16,12 @@ which tasks a seed can start, and the records kept of seeds.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import posixpath
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +31,11 @@ from tfplan.planning.state import Allocation
 from tfplan.planning.tf_config import is_python
 
 __all__ = [
+    "AGENT_DIGEST",
     "AGENT_SOURCE",
+    "KEEP_ENV",
+    "KEPT_RECORD",
+    "WARM_DIR_ENV",
     "CLIENT_SOURCE",
     "IMPORT_TIME_ENV",
     "PRELOAD",
@@ -39,6 +45,10 @@ __all__ = [
     "allocation_seeds",
     "fork_request",
     "forkable",
+    "kept_env",
+    "kept_key",
+    "kept_lookup_script",
+    "kept_root",
     "names_tensorflow",
     "worth_a_seed",
     "runs_python_code",
@@ -46,6 +56,7 @@ __all__ = [
 ]
 
 AGENT_SOURCE = (Path(__file__).with_name("seed_agent.py")).read_text()
+AGENT_DIGEST = hashlib.sha256(AGENT_SOURCE.encode()).hexdigest()[:12]
 # what a task's own step runs where the scheduler wants a step per task (Slurm)
 CLIENT_SOURCE = (Path(__file__).with_name("seed_client.py")).read_text()
 PRELOAD = ("tensorflow",)  # what a seed imports: the seconds every task would spend
@@ -88,9 +99,17 @@ class WarmSeed:
     # False: TensorFlow imported without Keras 3 (for tasks that never use it); a task that
     # does still forks from it, and imports Keras itself
     keras: bool = True
+    # kept: the host's seed that outlives the run (cluster.warm_keep_secs): not stopped at
+    # release, it ends by itself once idle that long; any apply on the host may fork from it
+    kept: bool = False
+    adopted: bool = False  # kept, and found running by this apply (an earlier run started it)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for flag in ("kept", "adopted"):  # the records of seeds that are not kept: as before
+            if not data[flag]:
+                data.pop(flag)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WarmSeed:
@@ -102,6 +121,8 @@ class WarmSeed:
             str(data["python"]),
             {str(k): str(v) for k, v in dict(data.get("env") or {}).items()},
             bool(data.get("keras", True)),
+            bool(data.get("kept", False)),
+            bool(data.get("adopted", False)),
         )
 
     @property
@@ -214,6 +235,67 @@ def seed_env(command: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+# -- seeds kept between runs (cluster.warm_keep_secs) -------------------------------------------
+# Where a host's kept seeds live: TFPLAN_WARM_DIR of the machine running tfplan when it is set
+# (the same path on every host), else a folder of the host's user in its /tmp. Each seed has a
+# folder of its own, ``<root>/<host>/<key>-<token>``; ``seed.json`` there is its record, and
+# ``pgid`` its process group (written by the apply that started it, once it runs).
+WARM_DIR_ENV = "TFPLAN_WARM_DIR"
+KEEP_ENV = "TFPLAN_WARM_KEEP_SECS"  # cluster.warm_keep_secs where that is null
+KEPT_RECORD = "seed.json"
+
+
+def kept_root(environ: Mapping[str, str]) -> str:
+    """The kept seeds' root on a host, as a shell word (evaluated there)."""
+    given = environ.get(WARM_DIR_ENV)
+    if given:
+        return shlex.quote(given)
+    return '"/tmp/tfplan-warm-$(id -u)"'
+
+
+def kept_env(
+    command: Sequence[str], env: Mapping[str, str], local: Mapping[str, str] | None
+) -> dict[str, str]:
+    """A kept seed's environment: only what is read at import time (:data:`IMPORT_TIME_ENV`),
+    so that no run's own variables reach another run's tasks; ``local``: the environment of
+    tfplan's own process, whose values a task started on this machine inherits."""
+    wanted = seed_env(command, env)
+    out = {}
+    for key in IMPORT_TIME_ENV:
+        value = wanted.get(key, (local or {}).get(key))
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def kept_key(host: str, python: str, env: Mapping[str, str], keras: bool) -> str:
+    """Which kept seed can fork a run's tasks on ``host``: the same interpreter, import-time
+    environment, Keras or not, and the same seed agent (a newer tfplan starts its own)."""
+    blob = json.dumps(
+        [host, python, sorted(env.items()), keras, PRELOAD, AGENT_DIGEST], separators=(",", ":")
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def kept_lookup_script(root: str, host: str, key: str) -> str:
+    """Print ``root <folder>`` (the host's kept-seed folder), then the record of one live,
+    ready kept seed of ``key`` that is not exiting, marked adopted (its idle clock starts
+    again), if there is one."""
+    where = f"{root}/{_safe_name(host)}"
+    return (
+        f'r={where}; printf "root %s\n" "$r"; '
+        f'for f in "$r"/{key}-*/{KEPT_RECORD}; do [ -f "$f" ] || continue; d=${{f%/*}}; '
+        '[ -e "$d/ready" ] && [ ! -e "$d/exiting" ] || continue; '
+        'p=$(cat "$d/pgid" 2>/dev/null); '
+        '[ -n "$p" ] && kill -0 -"$p" 2>/dev/null || continue; '
+        ': > "$d/adopted" && cat "$f" && exit 0; done; exit 0'
+    )
+
+
+def _safe_name(host: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in host) or "host"
+
+
 def fork_request(
     command: Sequence[str],
     env: Mapping[str, str],
@@ -222,9 +304,11 @@ def fork_request(
     exit_file: str,
     memory_limit: int | None = None,
     cgroup: str = "",
+    env_whole: bool = False,
 ) -> bytes:
     """What the seed agent reads from ``requests/<token>.json``; with ``memory_limit``, the
-    task enters the memory cgroup ``cgroup`` of that limit before its program runs."""
+    task enters the memory cgroup ``cgroup`` of that limit before its program runs;
+    ``env_whole``: ``env`` is the task's whole environment (not added to the seed's)."""
     data: dict[str, Any] = {
         "argv": list(command),
         "env": dict(env),
@@ -234,4 +318,6 @@ def fork_request(
     }
     if memory_limit is not None:
         data.update(memory_limit=memory_limit, cgroup=cgroup)
+    if env_whole:
+        data["env_whole"] = True
     return json.dumps(data).encode()
