@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from _example_runs import apply_example, click_run  # noqa: E402
+from _example_runs import (  # noqa: E402
+    apply_example,
+    click_run,
+    wide_deep_with_data,
+)
 
 # Steps of each cluster run: enough that the chief, whose first step waits for it to initialise
 # the tables and write the first checkpoint (10 s and more at 10^7 rows, while the other worker
@@ -118,15 +121,7 @@ def main() -> None:
     got: dict[tuple[str, str, int], list[float]] = {}
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-embeddings-") as tmp:
-        project = Path(tmp) / "wide_deep"
-        shutil.copytree(REPO / "examples" / "wide_deep", project)
-        subprocess.run(
-            [sys.executable, "make_data.py", "data"],
-            cwd=project,
-            env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
-            check=True,
-            timeout=600,
-        )
+        project = wide_deep_with_data(Path(tmp))
         n = 0
         for _ in range(args.repeats):
             for algo in algos:

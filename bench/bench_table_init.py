@@ -20,10 +20,13 @@ Initialisation, two initializers side by side in alternating runs:
 Saving, in runs of their own (a row-wise initialisation, then one checkpoint by the recipes'
 chief saver, recipes/runtime.py ``chief_saver``):
 
-- ``gathered``: the chief pulls every variable and writes the checkpoint (what every save did
-  before, and still does where a ps does not see the output folder);
+- ``gathered``: the chief pulls every variable and writes the checkpoint (a plain non-sharded
+  ``Saver``: what every save did before, and what the saves of hosts without a shared folder
+  did until the streamed saver);
 - ``on-ps``: sharded, each ps writes its own variables and one merges the parts
-  (recipes/ps_saving.py, where every ps sees the output folder; issue 35 item 3).
+  (recipes/ps_saving.py, where every ps sees the output folder; issue 35 item 3);
+- ``streamed``: the checkpoint written on the chief's host, streamed from the ps in chunks of
+  64 MiB (recipes/streamed_saver.py: where the ps do not see the output folder).
 
 Figures: the peak RSS (``VmHWM``) of each ps and of the chief's process before and after the
 initialiser and the save, the save's wall time and the checkpoint's bytes; medians of the
@@ -48,8 +51,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("row-wise", "whole")
-SAVES = ("gathered", "on-ps")
-SAVE_LABELS = {"gathered": "gathered by the chief", "on-ps": "on each ps (sharded)"}
+SAVES = ("gathered", "on-ps", "streamed")
+SAVE_LABELS = {
+    "gathered": "gathered by the chief",
+    "on-ps": "on each ps (sharded)",
+    "streamed": "streamed through the chief",
+}
 
 # One run: started as its own interpreter (graph mode and the servers are process-wide).
 RUN = textwrap.dedent(
@@ -111,7 +118,9 @@ RUN = textwrap.dedent(
                 f"table/embeddings/part_{{i}}" for i in range(len(spec["ps"]))
             ], sorted(params)
             named = {{"global_step": step, **{{"model/" + k: v for k, v in params.items()}}}}
-            saver = chief_saver(sliced_names(named), 1, sharded=(save == "on-ps"))
+            saver = chief_saver(
+                sliced_names(named), 1, sharded=(save == "on-ps"), streamed=(save == "streamed")
+            )
             with v1.Session(me.target) as sess:
                 sess.run(v1.report_uninitialized_variables())  # every ps answers
                 before = peaks()
@@ -222,10 +231,13 @@ def report(
         "| initialiser wall time (s) | " + " | ".join(secs) + " |",
         "",
         "One checkpoint of a row-wise run by the recipes' chief saver (recipes/runtime.py "
-        "`chief_saver`): `gathered by the chief`, the chief pulls every variable and writes the "
-        "checkpoint (what every save did before, and still does where a ps does not see the "
-        "output folder); `on each ps`, sharded: each ps writes its own variables and one merges "
-        "the parts (recipes/ps_saving.py). Peak RSS after the initialiser -> after the save.",
+        "`chief_saver`): `gathered by the chief`, a plain non-sharded saver: the chief pulls "
+        "every variable and writes the checkpoint (what every save did before, and the saves of "
+        "hosts without a shared folder until the streamed saver); `on each ps`, sharded: each ps "
+        "writes its own variables and one merges the parts (recipes/ps_saving.py, where every ps "
+        "sees the output folder); `streamed through the chief`: written on the chief's host in "
+        "chunks of 64 MiB, each read on its ps (recipes/streamed_saver.py, where the ps do not "
+        "see it). Peak RSS after the initialiser -> after the save.",
         "",
         "| process | " + " | ".join(SAVE_LABELS[m] for m in SAVES) + " |",
         "|---|" + "---|" * len(SAVES),

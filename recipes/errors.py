@@ -16,6 +16,7 @@ Stdlib only: the planner imports these too (plan-time checks raise them).
     |   |   +-- InputError (2)     the data cannot be read as configured
     |   +-- ModelError (2)         the user's model cannot be built or used as configured
     |   +-- ObjectiveError (2)     the loss does not fit the model's outputs or the labels
+    |   +-- CheckpointMissing (2)  a checkpoint's file is not on the host that reads it
     +-- UserCodeError (1)          the user's own code raised (traceback kept)
     +-- TrainingFailed (code)      NaN loss (3), a peer timeout (4), a lost group member (5)
         +-- PeerUnreachable (4)    a peer never answered at the start
@@ -35,6 +36,7 @@ __all__ = [
     "EXIT_GROUP_LOST",
     "EXIT_NAN_LOSS",
     "EXIT_PEER_TIMEOUT",
+    "CheckpointMissing",
     "ConfigError",
     "DataError",
     "InputError",
@@ -87,6 +89,11 @@ class ModelError(ConfigError):
 
 class ObjectiveError(ConfigError):
     """The loss does not fit the model's outputs or the labels; one line naming the key."""
+
+
+class CheckpointMissing(ConfigError):
+    """A restore found a file of the checkpoint missing where it reads it (a ps's host, or the
+    chief's); one line naming the host, the file and the fix."""
 
 
 class TrainingFailed(RecipeError):

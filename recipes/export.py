@@ -24,7 +24,7 @@ priority, then waits for the final checkpoint's path on its stdin (:func:`finish
 chief's exit for any reason closes that pipe and the exporter ends without writing. The eager TF2 strategies export in-process (:func:`export_final`). ``tfplan export model``
 runs this module for any checkpoint of an experiment.
 
-A model whose weights exceed ``trainer.export_join_bytes`` (default: a third of the memory the
+A model whose weights exceed ``trainer.export_join_bytes`` (default: a quarter of the memory the
 exporter can still take)
 cannot be joined in one process: it is written as its parts, ``<name>.parts/`` beside where
 ``<name>.keras`` would be, with a ``model.json`` and an ``assemble.py`` that joins them
@@ -90,7 +90,7 @@ def export_model(
     ``output_dir/model.ckpt-60``, or a folder: its latest) and save it as ``out`` (a
     ``.keras`` file, written atomically). Returns ``out``. A model whose weights exceed
     :func:`recipes.export_parts.join_limit` (``join_bytes``, else
-    ``trainer.export_join_bytes``, else a third of the available memory) is written as its parts
+    ``trainer.export_join_bytes``, else a quarter of the available memory) is written as its parts
     instead, and the parts folder is returned (recipes/export_parts.py); ``model`` (built
     already) means joined.
 
@@ -614,7 +614,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--join-bytes",
         type=int,
         help="the most bytes of weights joined into one .keras file (default: the run's "
-        "trainer.export_join_bytes, else a third of the available memory); larger: written as parts",
+        "trainer.export_join_bytes, else a quarter of the available memory); larger: written as parts",
     )
     args = parser.parse_args(argv)
     try:

@@ -2,7 +2,7 @@
 
 :func:`recipes.export.export_model` joins every weight into one ``.keras`` file, which needs the
 whole model in the exporting process's memory. When the model's weights exceed
-``trainer.export_join_bytes`` (default: a third of the memory the exporter can still take,
+``trainer.export_join_bytes`` (default: a quarter of the memory the exporter can still take,
 :func:`join_limit`),
 it writes ``<name>.parts/`` beside where ``<name>.keras`` would be instead:
 
@@ -110,7 +110,7 @@ def stateless_layout(cfg: RunConfig) -> Layout:
 
 def join_limit(cfg: RunConfig, override: Optional[int] = None) -> int:
     """The most bytes of weights joined into one ``.keras`` file: ``override``, else
-    ``trainer.export_join_bytes``, else a third of the memory this process can still take: the
+    ``trainer.export_join_bytes``, else a quarter of the memory this process can still take: the
     host's available memory, or less where a memory cgroup limits it (a task's own limit,
     cluster.memory; a container's)."""
     if override is not None:
@@ -128,10 +128,11 @@ def join_limit(cfg: RunConfig, override: Optional[int] = None) -> int:
     if available is None:
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     left = cgroup_memory_left()
-    # A third: a joined export holds about 2.5 times the model at its peak (the model's own
-    # values, each weight read from the checkpoint, Keras' save); measured on a 248 MiB model
-    # in a chief of 1 GiB (bench_table_scale.py), where half of what was left OOM-killed it.
-    return (available if left is None else min(available, left)) // 3
+    # A quarter: a joined export holds 2.5-3 times the model at its peak (the model's own
+    # values, each weight read from the checkpoint, Keras' save), and the chief's exporter runs
+    # beside the chief's own last work in the same limit; measured on a 248 MiB model in a chief
+    # of 1 GiB (bench_table_scale.py): half, then a third of what was left OOM-killed it.
+    return (available if left is None else min(available, left)) // 4
 
 
 def cgroup_memory_left(

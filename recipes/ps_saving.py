@@ -18,12 +18,13 @@ are the same V2 format either way, so a checkpoint of one restores through the o
 from __future__ import annotations
 
 import os
+import re
 import uuid
-from typing import Any
+from typing import Any, Optional
 
 import tensorflow as tf
 
-__all__ = ["PROBE_TIMEOUT_MS", "ps_see_output"]
+__all__ = ["PROBE_TIMEOUT_MS", "missing_file_line", "ps_see_output"]
 
 v1 = tf.compat.v1
 PROBE_TIMEOUT_MS = 10_000  # a ps that cannot answer a file read in this long is not relied on
@@ -51,3 +52,37 @@ def ps_see_output(target: str, output_dir: str, n_ps: int, config: Any = None) -
         return False
     finally:
         os.remove(marker)
+
+
+_MISSING = re.compile(r"(\S+\.(?:index|data-\d{5}-of-\d{5}))(?:'|\")?; No such file or directory")
+_TASK = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
+
+
+def missing_file_line(
+    error: Any, cluster: dict[str, list[str]], own: str, output_dir: Optional[str]
+) -> Optional[str]:
+    """The one line for a restore that failed on a missing checkpoint file (``error``, a
+    ``NotFoundError``): which file, on which task's host (the op's device: a ps for a sharded
+    restore, else this chief, whose address is ``own``) and the fix; None for another error."""
+    message = getattr(error, "message", str(error))
+    found = _MISSING.search(message)
+    if not found:
+        return None
+    path = found.group(1)
+    device = getattr(getattr(error, "op", None), "device", "") or ""
+    task = _TASK.search(device)
+    if task and task.group(1) == "ps":
+        k = int(task.group(2))
+        addresses = cluster.get("ps", [])
+        host = addresses[k].rsplit(":", 1)[0] if k < len(addresses) else "?"
+        return (
+            f"checkpoint file {path} is missing on ps/{k}'s host {host}, which reads its own "
+            f"part of the checkpoint there: make {output_dir} the same shared folder on every "
+            "host again (each ps wrote its part into it), or start a new experiment.id"
+        )
+    host = own.rsplit(":", 1)[0] if own else "this host"
+    return (
+        f"checkpoint file {path} is missing on the chief's host {host}, where the checkpoints "
+        f"of hosts without a shared folder are kept: copy {os.path.dirname(path)} back from "
+        "where it went, or start a new experiment.id"
+    )

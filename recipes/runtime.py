@@ -14,9 +14,10 @@ Fixes for the TF 2.21 pitfalls measured in ../shared/TENSORFLOW.md (the shared m
   fixed cluster's session raises, so a ps restart is survived the same way; so is a step's
   ``CancelledError`` that a restarted ps's "Session handle is not found" caused;
 - checkpoints are written (and read) by each ps where every ps sees the output folder, else by
-  the chief itself: a sharded saver's ps write their shards on their own hosts' disks, which
-  fails, or scatters the checkpoint, where the hosts share no output folder (:func:`chief_saver`,
-  recipes/ps_saving.py).
+  the chief itself, streamed through it a chunk at a time: a sharded saver's ps write their
+  shards on their own hosts' disks, which fails, or scatters the checkpoint, where the hosts
+  share no output folder (:func:`chief_saver`, recipes/ps_saving.py,
+  recipes/streamed_saver.py).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from typing import Any, Callable, Optional, Union
 import tensorflow as tf
 
 from recipes.config import TaskInfo
-from recipes.errors import PeerUnreachable
+from recipes.errors import CheckpointMissing, PeerUnreachable
 from recipes.live import Live
+from recipes.ps_saving import missing_file_line
+from recipes.streamed_saver import streamed_saver
 
 __all__ = [
     "PeerLossIsUnavailable",
@@ -181,12 +184,17 @@ def make_server(task: TaskInfo, joining: bool = False) -> Any:
 
 
 def chief_saver(
-    var_list: Optional[dict[str, Any]] = None, keep: int = 5, sharded: bool = False
+    var_list: Optional[dict[str, Any]] = None,
+    keep: int = 5,
+    sharded: bool = False,
+    streamed: bool = False,
 ) -> Any:
     """The chief's saver. ``sharded``: TensorFlow's sharded saver, each ps saving and restoring
     its own variables where they live (only where every ps sees the output folder:
-    recipes/ps_saving.py). Else a saver of every global variable whose save and restore ops
-    run on the chief.
+    recipes/ps_saving.py). ``streamed`` (the ps do not see it): the checkpoint is written on the
+    chief's host, streamed through the chief in bounded chunks (recipes/streamed_saver.py), so
+    the chief never holds the model whole. Else a plain saver of every global variable whose
+    save and restore ops run on the chief (a job without ps).
 
     Why: ``Scaffold``'s default saver is sharded: each ps saves its own variables on its own
     file system and one ps merges the shards, so on hosts that share no output folder the
@@ -194,8 +202,10 @@ def chief_saver(
     ``NotFoundError: .../model.ckpt-0_temp/part-00000-of-00002 did not exist
     [[save/MergeV2Checkpoints]]``, from ps/1). Ops of a non-sharded saver have no device, so
     the session places them on the chief: it pulls the variables and writes (and reads) whole
-    checkpoints on its own host. Create it once the graph is complete; the files are the same
-    V2 format (a checkpoint an older, sharded save wrote restores through it)."""
+    checkpoints on its own host, all at once (the streamed one, a chunk at a time). Create it
+    once the graph is complete; the files are the same V2 format whichever wrote them."""
+    if streamed and not sharded and var_list:
+        return streamed_saver(var_list, keep)
     return v1.train.Saver(var_list=var_list, sharded=sharded, allow_empty=True, max_to_keep=keep)
 
 
@@ -476,7 +486,11 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
         log: Any = print,
         snapshots: Any = None,
         reshard: Any = None,
+        cluster: Optional[dict[str, list[str]]] = None,
+        own_address: str = "",
     ) -> None:
+        # the cluster's addresses, this task's own: where a missing checkpoint file is missing
+        self._cluster, self._own = dict(cluster or {}), own_address
         # recipes.dynamic_reshard.Resharder: the latest checkpoint's dynamic tables re-sharded
         self._reshard = reshard
         self._snapshots = snapshots  # recipes.ps_snapshots.PsSnapshots: a ps back from its own
@@ -518,7 +532,13 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
                 time.sleep(POLL_SECS)
 
     def create_session(self) -> Any:
-        return PeerLossIsUnavailable(self._create_session())
+        try:
+            return PeerLossIsUnavailable(self._create_session())
+        except tf.errors.NotFoundError as e:  # a restore's file not where it is read: one line
+            line = missing_file_line(e, self._cluster, self._own, self._checkpoint_dir)
+            if line is None:
+                raise
+            raise CheckpointMissing(line) from None
 
     def _create_session(self) -> Any:
         self._scaffold.finalize()
@@ -549,7 +569,7 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
                 "parameter servers uninitialised: "
                 + (f"restoring {os.path.basename(latest)}" if latest else "initialising them")
             )
-            return sm.prepare_session(
+            session = sm.prepare_session(
                 self._target,
                 saver=self._scaffold.saver,
                 checkpoint_dir=self._checkpoint_dir,
@@ -557,6 +577,9 @@ class RoleSessionCreator(v1.train.SessionCreator):  # type: ignore[name-defined]
                 init_op=self._scaffold.init_op,
                 init_fn=self._scaffold.init_fn,
             )
+            if self._snapshots is not None:  # a ps back while training: said and recorded
+                self._snapshots.restored_whole(self._snapshots.ps_of(missing), latest, self._log)
+            return session
         if self._is_chief and not alone:
             self._log("parameter servers already initialised: joining their live values")
         else:

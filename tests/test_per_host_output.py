@@ -90,7 +90,9 @@ def test_tf1_per_host_output_keeps_checkpoints_on_the_chief_and_copies_results_b
 ) -> None:
     """auto finds no shared folder: the evaluator runs beside the chief, result.json, eval/ and
     the summaries come back, a killed ps restores from the chief's checkpoints, the run resumes
-    on a second apply, and a chief moved to another host is refused."""
+    on a second apply (the checkpoints streamed through the chief: recipes/streamed_saver.py),
+    a chief moved to another host is refused, and a checkpoint file lost on the chief's host
+    stops the resume in one line naming the host and the file."""
     bed = netns_testbed
     env, out = _cluster(bed, ws, ps=2, workers=2, evaluator=True)
     args = [
@@ -132,8 +134,10 @@ def test_tf1_per_host_output_keeps_checkpoints_on_the_chief_and_copies_results_b
     assert run.finish(timeout=300) == 0, run.text()[-4000:]
     text = run.text()
     assert "Training complete" in text
-    # no ps sees the chief's folder: the chief gathers and saves (recipes/ps_saving.py)
-    assert "checkpoints: the chief gathers and saves every variable" in text, text[-3000:]
+    # no ps sees the chief's folder: the chief saves, streamed (recipes/streamed_saver.py)
+    assert "checkpoints: the chief saves them into" in text and "64.0 MiB at a time" in text, text[
+        -3000:
+    ]
     steps_after = [s for name, s in run.steps(recovered + 1) if name == "worker/0"]
     assert steps_after and min(steps_after) >= last_ckpt, (steps_after[:3], last_ckpt)
 
@@ -170,7 +174,8 @@ def test_tf1_per_host_output_keeps_checkpoints_on_the_chief_and_copies_results_b
 
     # The hosts in another order put the chief on h1: refused before anything starts.
     conf = ws / "conf" / "cluster" / "three.yaml"
-    body = yaml.safe_load(conf.read_text())
+    ordered = conf.read_text()
+    body = yaml.safe_load(ordered)
     body["hosts"] = list(reversed(body["hosts"]))
     conf.write_text(yaml.safe_dump(body, sort_keys=False))
     step = max(_checkpoint_steps(bed.host_files(3, out)))
@@ -183,6 +188,22 @@ def test_tf1_per_host_output_keeps_checkpoints_on_the_chief_and_copies_results_b
         "ran, but the chief is now planned on h1" in moved.stderr
     ), moved.stderr
     assert all(t["status"] != "running" for t in state_of(ws)["tasks"])
+    _nothing_left(ws)
+
+    # A file of the newest checkpoint gone from the chief's host (the hosts in their order
+    # again): the resume's restore stops the chief in one line naming the host and the file
+    # (exit 2: nothing to retry), and nothing is left running.
+    conf.write_text(ordered)
+    data = [f for f in bed.host_files(3, out) if f.startswith(f"model.ckpt-{step}.data-")]
+    bed.remove_on_host(3, out / data[-1])
+    further = [a.replace("max_steps=600", "max_steps=800") for a in args]
+    broken = tfplan(ws, "apply", "--auto-approve", *further, env=env, timeout=300)
+    assert broken.returncode != 0, broken.stdout[-3000:]
+    said = broken.stdout + broken.stderr
+    assert (
+        f"checkpoint file {out / data[-1]} is missing on the chief's host {bed.addresses[2]}"
+        in said
+    ), said[-3000:]
     _nothing_left(ws)
 
 

@@ -291,6 +291,11 @@ class NetnsTestbed:
         done = self._in_host(host, ["find", str(folder), "-type", "f", "-printf", "%P\\n"])
         return sorted(done.stdout.split()) if done.returncode == 0 else []
 
+    def remove_on_host(self, host: int, path: Path | str) -> None:
+        """Remove a file as host ``host`` (1-based) sees it (a disk that lost it)."""
+        done = self._in_host(host, ["rm", str(path)])
+        assert done.returncode == 0, done.stderr
+
     def read_on_host(self, host: int, path: Path | str) -> str | None:
         """A file as host ``host`` (1-based) sees it, or None when it has none there."""
         done = self._in_host(host, ["cat", str(path)])

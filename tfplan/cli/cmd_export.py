@@ -52,7 +52,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "--join-bytes",
         type=int,
         help="model: the most bytes of weights joined into one .keras file (default: the run's "
-        "trainer.export_join_bytes, else a third of the available memory); a larger model is written "
+        "trainer.export_join_bytes, else a quarter of the available memory); a larger model is written "
         "as its parts in <name>.parts/ beside --out, with a model.json and an assemble.py",
     )
     export.add_argument("--workspace", help="workspace folder (default: .tfplan)")
