@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,17 @@ def make_ctr_data(project: Path, examples: int, vocab_scale: float) -> str:
         timeout=600,
     )
     return made.stdout
+
+
+def wide_deep_with_data(folder: Path) -> Path:
+    """examples/wide_deep copied into ``folder``, its click logs written by its make_data.py."""
+    project = folder / "wide_deep"
+    shutil.copytree(REPO / "examples" / "wide_deep", project)
+    subprocess.run(
+        [sys.executable, "make_data.py", "data"],
+        cwd=project,
+        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
+        check=True,
+        timeout=600,
+    )
+    return project

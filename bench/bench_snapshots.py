@@ -49,8 +49,9 @@ def overrides(scale: float, steps: int, shm: Path, algo: str, *extra: str) -> li
     return [
         "cluster.ps=2",
         f"algo={algo}",
-        # sync at the CTR example's 0.1 went NaN in its first rounds once (with no snapshots)
-        *(["algo.lr=0.02"] if algo in SYNCHRONOUS else []),
+        # at their defaults the CTR example went NaN: sync (0.1) in its first rounds once (with
+        # no snapshots), downpour (0.05) at step 140, HOGWILD! (0.05) at step 83 once
+        "algo.lr=0.02",
         "model._target_=ctr.models.build",
         f"model.vocab_scale={scale}",
         "model.partition_bytes=500000",
@@ -164,7 +165,7 @@ def write_report(
             "",
             f"examples/ctr: 26 tables at {args.vocab_scale:g} x the real vocabularies, a DCN-v2, "
             f"{EXAMPLES:,} click records; `algo={args.algo}`"
-            + (" (`algo.lr=0.02`)" if args.algo in SYNCHRONOUS else "")
+            + " (`algo.lr=0.02`)"
             + f", 2 ps, 2 workers, batch {BATCH}, every "
             f"variable over 500 KB split into one part per ps; {args.steps} global steps per "
             "job, snapshots every second (`lifecycle.snapshot_secs=1`). One machine: every ps's "
@@ -187,8 +188,11 @@ def write_report(
                 "what it costs training is the ps' CPU (and, across hosts, the network) spent "
                 "writing it. "
             )
-            + "The first of a job pays the setup of its runs' graphs in the distributed session "
-            "(and does not widen the interval); the others are what a snapshot costs.",
+            + "The first of a job pays the setup of its runs' graphs in the distributed session; "
+            "the others are what a snapshot costs. The interval widens until the steps the "
+            "snapshots cost (the job's step rate while one runs against between them) are at "
+            "most 5 % of training (recipes/ps_snapshots.py `OVERHEAD_BUDGET`): `taken per job` "
+            "says how often that left them.",
             "",
         ]
     )

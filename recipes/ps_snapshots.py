@@ -34,8 +34,15 @@ How (TF1 replicas; the chief drives it):
   teardown, a re-planned cluster) or killed leaves it, for the job's next chief or the ps's
   restart; tfplan removes what is left when it gives the hosts back.
 
-A snapshot that takes long widens the interval (to :data:`WIDEN_FACTOR` times its duration) and
-says so once.
+What a snapshot costs training is bounded: the chief's hooked runs see the global step, so the
+hook measures the job's step rate while snapshots run and between them; the interval widens until
+the steps the snapshots cost are at most :data:`OVERHEAD_BUDGET` of the training
+(``interval >= COST_FACTOR x slowdown x duration / OVERHEAD_BUDGET``: :data:`COST_FACTOR` for
+what a snapshot costs after it, measured; and never under :data:`MIN_GAP_FACTOR` times a
+snapshot's duration), said once. A small model's snapshot (milliseconds, training hardly
+slower meanwhile) keeps ``lifecycle.snapshot_secs``; a large table's, which slows every ps while
+its rows are written and copied, is taken less often (a synchronous job's rounds wait for each
+snapshot: its slowdown is the whole pause).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import tensorflow as tf
 
 from recipes.failures import first_line
 from recipes.snapshot_paths import RECOVERIES_FILE, snapshot_folder
+from recipes.streamed_saver import streamed_saver
 
 __all__ = [
     "PsSnapshots",
@@ -65,7 +73,14 @@ __all__ = [
 
 v1 = tf.compat.v1
 SLOTS = ("a", "b")
-WIDEN_FACTOR = 5.0  # a snapshot taking d seconds is taken at most every WIDEN_FACTOR * d
+OVERHEAD_BUDGET = 0.05  # the share of training's steps the snapshots may cost
+# A margin on the slowdown read while snapshots run, which misses what they cost around them
+# (a job's first snapshot sets up its graphs on every ps; the ps' freshly written memory): on
+# the CTR model (HOGWILD!, 2 cores, jobs of 30 s) 0.89x without it (22 snapshots a job), 0.94x
+# with it (7-12), docs/bench_snapshots.md. Its price: the interval, and what a lost ps loses,
+# twice as long where snapshots cost anything.
+COST_FACTOR = 2.0
+MIN_GAP_FACTOR = 2.0  # a snapshot taking d seconds is taken at most every MIN_GAP_FACTOR * d
 SAVE_TIMEOUT_MS = 60_000  # a snapshot not written in this long counts as failed
 ROUND_WAIT_SECS = 30.0  # for a synchronous round being applied to end before a snapshot
 
@@ -193,6 +208,7 @@ class PsSnapshots:
         copies: bool = True,
         addresses: Optional[list[str]] = None,
         together: bool = False,
+        on_ps: bool = False,
     ) -> None:
         # a synchronous algorithm's: every ps goes back to one snapshot when one comes back
         # (the global step then counts exactly the rounds every ps holds)
@@ -243,14 +259,17 @@ class PsSnapshots:
                 if host != k:
                     for s in SLOTS:
                         self._places[k][s].append((host, self._prefix(k, s, host)))
-            # the fallback: this ps's share of the checkpoint (its names, its slices), read on the
-            # chief as the chief's own saver reads it
-            self._checkpoint_savers[k] = v1.train.Saver(
-                var_list=_share_of(checkpoint_names, k),
-                sharded=False,
-                allow_empty=True,
-                name=f"checkpoint_ps{k}",
-            )
+            # the fallback: this ps's share of the checkpoint (its names, its slices), read where
+            # the chief's own saver reads it: on the ps where it sees the output folder
+            # (``on_ps``), else on the chief, streamed a chunk at a time
+            share = _share_of(checkpoint_names, k)
+            if on_ps or not share:
+                with v1.device(f"/job:ps/task:{k}" if on_ps else None):
+                    self._checkpoint_savers[k] = v1.train.Saver(
+                        var_list=share, sharded=False, allow_empty=True, name=f"checkpoint_ps{k}"
+                    )
+            else:
+                self._checkpoint_savers[k] = streamed_saver(share, name=f"checkpoint_ps{k}")
         for k in sorted({h for (_, h) in self._savers}):
             self._files[k] = _HostFiles(k)
 
@@ -467,10 +486,9 @@ class PsSnapshots:
                         break
                     continue
                 said = snap.describe()
-                lost = ""
+                # (the snapshot's own read of the step may be the newer)
                 seen = None if self.seen is None else max(self.seen, snap.step)
-                if seen is not None:  # (the snapshot's own read of the step may be the newer)
-                    lost = f": {seen - snap.step:,} steps lost (the chief saw step {seen:,})"
+                lost = _lost(seen, snap.step)
                 log(
                     f"ps/{k} restored from its {said}{copy}{lost}"
                     + _behind(ckpt_step, "checkpoint")
@@ -497,6 +515,24 @@ class PsSnapshots:
         log(f"ps/{k} initialised (no snapshot, no checkpoint)")
         self._recovered(k, "initial values", 0, self.seen)
         return "initial values"
+
+    def restored_whole(
+        self, came_back: list[int], checkpoint: Optional[str], log: Callable[[str], None]
+    ) -> None:
+        """Record that ``came_back`` (the ps that came back empty while this chief trained) were
+        restored with every ps from ``checkpoint`` (or their initial values): no snapshot of
+        them was found newer than it (e.g. a ps killed before its first snapshot). A job's first
+        start (this chief saw no step yet) is not a recovery and is not recorded."""
+        if self.seen is None:
+            return
+        step = _checkpoint_step(checkpoint) if checkpoint else 0
+        source = "checkpoint" if checkpoint else "initial values"
+        for k in came_back:
+            said = f"checkpoint of step {step:,}" if checkpoint and step is not None else source
+            log(
+                f"ps/{k} restored from its {said} (no newer snapshot of it){_lost(self.seen, step)}"
+            )
+            self._recovered(k, source, step, self.seen)
 
     def _recovered(
         self,
@@ -528,6 +564,13 @@ def _held_shape(var: Any) -> Any:
     if handle is not None and handle.dtype == tf.resource:
         return tf.raw_ops.VariableShape(input=handle, out_type=tf.int64)
     return tf.shape(var, out_type=tf.int64, optimize=False)  # a reference variable
+
+
+def _lost(seen: Optional[int], step: Optional[int]) -> str:
+    """``: N steps lost (the chief saw step S)`` for a restore to ``step``; "" if either is unknown."""
+    if seen is None or step is None:
+        return ""
+    return f": {max(0, seen - step):,} steps lost (the chief saw step {seen:,})"
 
 
 def _behind(step: Optional[int], what: str) -> str:
@@ -577,6 +620,12 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         self._next = 0.0
         self._said: set[str] = set()
         self.taken = 0
+        # the job's global steps and seconds while a snapshot ran and while none did: what a
+        # snapshot slows training by
+        self._during = [0.0, 0.0]
+        self._between = [0.0, 0.0]
+        self._last: Optional[tuple[float, int, bool]] = None  # (time, step, a snapshot running)
+        self._ended: Optional[float] = None  # when the last snapshot's thread ended
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._next = time.monotonic() + self._interval
@@ -586,17 +635,68 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         return v1.train.SessionRunArgs(self._snapshots.global_step)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        self._snapshots.seen = int(run_values.results)
+        step = self._snapshots.seen = int(run_values.results)
         now = time.monotonic()
-        if now < self._next or (self._thread is not None and self._thread.is_alive()):
+        running = self._thread is not None and self._thread.is_alive()
+        self._count(now, step)
+        if now < self._next or running:
+            self._last = (now, step, running)
             return
         self._next = now + self._interval
         self._thread = threading.Thread(
             target=self._take, args=(run_context.session,), name="ps-snapshots", daemon=True
         )
         self._thread.start()
+        self._last = (now, step, True)
+
+    def _count(self, now: float, step: int) -> None:
+        """Add the time and steps since the last hooked run to the side they were on: a
+        snapshot that ended meanwhile splits the time at its end, and the run's steps count
+        after it. Why not pro rata: a run that waited on a ps busy writing (a synchronous round
+        held back, a large table's step queued behind the save) made its steps after the end,
+        and a pro-rata share read the slowdown low (0.88x measured where 0.95x was the aim);
+        counted after, one run per snapshot reads it high, on the safe side (a snapshot of
+        0.1 s between runs of 0.05 s: 0.4 for 0.05), which widens only what was near its
+        bound anyway."""
+        if self._last is None:
+            return
+        then, before, running = self._last
+        steps = max(0, step - before)
+        ended = self._ended
+        if not running:
+            self._between[0] += steps
+            self._between[1] += now - then
+        elif ended is None or not then <= ended < now:  # still running
+            self._during[0] += steps
+            self._during[1] += now - then
+        else:
+            self._during[1] += ended - then
+            self._between[0] += steps
+            self._between[1] += now - ended
+
+    def _widened(self, secs: float) -> float:
+        """The interval after a snapshot of ``secs``: ``lifecycle.snapshot_secs``, widened so
+        that the steps the snapshots cost stay within :data:`OVERHEAD_BUDGET`."""
+        slower = self.slowdown() or 0.0
+        return max(
+            self._every, MIN_GAP_FACTOR * secs, COST_FACTOR * slower * secs / OVERHEAD_BUDGET
+        )
+
+    def slowdown(self) -> Optional[float]:
+        """How much slower the job trained while a snapshot ran than while none did (0: not
+        at all, 1: it stood still); None until both were seen."""
+        (steps_in, secs_in), (steps_out, secs_out) = self._during, self._between
+        if secs_in <= 0 or secs_out <= 0 or steps_out <= 0:
+            return None
+        return min(1.0, max(0.0, 1.0 - (steps_in / secs_in) / (steps_out / secs_out)))
 
     def _take(self, session: Any) -> None:
+        try:
+            self._take_one(session)
+        finally:
+            self._ended = time.monotonic()
+
+    def _take_one(self, session: Any) -> None:
         try:
             if self._rounds is None:
                 step, secs = self._snapshots.take(session)
@@ -629,13 +729,25 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
                 f"snapshots: every {self._every:g}s, each ps into {self._snapshots.where} on its "
                 f"own host{also}; the first at step {step:,}"
             )
-            return  # it paid the setup of its runs' graphs: not what the next ones cost
-        self._interval = max(self._every, WIDEN_FACTOR * secs)
+            # it paid the setup of its runs' graphs too, so neither its duration nor the rate
+            # while it ran is what the next ones cost: only not back to back (a large table's
+            # first snapshot, seconds long, is not followed by another a second later)
+            self._interval = max(self._every, MIN_GAP_FACTOR * secs)
+            return
+        slower = self.slowdown()
+        self._interval = self._widened(secs)
         if self._interval > 1.5 * self._every and "widened" not in self._said:
             self._said.add("widened")
+            # (the rate while they ran, said once it rests on a second of them at least)
+            cost = (
+                f" and training ran {slower:.0%} slower meanwhile"
+                if slower is not None and self._during[1] >= 1.0
+                else ""
+            )
             self._log(
-                f"snapshots: one took {secs:.2f}s; taking one every {self._interval:.1f}s "
-                f"instead of {self._every:g}s (lifecycle.snapshot_secs)"
+                f"snapshots: one took {secs:.2f}s{cost}; taking one every "
+                f"{self._interval:.1f}s instead of {self._every:g}s (lifecycle.snapshot_secs), "
+                f"so that they cost at most {OVERHEAD_BUDGET:.0%} of training"
             )
 
     def end(self, session: Any) -> None:

@@ -52,6 +52,7 @@ from recipes.runtime import (
     wait_for_done_tokens,
     wait_for_peers,
 )
+from recipes.streamed_saver import CHUNK_BYTES
 from recipes.traffic import traced_options, traffic_line
 from recipes.workload import Workload, saver_names
 
@@ -126,8 +127,8 @@ def saving_line(on_ps: bool, output_dir: str) -> str:
     if on_ps:
         return f"checkpoints: each ps saves its own variables into {output_dir} (every ps sees it)"
     return (
-        f"checkpoints: the chief gathers and saves every variable (a ps does not see {output_dir}:"
-        " no shared output folder)"
+        f"checkpoints: the chief saves them into {output_dir} on its host, streamed from the ps"
+        f" {_size(CHUNK_BYTES)} at a time (a ps does not see it: no shared output folder)"
     )
 
 
@@ -454,7 +455,12 @@ def run_replica(
         ready_for_local_init_op=g.probe,
         local_init_op=g.local_init_op,
         summary_op=g.summary_op,
-        saver=chief_saver(g.saver_names, cfg.trainer.keep_checkpoints, sharded=on_ps),
+        saver=chief_saver(
+            g.saver_names,
+            cfg.trainer.keep_checkpoints,
+            sharded=on_ps,
+            streamed=task.is_chief and task.n_ps > 0 and not on_ps,
+        ),
         local_init_feed_dict=graph_feeds() or None,  # an in-memory shard, fed at the init
     )
     reshard = None  # a dynamic table resumed on another number of ps: its ids re-sharded
@@ -463,6 +469,10 @@ def run_replica(
         tables = work.model.dynamic_tables()
         if Resharder.needed(latest, tables):
             reshard = Resharder(latest, tables, g.saver_names, log)
+    if g.train.rounds is not None:  # the end waits for an open round only while a peer lives
+        g.train.rounds.others_done = lambda sess: (
+            min(int(n) for n in sess.run(g.done_sizes)) >= replicas_now(task) - 1
+        )
     snapshots = None
     if task.is_chief and task.n_ps and cfg.snapshots.secs > 0:
         snapshots = PsSnapshots(
@@ -474,6 +484,7 @@ def run_replica(
             copies=cfg.snapshots.copies,
             addresses=list(task.cluster.get("ps", [])),
             together=g.train.rounds is not None,
+            on_ps=on_ps,
         )
     creator = RoleSessionCreator(
         scaffold,
@@ -485,6 +496,8 @@ def run_replica(
         log=log,
         snapshots=snapshots,
         reshard=reshard,
+        cluster=task.cluster,
+        own_address=task.cluster[task.type][task.index],
     )
     try:
         hooks = _hooks(cfg, g, scaffold, task.is_chief, max_steps, progress)

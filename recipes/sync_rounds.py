@@ -17,44 +17,97 @@ being done (a ps was lost and the session is recovered): TensorFlow's runner can
 whenever its coordinator stops, and a queue on a ps that lived on stays closed, so the recovered
 session's first hand-out of tokens failed ("FIFOQueue 'sync_token_q' is closed") and the chief
 with it. :meth:`RoundGate.hook`'s ``end`` (called only when training is done) lets it cancel the
-queue then, as before: the workers waiting for a token are let go.
+queue then, as before: the workers waiting for a token are let go. It also ends the rounds
+first (:meth:`RoundGate.finish`): it waits for the round being applied, and none is applied after
+it, so the final checkpoint (the chief's checkpoint hook ends after it) holds exactly the rounds
+its global step counts, as every snapshot does. It waits only where that round can still be
+applied: with backup workers (fewer gradients aggregated than there are replicas), and only until
+every other replica has ended (its done token in: no gradient can come any more). Without them
+every round needs the chief's gradient too, and the chief's last run waited for its round's
+token, so the round open when it stops is one that never comes (its runner is blocked taking
+gradients, and waiting for it held every synchronous job's end for FINISH_WAIT_SECS).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
 __all__ = ["RoundGate", "gate_rounds"]
 
 QueueRunner = tf.compat.v1.train.QueueRunner
+FINISH_WAIT_SECS = 30.0  # for the round being applied as training ends
+GONE_POLL_SECS = 0.05  # how often finish asks whether the other replicas have all ended
 
 
 class RoundGate:
     """Between two rounds: see the module's docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, backups: bool = False) -> None:
+        # backup workers: a round can be applied without the chief's gradient
+        self.backups = backups
+        # (session) -> whether every other replica has ended (its done token in): then no
+        # gradient is coming and the open round is never applied; set by the replica
+        self.others_done: Optional[Callable[[Any], bool]] = None
         self._cond = threading.Condition()
         self._applying = False
         self._held = False
         self.done = False  # training done: the runner may cancel the token queue as it stops
+        self._finished = False  # training done: no round is applied any more
 
     def hook(self) -> Any:
         """The chief's hook whose ``end`` (training done, not a recovery) says so."""
         return _TrainingDone(self)
 
-    def applying(self, run: Callable[[], Any]) -> Any:
-        """``run`` (one ``sync_op``) once no block of :meth:`between` holds the rounds back."""
+    def finish(self, wait_secs: float, gone: Optional[Callable[[], bool]] = None) -> bool:
+        """Training done: wait for the round being applied to end (at most ``wait_secs``, and
+        no longer once ``gone()`` says no gradient can come for it), and apply none after it (the
+        runner's next run ends it as a closed queue would); whether the round ended."""
+        deadline = time.monotonic() + wait_secs
         with self._cond:
-            while self._held:
+            self.done = True
+            while True:
+                left = deadline - time.monotonic()
+                step = left if gone is None else min(left, GONE_POLL_SECS)
+                ended = self._cond.wait_for(lambda: not self._applying, timeout=max(0.0, step))
+                if ended or left <= 0:
+                    break
+                if gone is not None:
+                    self._cond.release()  # (gone() runs a session: not under the lock)
+                    try:
+                        if gone():
+                            break
+                    finally:
+                        self._cond.acquire()
+            self._finished = True
+            self._cond.notify_all()
+        return ended
+
+    def applying(self, run: Callable[[], Any]) -> Any:
+        """``run`` (one ``sync_op``) once no block of :meth:`between` holds the rounds back;
+        after :meth:`finish`, none: an ``OutOfRangeError``, which the queue runner takes for
+        its queue closed (its thread ends quietly) and the coordinator for a clean stop. A round
+        whose run the session's close cancels after :meth:`finish` ends the same way (a
+        ``CancelledError`` is neither: it failed the chief, or raised in the runner's thread)."""
+        with self._cond:
+            while self._held and not self._finished:
                 self._cond.wait()
+            if self._finished:
+                raise tf.errors.OutOfRangeError(None, None, "training done: no more rounds")
             self._applying = True
         try:
             return run()
+        except tf.errors.CancelledError:
+            if not self.done:
+                raise  # a recovery's close: as TensorFlow's runner has it
+            raise tf.errors.OutOfRangeError(
+                None, None, "training done: its open round ended"
+            ) from None
         finally:
             with self._cond:
                 self._applying = False
@@ -93,6 +146,17 @@ class _GatedQueueRunner(QueueRunner):  # type: ignore[misc, valid-type]
         )
         self._gate = gate
 
+    def create_threads(
+        self, sess: Any, coord: Any = None, daemon: bool = False, start: bool = False
+    ) -> list[Any]:
+        # The session's close does not wait for the thread that applies the rounds: at the end
+        # of training it is blocked taking gradients for a round that never comes (finish says
+        # so), and the coordinator's join waited stop_grace_secs (5 s) for it at every
+        # synchronous job's end. Closing the session ends its run (RoundGate.applying: the runner
+        # ends quietly). Its errors still reach the coordinator (request_stop).
+        joined = _JoinsOnlyTheCloser(coord) if coord is not None else None
+        return list(super().create_threads(sess, joined, daemon, start))
+
     def _run(self, sess: Any, enqueue_op: Any, coord: Any = None) -> None:
         super()._run(_GatedSession(sess, self._gate), enqueue_op, coord)
 
@@ -106,12 +170,42 @@ class _GatedQueueRunner(QueueRunner):  # type: ignore[misc, valid-type]
             pass
 
 
+class _JoinsOnlyTheCloser:
+    """``coord`` whose ``register_thread`` (what its ``join`` waits for) takes only the runner's
+    close-on-stop thread, not the thread that runs the rounds."""
+
+    def __init__(self, coord: Any) -> None:
+        self._coord = coord
+
+    def register_thread(self, thread: Any) -> None:
+        if thread.name.endswith("close_on_stop"):
+            self._coord.register_thread(thread)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._coord, name)
+
+
 class _TrainingDone(tf.compat.v1.train.SessionRunHook):
     def __init__(self, gate: RoundGate) -> None:
         self._gate = gate
 
     def end(self, session: Any) -> None:
-        self._gate.done = True
+        gate = self._gate
+        if not gate.backups:  # the open round needs the chief's gradient: it never comes
+            gate.finish(0.0)
+            return
+        others_done = gate.others_done
+        if others_done is None:
+            gate.finish(FINISH_WAIT_SECS)
+            return
+
+        def gone() -> bool:
+            try:
+                return others_done(session)
+            except tf.errors.OpError:  # a ps gone: nothing more is applied there
+                return True
+
+        gate.finish(FINISH_WAIT_SECS, gone)
 
 
 class _GatedSession:
@@ -141,6 +235,7 @@ def gate_rounds(optimizer: Any) -> RoundGate:
     ``apply_gradients`` has run): its chief queue runner is replaced by one that applies each
     round through the gate (``get_chief_queue_runner`` returns the private attribute; the
     chief's hook asks for it when its session begins)."""
-    gate = RoundGate()
+    backups = optimizer._replicas_to_aggregate < optimizer._total_num_replicas
+    gate = RoundGate(backups=backups)
     optimizer._chief_queue_runner = _GatedQueueRunner(optimizer.get_chief_queue_runner(), gate)
     return gate
