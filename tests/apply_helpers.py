@@ -81,7 +81,8 @@ def free_port_base(count: int = 8) -> int:
     TIME_WAIT leftovers, which block a bind) take ports there at random, so after a long test run
     a window of a thousand free ports inside it may not exist. The scan starts at a random point so
     two calls in a row do not hand out the same window. Each test process (CI runs three at once:
-    the test beds' and two xdist workers) searches its own slice of each region first: a window
+    the test beds' and two xdist workers; the README's fast tier four workers) searches its own
+    slice of each region first (:data:`PORT_SLOTS`: the beds' and up to four workers'): a window
     is free only until its test binds it, and a test that stops its tasks and starts them again
     (destroy, then apply) leaves it free meanwhile, for another process to take (seen: "port
     28863 is in use" at the second apply).
@@ -99,7 +100,7 @@ def free_port_base(count: int = 8) -> int:
     raise RuntimeError(f"no {count} consecutive free ports on this machine")
 
 
-PORT_SLOTS = 4
+PORT_SLOTS = 5
 
 
 def _port_slot() -> int:
@@ -194,10 +195,17 @@ def base_overrides(tmp: Path, port_base: int, experiment: str = "t") -> list[str
 TENSORFLOW_PROGRAM = "import tensorflow  # noqa: F401 - a training program's import\n"
 
 
-def seed_ready_line(project: Path, host: str = "localhost") -> str:
-    """The ``seed ready`` line of the warm seed an apply started on ``host`` (under
-    ``cluster.workdir=<project>/work``, as :func:`base_overrides` sets it)."""
+def seed_ready_line(project: Path, host: str = "localhost", experiment: str = "t") -> str:
+    """The ``seed ready`` line of the warm seed an apply of ``experiment`` forked its tasks from
+    on ``host``: a kept seed's folder, as its tasks' handles record it (started by this apply or
+    an earlier one), else the experiment's own (``cluster.workdir=<project>/work``, as
+    :func:`base_overrides` sets it)."""
     log = project / "work" / "_seed" / host / "seed.log"
+    state = project / ".tfplan" / experiment / "state.json"
+    if state.exists():
+        for task in json.loads(state.read_text())["tasks"]:
+            if task["host"] == host and task.get("handle", {}).get("seed"):
+                log = Path(task["handle"]["seed"]) / "seed.log"
     lines = [ln for ln in log.read_text().splitlines() if ln.startswith("seed ready")]
     assert lines, f"no warm seed's ready line in {log}"
     return lines[-1]
@@ -255,10 +263,14 @@ def recorded_groups(cwd: Path) -> list[int]:
     for path in (cwd / ".tfplan").glob("*/state.json"):
         state = json.loads(path.read_text())
         data = (state.get("allocation") or {}).get("data") or {}
-        groups += [int(seed["pgid"]) for seed in data.get("seeds") or []]  # an apply's seeds
+        # an apply's seeds, but the host's kept one (cluster.warm_keep_secs): other tests fork
+        # from it; the run's end stops it (tests/conftest.py stop_kept_seeds)
+        groups += [int(s["pgid"]) for s in data.get("seeds") or [] if not s.get("kept")]
         if data.get("driver"):  # a Spark application's driver (spark-submit, detached)
             groups.append(int(data["driver"]["pgid"]))
-        for task in [*state["tasks"], *state.get("standbys", [])]:
+        # the lost tasks too: a host cut off and back keeps running what it ran (destroy stops
+        # them; a test that failed before its destroy must not leave them holding their ports)
+        for task in [*state["tasks"], *state.get("standbys", []), *state.get("lost", [])]:
             pgid = task.get("handle", {}).get("pgid")
             if pgid is not None:
                 groups.append(int(pgid))

@@ -80,9 +80,9 @@ class ApplyRun:
                     raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n{tail}")
                 self._cond.wait(min(left, 0.5))
 
-    def wait_step(self, step: int, timeout: float, task: str = r"\S+") -> int:
+    def wait_step(self, step: int, timeout: float, task: str = r"\S+", after: int = 0) -> int:
+        """Index of the first progress line (from ``after``) of ``task`` at ``step`` or later."""
         deadline = time.monotonic() + timeout
-        after = 0
         while True:
             i = self.wait_for(
                 rf"^{task}\s+\| .*\bstep=\d+", max(0.1, deadline - time.monotonic()), after

@@ -14,7 +14,9 @@ from typing import Any
 # result.json (accuracy from acc=, or, with acc=lr, a function of algo.lr read from run.yaml) and
 # exits with exit=; the other workers exit 0 after worker_secs. With barrier=DIR parties=N the
 # chief first signs in under DIR and makes no step before N chiefs have: N points then run at the
-# same time as an order of events, on any machine speed.
+# same time as an order of events, on any machine speed. With hold_lr=X the chief of the point
+# whose algo.lr is X stops after its first step and waits to be stopped (or fails after 120 s):
+# a point the sweep must prune is then pruned before its end as an order of events too.
 RESULT_TASK = r"""
 import json, os, sys, time
 import yaml
@@ -49,6 +51,9 @@ for step in range(1, steps + 1):
         f.write(json.dumps({"global_step": step, "accuracy": round(acc * step / steps, 6),
                             "loss": 1.0 / step, "time": time.time()}) + "\n")
     print(f"eval step={step} accuracy={acc * step / steps:.6f}", flush=True)
+    if "hold_lr" in args and lr == float(args["hold_lr"]):  # waits to be pruned (120 s at most)
+        time.sleep(120)
+        sys.exit(3)
 if args.get("exit", "0") != "0":
     sys.exit(int(args["exit"]))
 result = {"status": "succeeded", "global_step": steps, "loss": round(0.5 / steps, 6),

@@ -42,6 +42,7 @@ REPORTS = [
         "bench_dynamic.md",
         "bench_embeddings.md",
         "bench_explain.md",
+        "bench_fault_accuracy.md",
         "bench_inputs.md",
         "bench_plan.md",
         "bench_reshard.md",
@@ -54,6 +55,7 @@ REPORTS = [
         "bench_strategies.md",
         "bench_sweep.md",
         "bench_table_init.md",
+        "bench_table_scale.md",
         "bench_table_rules.md",
         "bench_training.md",
         "bench_user_model.md",
@@ -128,6 +130,8 @@ def test_bench_apply(tmp_path: Path) -> None:
     assert figure(text, "tfplan apply cluster.warm=false") > 0
     assert figure(text, "ratio tfplan (warm) / shell") > 0
     assert figure(text, "ratio tfplan cold / shell") > 0
+    assert figure(text, "tfplan apply with a seed kept from an earlier apply") > 0
+    assert figure(text, "PSS of the running cluster with a kept seed") > 0
     assert figure(text, "PSS of the running cluster (tasks + seed), warm / cold") > 0
     assert figure(text, "training done -> all tasks exited") > 0
     assert figure(text, "tfplan destroy of a running cluster") > 0
@@ -182,6 +186,25 @@ def test_bench_embeddings(tmp_path: Path) -> None:
         assert figure(text, row, column=0) > 0  # the smallest
 
 
+@pytest.mark.timeout(600)
+def test_bench_table_scale(tmp_path: Path) -> None:
+    """Tiny tables (the limits then hold them easily: the path, not the figures; a table larger
+    than the limits is tests/test_table_memory.py's), 2 ps, few steps."""
+    if os.geteuid() != 0:
+        pytest.skip("a memory cgroup per task needs root (CI runs as root)")
+    out = tmp_path / "bench_table_scale.md"
+    args = ["--rows", "100000", "--small-rows", "50000", "--dim", "8", "--ps", "2"]  # ids < 50,000
+    args += ["--limit", "900MiB", "--steps", "20"]
+    run_bench("bench_table_scale.py", *args, "--out", str(out), cwd=tmp_path, timeout=480)
+    text = out.read_text()
+    assert figure(text, "| examples/s |", column=0) > 0 and figure(text, "| examples/s |") > 0
+    assert "| scoring (evaluator, final scores) | loaded | loaded |" in text, text
+    for task in ("| ps/0 |", "| ps/1 |", "| worker/0 |", "| worker/1 |", "| evaluator/0 |"):
+        assert figure(text, task, column=0) > 0, text  # its limit
+        assert figure(text, task, column=2) > 0, text  # its peak, the larger table
+    assert "OOM kills in all runs: 0." in text, text
+
+
 @pytest.mark.timeout(300)
 def test_bench_table_init(tmp_path: Path) -> None:
     out = tmp_path / "bench_table_init.md"
@@ -192,7 +215,7 @@ def test_bench_table_init(tmp_path: Path) -> None:
         assert figure(text, process, column=0) > 0  # row-wise: RSS before the initialiser
         assert figure(text, process, column=1) > 0  # whole
     assert figure(text, "| initialiser wall time (s) |", column=0) > 0
-    for column in (0, 1):  # gathered by the chief, on each ps
+    for column in (0, 1, 2):  # gathered by the chief, on each ps, streamed through the chief
         assert figure(text, "| save wall time (s) |", column=column) > 0
         assert figure(text, "| checkpoint (MiB) |", column=column) >= 0
 
@@ -318,6 +341,7 @@ def test_bench_plan(tmp_path: Path) -> None:
     assert figure(text, "plan file per task", column=2) > 0
     assert figure(text, "| 4 x 8 (37 tasks) | now (1 run)") > 0
     assert figure(text, "bare Hydra compose of the same tree") > 0
+    assert figure(text, "the same, composed anew (`TFPLAN_COMPOSE_CACHE=0`)") > 0
     assert "imported by `tfplan plan` (`python -X importtime`): none." in text
 
 
@@ -337,6 +361,19 @@ def test_bench_algorithms(tmp_path: Path) -> None:
     for name in runs:
         assert figure(text, f"| `{name}`", column=5) > 0  # examples/s
     assert png.stat().st_size > 0
+
+
+@pytest.mark.timeout(300)
+def test_bench_fault_accuracy(tmp_path: Path) -> None:
+    """One run a side, a short training: the fault side's ps is killed, comes back, and both
+    sides' final scores are reported (the figures are the 5-run report's, docs/)."""
+    out = tmp_path / "bench_fault_accuracy.md"
+    args = ["--runs", "1", "--steps", "400", "--checkpoint-steps", "100", "--pace", "0.01"]
+    run_bench("bench_fault_accuracy.py", *args, "--out", str(out), cwd=tmp_path, timeout=240)
+    text = out.read_text()
+    for side in ("| no fault |", "| ps/0 killed |"):
+        assert 0 < figure(text, side, column=0) <= 1, text  # the median held-out accuracy
+    assert re.search(r"\| ps/0 killed \| 0 \| [\d.]+ \| [\d.]+ \| 40\d \| \d+ \| \w", text), text
 
 
 @pytest.mark.timeout(600)

@@ -37,9 +37,32 @@ pytestmark = [pytest.mark.slurm, pytest.mark.netns]
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Iterator[Path]:
+def ws(tmp_path: Path, slurm_cluster: SlurmTestbed) -> Iterator[Path]:
     yield tmp_path
-    kill_groups(recorded_groups(tmp_path))  # srun clients a failed test left behind, by group
+    cleanup(tmp_path, slurm_cluster)
+
+
+def cleanup(ws: Path, bed: SlurmTestbed) -> None:
+    """What a failed test left behind: its supervisor first (it would restart what is cleaned
+    up), the srun clients by group, then its jobs by id, from the states (a SIGKILLed apply
+    cancels nothing: its allocation, ``sleep infinity``, would keep the nodes for the next tests)."""
+    ApplyRun.kill_all(ws)
+    kill_groups(recorded_groups(ws))
+    jobs = []
+    for path in (ws / ".tfplan").glob("*/state.json"):
+        job = (json.loads(path.read_text()).get("allocation") or {}).get("id")
+        if job:
+            bed.run("scancel", str(job), check=False)
+            jobs.append(str(job))
+    # gone from the queue, its nodes idle again, before the next test asks for them
+    wait_until(
+        lambda: (
+            not {line.split()[0] for line in _squeue(bed)} & set(jobs)
+            and "idle" == " ".join(sorted(set(bed.run("sinfo", "-h", "-o", "%T").stdout.split())))
+        ),
+        60,
+        f"jobs {jobs} cancelled and the nodes idle",
+    )
 
 
 def _squeue(bed: SlurmTestbed) -> list[str]:
@@ -153,7 +176,7 @@ def test_the_users_keras_model_trains_on_slurm(ws: Path, slurm_cluster: SlurmTes
         assert (ws / "work" / "_code" / "tabular" / "models.py").is_file()
         assert _squeue(slurm_cluster) == []
     finally:
-        kill_groups(recorded_groups(project))
+        cleanup(project, slurm_cluster)
 
 
 def test_status_logs_and_destroy_leave_squeue_empty(ws: Path, slurm_cluster: SlurmTestbed) -> None:

@@ -18,20 +18,27 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apply_helpers import alive, kill_groups, recorded_groups, state_of, wait_until
+from apply_helpers import (
+    alive,
+    paced,
+    state_of,
+    tfplan,
+    wait_until,
+)
 from chaos_helpers import ApplyRun
 from slurm_testbed import SlurmTestbed
 from test_kill_matrix import PROGRAM, Lives, _group, _up
-from test_slurm import _args, _env, _squeue
+from test_slurm import _args, _env, _forked_programs, _squeue, cleanup
+from test_snapshots import FIRST, RESTORED, _number
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns]
 FULL = pytest.mark.full
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Iterator[Path]:
+def ws(tmp_path: Path, slurm_cluster: SlurmTestbed) -> Iterator[Path]:
     yield tmp_path
-    kill_groups(recorded_groups(tmp_path))
+    cleanup(tmp_path, slurm_cluster)
 
 
 def _program(ws: Path, *extra: str) -> list[str]:
@@ -136,4 +143,46 @@ def test_a_ps_standby_takes_over_inside_the_allocation(
     assert code == 0, run.text()[-3000:]
     assert re.search(r"Stopped ps/0~standby", run.text())
     lives.assert_nothing_left()
+    assert _squeue(slurm_cluster) == []
+
+
+@FULL
+def test_a_killed_ps_comes_back_from_its_snapshot_inside_the_allocation(
+    ws: Path, slurm_cluster: SlurmTestbed
+) -> None:
+    """Issue 36 on Slurm: the built-in recipes, snapshots every 0.5 s into a folder on the ps's
+    node; the ps's program (forked by its node's warm seed inside its step) SIGKILLed: tfplan
+    restarts it in a new step and the chief brings it back from its snapshot, not from the
+    checkpoint of step 0; the stream and ``status`` say so and the steps lost."""
+    args = _args(
+        *paced(0.02),  # trains on, paced, until the Ctrl-C
+        "trainer.max_steps=100000000",
+        "trainer.log_steps=25",
+        "trainer.checkpoint_steps=1000000",  # one checkpoint: the first
+        "lifecycle.restart.backoff_secs=0.2",
+        "lifecycle.ps_standby=false",
+        "lifecycle.snapshot_secs=0.5",
+        f"lifecycle.snapshot_dir={ws / 'shm'}",
+    )
+    env = _env(ws, slurm_cluster)
+    run = ApplyRun(ws, args, env=env)
+    first = run.wait_for(FIRST, 300)
+    first_step = _number(re.search(FIRST, run.lines[first][1])[2])  # type: ignore[index]
+    before = run.wait_step(first_step + 50, 300, task="worker/0")
+    (program,) = _forked_programs(ws, "ps/0")
+    os.kill(program, signal.SIGKILL)
+    run.wait_for(r"ps/0: restarted on n\d", 60, before)
+    restored = run.wait_for(RESTORED, 120, before)
+    step, lost, seen = (_number(v) for v in re.search(RESTORED, run.lines[restored][1]).groups())  # type: ignore[union-attr]
+    assert step >= first_step and seen - step == lost, run.lines[restored][1]
+    assert "restoring model.ckpt" not in run.text()
+    # from the restore on: a line from before the kill can be past step + 25 already
+    after = run.wait_step(step + 25, 120, task="worker/0", after=restored + 1)
+    assert min(s for name, s in run.steps(restored + 1, after + 1) if name == "worker/0") >= step
+    ps = next(t for t in state_of(ws)["tasks"] if t["name"] == "ps/0")
+    assert ps["handle"]["step"] == "ps-0.1"  # its second step in the allocation
+    shown = tfplan(ws, "status", env=env, check=True).stdout
+    assert f"ps/0 from its snapshot of step {step:,}, {lost:,} steps lost" in shown, shown
+    run.proc.send_signal(signal.SIGINT)
+    run.finish(timeout=120)
     assert _squeue(slurm_cluster) == []

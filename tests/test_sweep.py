@@ -573,10 +573,11 @@ def test_the_seed_of_a_killed_sweep_is_stopped_by_its_next_run(ws: Path) -> None
 
 
 def _pruning_sweep(
-    ws: Path, *extra: str
+    ws: Path, *extra: str, hold_lr: str | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict[int, dict[str, str]]]:
     port = free_port_base(60)
     script = result_task(ws)
+    held = {"hold_lr": hold_lr} if hold_lr else {}
     proc = tfplan(
         ws,
         "apply",
@@ -584,7 +585,7 @@ def _pruning_sweep(
         "--auto-approve",
         *sweep_overrides(ws, port),
         "recipe=command",
-        f"recipe.command={command(script, steps='8', step_secs='0.1')}",
+        f"recipe.command={command(script, steps='8', step_secs='0.1', **held)}",
         *extra,
     )
     assert proc.returncode in (0, 1) and "Sweep complete!" in proc.stdout, proc.stdout + proc.stderr
@@ -593,12 +594,13 @@ def _pruning_sweep(
 
 
 PRUNED_SWEEP = ("algo.lr=0.04,0.06,0.5,0.05", "sweep.prune=median", "sweep.prune_startup_points=2")
+HELD = "0.5"  # the point to prune holds after its first step: its teardown comes before its end
 
 
 def test_median_pruning_stops_a_point_below_the_finished_points(ws: Path) -> None:
     # accuracy at step s of 8 is (1 - |lr - 0.05|) * s / 8: lr=0.5 is far below the two
     # finished points' median from its first step; lr=0.05 is above it and trains to the end
-    proc, rows = _pruning_sweep(ws, *PRUNED_SWEEP)
+    proc, rows = _pruning_sweep(ws, *PRUNED_SWEEP, hold_lr=HELD)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Sweep complete! 3 succeeded, 1 pruned, 0 failed." in proc.stdout
     assert [rows[n]["status"] for n in range(4)] == [
@@ -623,7 +625,7 @@ def test_median_pruning_stops_a_point_below_the_finished_points(ws: Path) -> Non
 
     # Resume: the same sweep again keeps what finished (pruned stays pruned), starts nothing
     before = {n: (ws / ".tfplan" / f"s-{n}" / "state.json").read_text() for n in range(4)}
-    again, rows_again = _pruning_sweep(ws, *PRUNED_SWEEP)
+    again, rows_again = _pruning_sweep(ws, *PRUNED_SWEEP, hold_lr=HELD)
     assert "Sweep complete! 3 succeeded, 1 pruned, 0 failed." in again.stdout
     for n in range(4):
         assert (ws / ".tfplan" / f"s-{n}" / "state.json").read_text() == before[n]
@@ -632,7 +634,7 @@ def test_median_pruning_stops_a_point_below_the_finished_points(ws: Path) -> Non
     assert "started on" not in again.stdout and "warm seed" not in again.stdout
     assert rows_again == rows
     # a point number that ran other overrides fails in one line, and nothing is started for it
-    other, _ = _pruning_sweep(ws, "algo.lr=0.04,0.06,0.3,0.05", *PRUNED_SWEEP[1:])
+    other, _ = _pruning_sweep(ws, "algo.lr=0.04,0.06,0.3,0.05", *PRUNED_SWEEP[1:], hold_lr=HELD)
     assert "point 2 ran algo.lr=0.5 before, and is algo.lr=0.3 now" in other.stdout
     assert (ws / ".tfplan" / "s-2" / "state.json").read_text() == before[2]
 

@@ -395,7 +395,8 @@ class TestConformance:
             )
         assert not result.ok
         text = " | ".join(result.problems)
-        assert f"port {port} is in use" in text
+        # what holds it, named (this test process: it listens there)
+        assert f"port {port} is in use by pid {os.getpid()} (" in text, text
         assert "a-file/sub is not writable" in text
         assert "tensorflow 2.21.0 found, 1.15 wanted" in text
         assert "memory" not in text  # no parameter server planned here: not checked
