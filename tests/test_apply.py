@@ -410,7 +410,14 @@ def test_failed_start_stops_what_was_started(ws: Path) -> None:
     assert "worker-1" in proc.stderr or "worker/1" in proc.stderr
 
 
-def test_ctrl_c_stops_every_task_and_keeps_state_consistent(ws: Path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"]
+)
+def test_ctrl_c_stops_every_task_and_keeps_state_consistent(
+    ws: Path, sig: signal.Signals, code: int
+) -> None:
+    """Ctrl-C, and SIGTERM (`kill`, `timeout`, a scheduler's stop), stop every task and the
+    host's warm seed: nothing of the cluster runs on unsupervised."""
     port = free_port_base()
     env = {**os.environ, "TFPLAN_CONF": str(CONF)}
     proc = subprocess.Popen(
@@ -434,21 +441,24 @@ def test_ctrl_c_stops_every_task_and_keeps_state_consistent(ws: Path) -> None:
         for line in proc.stdout:
             if "step=2" in line:
                 break
-        proc.send_signal(signal.SIGINT)
+        allocation = state_of(ws)["allocation"] or {}
+        seeds = [int(s["pid"]) for s in allocation.get("data", {}).get("seeds", [])]
+        proc.send_signal(sig)
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:  # what it was doing is the whole story: say it
             proc.kill()
             out, err = proc.communicate()
             said = f"{out[-3000:]}\n{err[-3000:]}"
-            raise AssertionError(f"apply still running 60s after SIGINT:\n{said}") from None
+            raise AssertionError(f"apply still running 60s after {sig.name}:\n{said}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     state = state_of(ws)
     assert {t["status"] for t in state["tasks"]} == {"stopped"}
     assert not [pid for pid in _pids(state) if alive(pid)]
+    assert state["allocation"] is None and not [g for g in seeds if alive(g)], seeds
 
 
 def test_logs_follow_streams_until_the_task_ends(ws: Path) -> None:

@@ -4,13 +4,42 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 
 from tfplan import __version__
 from tfplan.errors import TfplanError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["Terminated", "main", "build_parser"]
+
+# What `kill`, `timeout`, systemd, Slurm and a closed terminal send: an attached apply, a sweep,
+# a watch stop what they started, as Ctrl-C does, instead of dying and leaving the cluster and
+# its warm seeds running unsupervised. A signal already ignored (nohup) stays ignored.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A stop signal, raised where Ctrl-C's KeyboardInterrupt would be: the same teardown."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on_signals() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # (main() called in a thread: the caller's signals are its own)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signum, signal.SIG_IGN)  # a repeat must not cut the teardown short
+        raise Terminated(signum)
+
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, stop)
 
 
 # verb -> the module that defines it. Only the named verb's module is imported: `tfplan plan`
@@ -92,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     given = list(argv) if argv is not None else sys.argv[1:]
     args = parse(build_parser(given), given)
+    _stop_on_signals()
     try:
         if hasattr(args, "experiment"):
             from tfplan.cli.common import settle_experiment
@@ -104,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except Terminated as stopped:
+        print(f"stopped by {signal.Signals(stopped.signum).name}", file=sys.stderr)
+        return 128 + stopped.signum
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
