@@ -4,6 +4,8 @@ first telling line of TensorFlow's many."""
 
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 
 from recipes.config import RunConfig
@@ -41,7 +43,10 @@ def first_line(e: BaseException) -> str:
         "From /job:",
     )
     for line in str(e).splitlines():
-        line = line.strip()
-        if line and not line.startswith(generic) and "root error(s) found" not in line:
+        # a status code before the text ("RESOURCE_EXHAUSTED: From /job:worker/...:") hides
+        # whether the rest is generic
+        line = re.sub(r"^[A-Z][A-Z_]+:\s*", "", line.strip())
+        framing = not any(c.isalnum() for c in line)  # "=====" around TF's framed messages
+        if line and not framing and not line.startswith(generic) and "root error(s)" not in line:
             return line[:200]
     return type(e).__name__

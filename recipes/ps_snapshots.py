@@ -83,6 +83,7 @@ COST_FACTOR = 2.0
 MIN_GAP_FACTOR = 2.0  # a snapshot taking d seconds is taken at most every MIN_GAP_FACTOR * d
 SAVE_TIMEOUT_MS = 60_000  # a snapshot not written in this long counts as failed
 ROUND_WAIT_SECS = 30.0  # for a synchronous round being applied to end before a snapshot
+CANCELLED_IN_A_ROW = 2  # snapshots cancelled in a row on an open session: a failure, said
 
 
 @dataclass(frozen=True)
@@ -626,6 +627,10 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         self._between = [0.0, 0.0]
         self._last: Optional[tuple[float, int, bool]] = None  # (time, step, a snapshot running)
         self._ended: Optional[float] = None  # when the last snapshot's thread ended
+        # snapshots cancelled in a row while the session stayed open: a failing SaveV2 on a ps
+        # (a full folder) can reach the chief as the CancelledError of another partition's op
+        self._cancelled = 0
+        self._ending = False
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._next = time.monotonic() + self._interval
@@ -711,7 +716,9 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
             if isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError)):
                 return  # a ps went away: the restore will use the last complete snapshot
             if isinstance(e, tf.errors.CancelledError):
-                return  # the session closed under it (the end, or a recovery)
+                self._cancelled += 1
+                if self._ending or _closed(session) or self._cancelled < CANCELLED_IN_A_ROW:
+                    return  # the session closed under it (the end, or a recovery)
             kind = type(e).__name__
             if kind not in self._said:
                 self._said.add(kind)
@@ -720,6 +727,7 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
                     "last checkpoint instead"
                 )
             return
+        self._cancelled = 0
         self.taken += 1
         if self.taken == 1:
             also = " and a copy on the next ps's host" if self._snapshots.copies else ""
@@ -751,5 +759,11 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
             )
 
     def end(self, session: Any) -> None:
+        self._ending = True
         if self._thread is not None:
             self._thread.join(timeout=SAVE_TIMEOUT_MS / 1000)
+
+
+def _closed(session: Any) -> bool:
+    """Whether ``session`` (a hook's raw session) was closed (a recovery or the end)."""
+    return bool(getattr(session, "_closed", False))

@@ -129,3 +129,48 @@ def test_rounds_that_wait_for_each_snapshot_count_the_whole_pause(
         max(1.0, COST_FACTOR * slower * 0.2 / OVERHEAD_BUDGET, MIN_GAP_FACTOR * 0.2), rel=0.02
     )
     assert hook._interval > 3.0  # 1 s would have paused the rounds a fifth of the time
+
+
+class _Session:
+    def __init__(self, closed: bool) -> None:
+        self._closed = closed
+
+
+class _Cancelled(_Snapshots):
+    """Every snapshot cancelled: how a ps's failing SaveV2 (a full folder) can reach the chief
+    (another partition's op cancelled first), and how a session closed under a snapshot does."""
+
+    def take(self, session: Any) -> tuple[int, float]:
+        import tensorflow as tf
+
+        raise tf.errors.CancelledError(None, None, "RecvTensor cancelled")
+
+
+@pytest.mark.parametrize(
+    ("closed", "ending", "said"), [(False, False, 1), (True, False, 0), (False, True, 0)]
+)
+def test_snapshots_cancelled_on_an_open_session_are_a_failure_said_once(
+    closed: bool, ending: bool, said: int
+) -> None:
+    logs: list[str] = []
+    hook = SnapshotHook(_Cancelled(0.1), every_secs=1.0, log=logs.append)  # type: ignore[arg-type]
+    hook._ending = ending  # the hook's end() ran: the session is closing
+    for _ in range(5):
+        hook._take(_Session(closed))
+    told = [m for m in logs if m.startswith("snapshots: CancelledError: RecvTensor cancelled;")]
+    assert len(told) == said and len(logs) == said, logs
+    assert hook.taken == 0
+
+
+def test_first_line_skips_tensorflows_framing_for_the_telling_line() -> None:
+    from recipes.failures import first_line
+
+    full = "/tmp/x/ps0/a/snapshot.data-00000-of-00001.tempstate1; No space left on device"
+    framed = [
+        f"RESOURCE_EXHAUSTED: From /job:worker/replica:0/task:0:\n{full}\n\t [[{{{{node s}}}}]]",
+        f"Graph execution error:\n\nDetected at node 's' defined at:\n  File \"t.py\"\nNode: 's'\n{full}",
+        f"==================\n{full}\n==================",
+    ]
+    for text in framed:
+        assert first_line(Exception(text)) == full, text
+    assert first_line(Exception("==========")) == "Exception"  # nothing telling: the kind
