@@ -33,25 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CASE = textwrap.dedent(
     """
-    import json, os, socket, sys, threading
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    sys.path.insert(0, {root!r})
-    import numpy as np
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    v1.disable_eager_execution()
+    import json, os, sys, threading
+    sys.path[:0] = [{root!r}, {tests!r}]
+    from inprocess_cluster import np, start_cluster, tf, v1
     from recipes.dynamic_table import DynamicSettings, DynamicTable
 
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
     WORKERS = 4
-    addr = [f"127.0.0.1:{{free_port()}}" for _ in range(2 + WORKERS)]
-    spec = tf.train.ClusterSpec({{"ps": addr[:2], "worker": addr[2:]}})
-    servers = [tf.distribute.Server(spec, job_name="ps", task_index=i) for i in range(2)]
-    servers += [tf.distribute.Server(spec, job_name="worker", task_index=i) for i in range(WORKERS)]
+    spec, addr, servers = start_cluster(ps=2, workers=WORKERS)
 
     def build(w, settings, key_dtype=tf.int64, name="table"):
         g = tf.Graph()
@@ -221,7 +209,7 @@ CASE = textwrap.dedent(
     report["false_admissions"] = sum(len(sh["keys"]) for sh in state) / len(once)
     print(json.dumps(report))
     """
-).format(root=str(ROOT))
+).format(root=str(ROOT), tests=str(ROOT / "tests"))
 
 
 def test_dynamic_tables_allocate_admit_evict_and_rebuild_on_the_parameter_servers() -> None:

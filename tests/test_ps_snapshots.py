@@ -25,24 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CASE = textwrap.dedent(
     """
-    import json, os, socket, sys
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    sys.path.insert(0, {root!r})
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    v1.disable_eager_execution()
+    import json, os, sys
+    sys.path[:0] = [{root!r}, {tests!r}]
+    from inprocess_cluster import start_cluster, tf, v1
     from recipes.ps_snapshots import PsSnapshots, SnapshotFolder, SnapshotHook
 
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
     folder, out = {folder!r}, {out!r}
-    addr = [f"127.0.0.1:{{free_port()}}" for _ in range(3)]
-    spec = tf.train.ClusterSpec({{"ps": addr[:2], "worker": addr[2:]}})
-    servers = [tf.distribute.Server(spec, job_name="ps", task_index=i) for i in range(2)]
-    worker = tf.distribute.Server(spec, job_name="worker", task_index=0)
+    spec, addr, servers = start_cluster(ps=2, workers=1)
+    worker = servers[-1]
     for k in range(2):
         SnapshotFolder(folder, out, k).prepare()
     logs, report = [], {{}}
@@ -158,7 +148,7 @@ CASE = textwrap.dedent(
 def test_each_ps_snapshots_on_itself_and_one_ps_is_restored_alone(tmp_path: Path) -> None:
     folder, out = tmp_path / "shm", tmp_path / "out"
     out.mkdir()
-    script = CASE.format(root=str(ROOT), folder=str(folder), out=str(out))
+    script = CASE.format(root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), out=str(out))
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )

@@ -21,26 +21,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CASE = textwrap.dedent(
     """
-    import json, os, socket, sys
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    sys.path.insert(0, {root!r})
-    import numpy as np
-    import tensorflow as tf
+    import json, os, sys
+    sys.path[:0] = [{root!r}, {tests!r}]
+    from inprocess_cluster import np, start_cluster, tf, v1
     import keras
-    v1 = tf.compat.v1
-    v1.disable_eager_execution()
     from recipes.keras_model import KerasModel
     from recipes.sparse_lookup import out_of_range_error
 
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    addr = [f"127.0.0.1:{{free_port()}}" for _ in range(3)]
-    spec = tf.train.ClusterSpec({{"ps": addr[:2], "worker": addr[2:]}})
-    servers = [tf.distribute.Server(spec, job_name="ps", task_index=i) for i in range(2)]
-    worker = tf.distribute.Server(spec, job_name="worker", task_index=0)
+    spec, addr, servers = start_cluster(ps=2, workers=1)
+    worker = servers[-1]
 
     class Custom(keras.layers.Embedding):  # its own call: Keras' whole-table read is kept
         def call(self, ids):
@@ -122,7 +111,7 @@ CASE = textwrap.dedent(
                 "bad_line": bad_line,
             }}))
     """
-).format(root=str(ROOT))
+).format(root=str(ROOT), tests=str(ROOT / "tests"))
 
 
 def test_a_forward_pass_reads_only_the_rows_of_its_batch_from_the_parameter_servers() -> None:

@@ -26,27 +26,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CASE = textwrap.dedent(
     """
-    import json, os, socket, sys
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    sys.path.insert(0, {root!r})
-    import numpy as np
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    v1.disable_eager_execution()
+    import json, os, sys
+    sys.path[:0] = [{root!r}, {tests!r}]
+    from inprocess_cluster import np, start_cluster, tf, v1
     from recipes.checkpoint_bundle import Bundle
     from recipes.ps_saving import missing_file_line
     from recipes.streamed_saver import chunks, streamed_saver
 
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
     out = {out!r}
-    addr = [f"127.0.0.1:{{free_port()}}" for _ in range(3)]
-    spec = tf.train.ClusterSpec({{"ps": addr[:2], "worker": addr[2:]}})
-    servers = [tf.distribute.Server(spec, job_name="ps", task_index=i) for i in range(2)]
-    worker = tf.distribute.Server(spec, job_name="worker", task_index=0)
+    spec, addr, servers = start_cluster(ps=2, workers=1)
+    worker = servers[-1]
     report = {{}}
 
     def build():
@@ -135,7 +124,7 @@ def test_the_streamed_saver_writes_and_reads_the_usual_checkpoint_chunk_by_chunk
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-c", CASE.format(root=str(ROOT), out=str(out))],
+        [sys.executable, "-c", CASE.format(root=str(ROOT), tests=str(ROOT / "tests"), out=str(out))],
         capture_output=True,
         text=True,
         timeout=240,
