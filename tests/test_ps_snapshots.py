@@ -148,7 +148,9 @@ CASE = textwrap.dedent(
 def test_each_ps_snapshots_on_itself_and_one_ps_is_restored_alone(tmp_path: Path) -> None:
     folder, out = tmp_path / "shm", tmp_path / "out"
     out.mkdir()
-    script = CASE.format(root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), out=str(out))
+    script = CASE.format(
+        root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), out=str(out)
+    )
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )

@@ -124,7 +124,11 @@ def test_the_streamed_saver_writes_and_reads_the_usual_checkpoint_chunk_by_chunk
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-c", CASE.format(root=str(ROOT), tests=str(ROOT / "tests"), out=str(out))],
+        [
+            sys.executable,
+            "-c",
+            CASE.format(root=str(ROOT), tests=str(ROOT / "tests"), out=str(out)),
+        ],
         capture_output=True,
         text=True,
         timeout=240,
