@@ -59,6 +59,7 @@ def run_watch(args: argparse.Namespace) -> int:
     handover = threading.Event()
     if args.background:  # SIGTERM: another tfplan takes over; the tasks run on
         signal.signal(signal.SIGTERM, lambda *_: handover.set())
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal of its own to lose
     with store.lock("watch", wait_secs=wait), backend_of(store, state) as backend:
         state = store.load() or state
         if not state.running:
