@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +252,25 @@ def kill_groups(pgids: list[int]) -> None:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+@contextmanager
+def small_tmpfs(where: Path, size: str, cwd: Path) -> Iterator[Path]:
+    """``where`` (made here) on a tmpfs of ``size`` (``mount -o size=``: 400k, 1m): a disk that
+    fills. At the end the process groups the states under ``cwd`` record are killed, then it is
+    unmounted (lazily when still busy). Skips the test without root."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        kill_groups(recorded_groups(cwd))
+        if subprocess.run(["umount", str(where)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def recorded_groups(cwd: Path) -> list[int]:

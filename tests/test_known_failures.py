@@ -25,6 +25,7 @@ from apply_helpers import (
     free_port_base,
     kill_groups,
     recorded_groups,
+    small_tmpfs,
     state_of,
     tfplan,
 )
@@ -262,17 +263,8 @@ def small_disk(ws: Path) -> Iterator[Path]:
     """``ws/out`` (the experiment's cluster.output_dir) on a tmpfs of 400 KiB: room for the
     launcher's record and the chief's graph and first summaries, not for its first checkpoint.
     Unmounted at the end, once every task is gone."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    where = ws / "out"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(where)], check=True)
-    try:
+    with small_tmpfs(ws / "out", "400k", ws) as where:
         yield where
-    finally:
-        kill_groups(recorded_groups(ws))
-        if subprocess.run(["umount", str(where)], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 @pytest.mark.full

@@ -8,10 +8,8 @@ line. No step limit races them (training ends with the Ctrl-C).
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from apply_helpers import (
     kill_groups,
     paced,
     recorded_groups,
+    small_tmpfs,
     tfplan,
 )
 from chaos_helpers import ApplyRun, checkpoint_steps, kill_task
@@ -170,51 +169,45 @@ def test_a_full_snapshot_folder_is_said_once_and_a_killed_ps_comes_back_from_the
     """lifecycle.snapshot_dir on a tmpfs of 1 MB, the ps holding more (a 4,096-wide hidden
     layer: 1.2 MB): every snapshot fails; training goes on, one line says so (once, however
     many tries), and a killed ps comes back from the last checkpoint."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    tiny = ws / "tiny"
-    tiny.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tiny)], check=True)
-    try:
-        overrides = [
-            o
-            for o in base_overrides(ws, free_port_base())
-            if not o.startswith("lifecycle.snapshot_dir=")
-        ]
-        run = ApplyRun(
-            ws,
-            [
-                *overrides,
-                f"lifecycle.snapshot_dir={tiny}",
-                "model.hidden=[4096]",
-                "trainer.max_steps=100000000",
-                *paced(0.02),
-                "trainer.log_steps=25",
-                "trainer.checkpoint_steps=1000000",
-                "lifecycle.restart.backoff_secs=0.2",
-                "lifecycle.snapshot_secs=0.5",
-            ],
-        )
-        said = run.wait_for(FULL, 300)
-        # training goes on past the failures: a hundred steps, a few dozen snapshots' tries
-        at = run.wait_step(1, 300, task="worker/0", after=said)
-        before = run.wait_step(run.steps(at, at + 1)[0][1] + 100, 300, "worker/0", after=at)
-        kill_task(ws, "ps/0")
-        back = run.wait_for(
-            r"^worker/0\s+\| ps/0 restored from its checkpoint of step 0 \(no newer snapshot of "
-            r"it\): ([\d,]+) steps lost",
-            120,
-            before,
-        )
-        run.wait_step(1, 120, task="worker/0", after=back)  # and trains on
-        run.proc.send_signal(signal.SIGINT)
-        run.finish(timeout=120)
-        told = [line for _, line in run.lines if re.search(r"\| snapshots: \w+Error", line)]
-        assert len(told) == 1, told
-    finally:
-        ApplyRun.kill_all(ws)
-        kill_groups(recorded_groups(ws))
-        subprocess.run(["umount", "-l", str(tiny)], check=False)
+    with small_tmpfs(ws / "tiny", "1m", ws) as tiny:
+        try:
+            overrides = [
+                o
+                for o in base_overrides(ws, free_port_base())
+                if not o.startswith("lifecycle.snapshot_dir=")
+            ]
+            run = ApplyRun(
+                ws,
+                [
+                    *overrides,
+                    f"lifecycle.snapshot_dir={tiny}",
+                    "model.hidden=[4096]",
+                    "trainer.max_steps=100000000",
+                    *paced(0.02),
+                    "trainer.log_steps=25",
+                    "trainer.checkpoint_steps=1000000",
+                    "lifecycle.restart.backoff_secs=0.2",
+                    "lifecycle.snapshot_secs=0.5",
+                ],
+            )
+            said = run.wait_for(FULL, 300)
+            # training goes on past the failures: a hundred steps, a few dozen snapshots' tries
+            at = run.wait_step(1, 300, task="worker/0", after=said)
+            before = run.wait_step(run.steps(at, at + 1)[0][1] + 100, 300, "worker/0", after=at)
+            kill_task(ws, "ps/0")
+            back = run.wait_for(
+                r"^worker/0\s+\| ps/0 restored from its checkpoint of step 0 \(no newer snapshot of "
+                r"it\): ([\d,]+) steps lost",
+                120,
+                before,
+            )
+            run.wait_step(1, 120, task="worker/0", after=back)  # and trains on
+            run.proc.send_signal(signal.SIGINT)
+            run.finish(timeout=120)
+            told = [line for _, line in run.lines if re.search(r"\| snapshots: \w+Error", line)]
+            assert len(told) == 1, told
+        finally:
+            ApplyRun.kill_all(ws)  # the supervisor first, so that it restarts nothing
 
 
 SYNC_FIRST = (
