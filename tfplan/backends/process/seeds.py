@@ -29,6 +29,7 @@ from tfplan.backends.transports.seeds import (
     allocation_seeds,
     fork_request,
     forkable,
+    host_folder_name,
     kept_env,
     kept_key,
     kept_lookup_script,
@@ -64,10 +65,6 @@ __all__ = [
 FORK_WAIT_SECS = 30.0
 SEED_IMPORT_WAIT_SECS = 180.0
 SEED_STOP_GRACE_SECS = 1.0  # a seed holds nothing: SIGTERM ends it at once
-
-
-def _safe(host: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in host) or "host"
 
 
 def start_seed(
@@ -238,7 +235,7 @@ def start_seeds(
     def start(task: Task) -> WarmSeed:
         if keep_secs > 0:
             return kept_seed(pool, task, task.host in keras, keep_secs, local_env)
-        folder = posixpath.join(root, _safe(task.host))
+        folder = posixpath.join(root, host_folder_name(task.host))
         env = seed_env(task.command, task.env)
         return start_seed(pool, task.host, folder, task.command[0], env, task.host in keras)
 

@@ -45,6 +45,7 @@ __all__ = [
     "allocation_seeds",
     "fork_request",
     "forkable",
+    "host_folder_name",
     "kept_env",
     "kept_key",
     "kept_lookup_script",
@@ -281,7 +282,7 @@ def kept_lookup_script(root: str, host: str, key: str) -> str:
     """Print ``root <folder>`` (the host's kept-seed folder), then the record of one live,
     ready kept seed of ``key`` that is not exiting, marked adopted (its idle clock starts
     again), if there is one."""
-    where = f"{root}/{_safe_name(host)}"
+    where = f"{root}/{host_folder_name(host)}"
     return (
         f'r={where}; printf "root %s\n" "$r"; '
         f'for f in "$r"/{key}-*/{KEPT_RECORD}; do [ -f "$f" ] || continue; d=${{f%/*}}; '
@@ -292,7 +293,8 @@ def kept_lookup_script(root: str, host: str, key: str) -> str:
     )
 
 
-def _safe_name(host: str) -> str:
+def host_folder_name(host: str) -> str:
+    """``host`` as one folder name (a seed's folder per host)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in host) or "host"
 
 
