@@ -679,12 +679,14 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
             self._between[0] += steps
             self._between[1] += now - ended
 
-    def _widened(self, secs: float) -> float:
-        """The interval after a snapshot of ``secs``: ``lifecycle.snapshot_secs``, widened so
-        that the steps the snapshots cost stay within :data:`OVERHEAD_BUDGET`."""
-        slower = self.slowdown() or 0.0
+    def _widened(self, secs: float, slower: Optional[float]) -> float:
+        """The interval after a snapshot of ``secs`` (training ``slower`` meanwhile, the
+        :meth:`slowdown`): ``lifecycle.snapshot_secs``, widened so that the steps the snapshots
+        cost stay within :data:`OVERHEAD_BUDGET`."""
         return max(
-            self._every, MIN_GAP_FACTOR * secs, COST_FACTOR * slower * secs / OVERHEAD_BUDGET
+            self._every,
+            MIN_GAP_FACTOR * secs,
+            COST_FACTOR * (slower or 0.0) * secs / OVERHEAD_BUDGET,
         )
 
     def slowdown(self) -> Optional[float]:
@@ -743,7 +745,7 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
             self._interval = max(self._every, MIN_GAP_FACTOR * secs)
             return
         slower = self.slowdown()
-        self._interval = self._widened(secs)
+        self._interval = self._widened(secs, slower)
         if self._interval > 1.5 * self._every and "widened" not in self._said:
             self._said.add("widened")
             # (the rate while they ran, said once it rests on a second of them at least)
