@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from apply_helpers import free_port_base
 
 from tfplan.backends.api import LaunchRequest
 from tfplan.backends.process import ProcessBackend
@@ -48,17 +48,13 @@ COMMAND = (sys.executable, "-m", "recipes.train", "--config")
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (bound together, so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n consecutive free TCP ports on loopback, outside the kernel's ephemeral range where
+    there is room (:func:`apply_helpers.free_port_base`): a task restarted with the same
+    TF_CONFIG binds its port again, and a port in that range can meanwhile be taken as the
+    source port of any process's outgoing connection (seen in CI: a survivor of an all-reduce
+    group restarted with "Could not start gRPC server")."""
+    base = free_port_base(n)
+    return list(range(base, base + n))
 
 
 def run_config(
