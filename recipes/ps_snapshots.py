@@ -446,7 +446,13 @@ class PsSnapshots:
         record) when that is at least as new as ``checkpoint``, its own host's files first,
         then the copy on its peer's host; else (or without ``use_snapshot``) from
         ``checkpoint``, else from their initializers. Returns what was used, as said in the
-        log: ``snapshot of step ...`` when a snapshot was."""
+        log: ``snapshot of step ...`` when a snapshot was.
+
+        Raises:
+            tf.errors.UnavailableError, tf.errors.AbortedError: a ps went away, or refused a
+                re-sent request, while its snapshot was read: not a reason to take the older
+                checkpoint; the caller creates its session again, and restores again.
+        """
         snap = (snap or self.last(k)) if use_snapshot else None
         ckpt_step = _checkpoint_step(checkpoint)
         if snap is not None and (ckpt_step is None or snap.step >= ckpt_step):
@@ -467,6 +473,12 @@ class PsSnapshots:
                     wrong = self._wrong_shapes(session, k)
                     if wrong:
                         raise tf.errors.InvalidArgumentError(None, None, f"another shape: {wrong}")
+                except (tf.errors.UnavailableError, tf.errors.AbortedError):
+                    # not the files: a ps gone again, or a request gRPC re-sent and the ps
+                    # refused ("received twice", seen under load). The session's creation is
+                    # retried (MonitoredSession's own loop), and this restore with it; falling
+                    # back to the checkpoint here lost every step since (seen in CI: step 0)
+                    raise
                 except tf.errors.OpError as e:
                     # the copy has the same shape: not tried for that
                     shape = isinstance(e, tf.errors.InvalidArgumentError) and str(e).startswith(

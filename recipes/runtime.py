@@ -60,6 +60,7 @@ v1 = tf.compat.v1
 # cheap session on the local server; the chief's recovery and the workers' rejoin wait for
 # the next retry.
 POLL_SECS = 0.2
+POLL_ABORTS = 20  # refused re-sent polls in a row (AbortedError) before a ps gives up
 
 
 def op_threads(task: TaskInfo) -> int:
@@ -336,8 +337,20 @@ def run_ps(task: TaskInfo, log: Any = print, on_exit: Callable[[], None] = lambd
             )
             # Poll the size instead of blocking in dequeue: a blocked C++ call would delay the
             # SIGTERM handler, and polling never consumes a token.
+            aborted = 0
             while True:
-                got = int(sess.run(size))
+                try:
+                    got = int(sess.run(size))
+                except tf.errors.AbortedError:
+                    # "The same RunGraph request was received twice": gRPC resent the poll
+                    # (seen under load, as a sync job ended) and the ps refused the copy. A
+                    # queue's size is read again at no cost; only a run of them is a failure.
+                    aborted += 1
+                    if aborted >= POLL_ABORTS:
+                        raise
+                    time.sleep(0.1)
+                    continue
+                aborted = 0
                 now = replicas_now(task)
                 if now != n:
                     log(f"ps/{task.index}: the job has {now} replicas now; exits after {now}")

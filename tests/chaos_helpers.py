@@ -76,9 +76,19 @@ class ApplyRun:
                         return i
                 left = deadline - time.monotonic()
                 if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
-                    tail = "\n".join(line for _, line in self.lines[-40:]) or "(no output yet)"
-                    raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n{tail}")
+                    raise AssertionError(
+                        f"no line matching {pattern!r} within {timeout}s:\n{self._tail()}"
+                    )
                 self._cond.wait(min(left, 0.5))
+
+    def _tail(self) -> str:
+        """The last 40 lines, and before them the last 40 that are not progress lines (what
+        tfplan and the tasks said: a restart, a restore), which progress lines would hide."""
+        said = [line for _, line in self.lines if not STEP.match(line)][-40:]
+        last = [line for _, line in self.lines[-40:]]
+        if not last:
+            return "(no output yet)"
+        return "\n".join(["-- the last lines other than progress:", *said, "-- the last lines:", *last])
 
     def wait_step(self, step: int, timeout: float, task: str = r"\S+", after: int = 0) -> int:
         """Index of the first progress line (from ``after``) of ``task`` at ``step`` or later."""
