@@ -88,7 +88,9 @@ class ApplyRun:
         last = [line for _, line in self.lines[-40:]]
         if not last:
             return "(no output yet)"
-        return "\n".join(["-- the last lines other than progress:", *said, "-- the last lines:", *last])
+        return "\n".join(
+            ["-- the last lines other than progress:", *said, "-- the last lines:", *last]
+        )
 
     def wait_step(self, step: int, timeout: float, task: str = r"\S+", after: int = 0) -> int:
         """Index of the first progress line (from ``after``) of ``task`` at ``step`` or later."""
