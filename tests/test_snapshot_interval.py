@@ -57,6 +57,8 @@ def _job(
     hook = SnapshotHook(_Snapshots(secs), every_secs=1.0, log=logs.append)  # type: ignore[arg-type]
     context = SimpleNamespace(session=None)
     running_until = [0.0]
+    starts: list[float] = []  # when each snapshot began
+    hook.starts = starts  # type: ignore[attr-defined]
 
     class _Thread:  # the snapshot's thread: alive for its duration, its work done at its end
         def __init__(self, target: Any, args: Any, **_: Any) -> None:
@@ -64,6 +66,7 @@ def _job(
 
         def start(self) -> None:
             running_until[0] = clock.now + secs
+            starts.append(clock.now)
 
         def is_alive(self) -> bool:
             if clock.now < running_until[0]:
@@ -116,6 +119,18 @@ def test_a_snapshot_that_slows_every_ps_widens_the_interval_to_the_budget(
     assert widened[0].endswith(
         "instead of 1s (lifecycle.snapshot_secs), so that they cost at most 5% of training"
     )
+
+
+def test_the_next_snapshot_waits_the_interval_the_one_before_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a large table's snapshot: 3 s (every 1 s asked); the first sets an interval of 2 x 3 s at
+    # least, which the second waits from the first's start (it began as the first ended)
+    hook, _ = _job(monkeypatch, secs=3.0, rate=100.0, rate_during=95.0)
+    starts = hook.starts  # type: ignore[attr-defined]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert len(gaps) > 50 and min(gaps) >= MIN_GAP_FACTOR * 3.0 - 0.06, gaps[:5]
+    assert hook._interval >= MIN_GAP_FACTOR * 3.0
 
 
 def test_rounds_that_wait_for_each_snapshot_count_the_whole_pause(
