@@ -69,7 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # (apply_helpers.example_with_data).
     # Warm seeds kept between applies (cluster.warm_keep_secs) register there too
     # (TFPLAN_WARM_DIR), and the run's end stops them; a developer's TFPLAN_WARM_KEEP_SECS is
-    # not the tests' (kept_warm_seeds below sets the tests' own, test by test).
+    # not the tests' (a test that keeps a seed says so).
     os.environ.pop("TFPLAN_WARM_KEEP_SECS", None)
     if "TFPLAN_TEST_RUN_DIR" not in os.environ:
         run_dir = tempfile.mkdtemp(prefix="tfplan-test-run-")
@@ -221,25 +221,6 @@ def pytest_report_header(config: pytest.Config) -> str:
     if config.getoption("--tier") == "full":
         return "tier: full (every test)"
     return "tier: fast (the tests marked 'full' run with --tier=full)"
-
-
-# How long a kept warm seed waits, idle, for the next test's apply (kept_warm_seeds)
-KEPT_SEED_SECS = "120"
-
-
-@pytest.fixture(autouse=True)
-def kept_warm_seeds(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every apply of a test off the test beds (its CLI, the documents' commands, the
-    benchmarks' runs) forks its tasks from the host's kept warm seed (TFPLAN_WARM_KEEP_SECS:
-    ``cluster.warm_keep_secs`` where no key says otherwise), as a developer's shell that sets it
-    once does: TensorFlow is imported once per seed for the run instead of once per apply, the
-    largest share of the suite's CPU (issue 33's budget). The default path, a seed per run
-    stopped with it, keeps its own tests: marked ``seed_per_run`` (or a key in the test's
-    overrides, which wins). The test beds' tests (namespace hosts, Slurm, Spark) keep the
-    default: their hosts come and go with their beds."""
-    marks = ("seed_per_run", *TESTBED_MARKS.values())
-    if not any(request.node.get_closest_marker(m) for m in marks):
-        monkeypatch.setenv("TFPLAN_WARM_KEEP_SECS", KEPT_SEED_SECS)
 
 
 @pytest.fixture(scope="session", autouse=True)

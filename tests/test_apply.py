@@ -203,7 +203,6 @@ def test_an_evaluator_that_fails_after_the_chief_is_restarted_and_scores(ws: Pat
     assert "Training complete" in out
 
 
-@pytest.mark.seed_per_run  # asserts the run's own seed ends with it
 def test_detach_status_logs_destroy(ws: Path) -> None:
     port = free_port_base()
     overrides = [
@@ -414,7 +413,6 @@ def test_failed_start_stops_what_was_started(ws: Path) -> None:
 @pytest.mark.parametrize(
     ("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"]
 )
-@pytest.mark.seed_per_run  # asserts the run's own seed ends with it
 def test_ctrl_c_stops_every_task_and_keeps_state_consistent(
     ws: Path, sig: signal.Signals, code: int
 ) -> None:

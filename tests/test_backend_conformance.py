@@ -44,9 +44,6 @@ from tfplan.errors import TfplanError
 from tfplan.planning.plan import BackendRef
 from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
 
-# backends built here read TFPLAN_WARM_KEEP_SECS: theirs is the default, a seed per run
-pytestmark = pytest.mark.seed_per_run
-
 PY = sys.executable
 
 

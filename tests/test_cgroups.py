@@ -43,13 +43,9 @@ from tfplan.planning.context import PlanContext
 from tfplan.planning.plan import BackendRef
 from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
 
-# backends built here read TFPLAN_WARM_KEEP_SECS: theirs is the default, a seed per run
-pytestmark = [
-    pytest.mark.seed_per_run,
-    pytest.mark.skipif(
-        os.geteuid() != 0, reason="making memory cgroups needs root (CI runs as root)"
-    ),
-]
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="making memory cgroups needs root (CI runs as root)"
+)
 
 PY = sys.executable
 MiB = 2**20

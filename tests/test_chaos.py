@@ -203,7 +203,6 @@ def test_evaluator_killed_is_restarted(ws: Path) -> None:
     assert json.loads(metrics[-1])["global_step"] >= MAX_STEPS
 
 
-@pytest.mark.seed_per_run  # asserts the job's end stops the seed tfplan left
 def test_killing_tfplan_leaves_tasks_running_and_watch_takes_over(ws: Path) -> None:
     """tfplan dies; the tasks run on; worker/1 dies while nobody supervises; `tfplan watch`
     restarts it and sees training to its end. Both workers are held while tfplan is dead, so

@@ -22,9 +22,6 @@ from tfplan.planning.plan import BackendRef
 from tfplan.planning.state import Allocation
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT, MAX_ARG_STRLEN, tf_config_json
 
-# backends built here read TFPLAN_WARM_KEEP_SECS: theirs is the default, a seed per run
-pytestmark = pytest.mark.seed_per_run
-
 PY = sys.executable
 
 

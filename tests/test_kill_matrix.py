@@ -305,7 +305,6 @@ def test_a_program_whose_wrapper_died_is_readopted_not_restarted(
     lives.assert_nothing_left()
 
 
-@pytest.mark.seed_per_run  # asserts the run's own seed ends with it
 @pytest.mark.parametrize("victim", ["ps/0", pytest.param("worker/0", marks=FULL)])
 def test_a_forked_task_is_forked_again_and_nothing_is_left(ws: Path, victim: str) -> None:
     """Warm starts (the default): every task is forked from its host's warm seed (its pid is

@@ -35,9 +35,6 @@ from tfplan.errors import BackendError
 from tfplan.planning.plan import BackendRef
 from tfplan.planning.state import Allocation, TaskRecord, TaskStatus
 
-# backends built here read TFPLAN_WARM_KEEP_SECS: theirs is the default, a seed per run
-pytestmark = pytest.mark.seed_per_run
-
 PY = sys.executable
 NAMES_TENSORFLOW = "# a stand-in for a tensorflow program\n"
 
