@@ -630,7 +630,8 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         self._interval = every_secs
         self._log = log
         self._thread: Optional[threading.Thread] = None
-        self._next = 0.0
+        self._next = 0.0  # when the next snapshot is due
+        self._began = 0.0  # when the last one was launched
         self._said: set[str] = set()
         self.taken = 0
         # the job's global steps and seconds while a snapshot ran and while none did: what a
@@ -659,7 +660,7 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         if now < self._next or running:
             self._last = (now, step, running)
             return
-        self._next = now + self._interval
+        self._began = now
         self._thread = threading.Thread(
             target=self._take, args=(run_context.session,), name="ps-snapshots", daemon=True
         )
@@ -710,7 +711,6 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
         return min(1.0, max(0.0, 1.0 - (steps_in / secs_in) / (steps_out / secs_out)))
 
     def _take(self, session: Any) -> None:
-        began = time.monotonic()
         try:
             self._take_one(session)
         finally:
@@ -719,7 +719,7 @@ class SnapshotHook(v1.train.SessionRunHook):  # type: ignore[name-defined]
             # started it could only use the interval before it (seen on a large table: a first
             # snapshot of 9.8 s followed at once by a second of 7.3 s, training 90% slower for
             # both, then a third 12 s later although the interval was 263 s by then)
-            self._next = began + self._interval
+            self._next = self._began + self._interval
 
     def _take_one(self, session: Any) -> None:
         try:

@@ -131,6 +131,8 @@ def test_the_next_snapshot_waits_the_interval_the_one_before_set(
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert len(gaps) > 50 and min(gaps) >= MIN_GAP_FACTOR * 3.0 - 0.06, gaps[:5]
     assert hook._interval >= MIN_GAP_FACTOR * 3.0
+    # from the one before's start, not its end: that would add its 3 s to every gap
+    assert min(gaps) < 3.0 + MIN_GAP_FACTOR * 3.0 - 0.06, gaps[:5]
 
 
 def test_rounds_that_wait_for_each_snapshot_count_the_whole_pause(
