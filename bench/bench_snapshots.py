@@ -40,9 +40,10 @@ SIDES = {
     "no snapshots": ["lifecycle.snapshot_secs=0"],
     "own host only": ["lifecycle.snapshot_copies=false"],
     "own host + copy on the next ps's (default)": [],
+    "own host + copy, every snapshot full": ["lifecycle.snapshot_deltas=false"],
 }
 SYNCHRONOUS = ("sync", "sync_lr", "sagn")  # rounds: recipes/sync_rounds.py
-SIDE_KEYS = dict(zip(("none", "own", "copies"), SIDES, strict=True))
+SIDE_KEYS = dict(zip(("none", "own", "copies", "full"), SIDES, strict=True))
 
 
 def overrides(scale: float, steps: int, shm: Path, algo: str, *extra: str) -> list[str]:
@@ -82,7 +83,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--vocab-scale", type=float, default=0.01)
     parser.add_argument("--out", default=str(REPO / "docs" / "bench_snapshots.md"))
-    parser.add_argument("--sides", default="none,own,copies", help="none, own, copies")
+    parser.add_argument(
+        "--sides",
+        default="none,own,copies",
+        help="none, own, copies (the default: deltas of a table's changed rows), full (copies, "
+        "every snapshot whole: lifecycle.snapshot_deltas=false)",
+    )
     parser.add_argument(
         "--algo",
         default="hogwild",
@@ -92,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     chosen = args.sides.split(",")
     if not chosen or any(k not in SIDE_KEYS for k in chosen):
-        parser.error(f"--sides {args.sides}: name none, own, copies")
+        parser.error(f"--sides {args.sides}: name none, own, copies, full")
     sides = {SIDE_KEYS[k]: SIDES[SIDE_KEYS[k]] for k in chosen}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     started = time.monotonic()
@@ -139,6 +145,14 @@ def write_report(
         med = statistics.median(speeds)
         taken = [r.get("snapshots") or {} for r in results]
         counts = [int(t.get("taken") or 0) for t in taken]
+        deltas = [int(t.get("deltas") or 0) for t in taken]
+        # the job's training seconds over its snapshots: about what a ps lost loses
+        every = [
+            args.steps * BATCH / float(r["examples_per_sec"]) / n
+            for r, n in zip(results, counts, strict=True)
+            if n
+        ]
+        gap = f"{statistics.median(every):.1f}" if every else "-"
         firsts = [float(t["first_secs"]) for t in taken if t.get("first_secs") is not None]
         medians = [float(t["median_secs"]) for t in taken if t.get("median_secs") is not None]
         maxima = [float(t["max_secs"]) for t in taken if t.get("max_secs") is not None]
@@ -151,7 +165,8 @@ def write_report(
         )
         rows.append(
             f"| {side} | {med:,.0f} ({min(speeds):,.0f}-{max(speeds):,.0f}) | {ratio} | "
-            f"{statistics.median(counts):.0f} | {timings} |"
+            f"{statistics.median(counts):.0f} | {gap} | {statistics.median(deltas):.0f} | "
+            f"{timings} |"
         )
     return "\n".join(
         [
@@ -171,9 +186,9 @@ def write_report(
             "job, snapshots every second (`lifecycle.snapshot_secs=1`). One machine: every ps's "
             "host is this one, so a copy crosses loopback, not a network.",
             "",
-            "| snapshots | examples/s: median (range) | / none | taken per job | the first "
-            "took (s) | the others: median (s) | longest (s) |",
-            "|---|---|---|---|---|---|---|",
+            "| snapshots | examples/s: median (range) | / none | taken per job | one every (s) | "
+            "ps deltas per job | the first took (s) | the others: median (s) | longest (s) |",
+            "|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
             "What the plan says they take in memory (`tfplan plan`'s line):",
@@ -192,7 +207,11 @@ def write_report(
             "the others are what a snapshot costs. The interval widens until the steps the "
             "snapshots cost (the job's step rate while one runs against between them) are at "
             "most 5 % of training (recipes/ps_snapshots.py `OVERHEAD_BUDGET`): `taken per job` "
-            "says how often that left them.",
+            "says how often that left them, `one every` the job's training seconds over its "
+            "snapshots (about what a ps killed loses). `ps deltas per job`: snapshots of one ps "
+            "that wrote only the rows of its tables changed since its last one (two ps: two a "
+            "snapshot; recipes/snapshot_deltas.py, `lifecycle.snapshot_deltas`, the default); "
+            "`every snapshot full` turns them off.",
             "",
         ]
     )

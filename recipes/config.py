@@ -136,6 +136,7 @@ class SnapshotConf:
     secs: float = 1.0  # 0: none
     folder: str = "/dev/shm"  # on each ps's host
     copies: bool = True  # each ps's also on the next ps's host (with 2 or more ps)
+    deltas: bool = True  # a ps's tables: only the rows changed since its last snapshot
 
 
 @dataclass(frozen=True)

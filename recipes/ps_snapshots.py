@@ -16,8 +16,12 @@ How (TF1 replicas; the chief drives it):
   placed on ps ``k+1`` (its ``SaveV2`` pulls them over the network and writes there), so a ps
   whose whole host is lost comes back from it (chain replication, as in the Parameter Server
   paper's server ranges);
+- a ps holding tables writes a full snapshot, then deltas beside it in the same slot: only the
+  rows of its tables changed since its last snapshot, every other variable whole
+  (recipes/snapshot_deltas.py); the next full one goes to the other slot;
 - beside each, a ``.meta`` file (the ps, the chief's run, the snapshot's number, the global step,
-  when, and the job's number of ps): emptied before the files are written, written once they are complete. A chief
+  when, the job's number of ps, the deltas after the full snapshot): emptied before a full
+  snapshot's files are written, written once they are complete. A chief
   that took no snapshot of a ps that comes back empty (the cluster restarted whole, re-planned
   around a lost host) reads them on each ps's host and its peer's, and restores from the newest
   snapshot every restarted ps has, when it is newer than the last checkpoint (a later step,
@@ -60,7 +64,8 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from recipes.failures import first_line
-from recipes.snapshot_paths import RECOVERIES_FILE, snapshot_folder
+from recipes.snapshot_deltas import Chain, RowDeltas, delta_prefix, deltas_pattern
+from recipes.snapshot_paths import RECOVERIES_FILE, TABLE_BYTES, snapshot_folder
 from recipes.streamed_saver import streamed_saver
 
 __all__ = [
@@ -125,6 +130,7 @@ class Snapshot:
     places: tuple[tuple[int, str], ...]
     step: int  # the global step read in the run that wrote it
     taken: float  # time.time() when it completed
+    deltas: int = 0  # the chain's deltas after its base (recipes/snapshot_deltas.py)
 
     @property
     def prefix(self) -> str:
@@ -147,6 +153,7 @@ class _Meta:
     step: int
     taken: float
     ps_count: int  # the job's number of ps (another splits its variables otherwise)
+    deltas: int = 0  # the deltas after the base in this slot (recipes/snapshot_deltas.py)
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__).encode()
@@ -162,6 +169,7 @@ class _Meta:
                 int(raw["step"]),
                 float(raw["taken"]),
                 int(raw["ps_count"]),
+                int(raw.get("deltas", 0)),
             )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             return None  # emptied (being written) or not ours
@@ -169,7 +177,8 @@ class _Meta:
 
 class _HostFiles:
     """Small file ops placed on one ps (so on its host's files): two writes (its own snapshot's
-    ``.meta`` and that of the copy it holds), a read and a listing."""
+    ``.meta`` and that of the copy it holds), a read, a listing, and the emptying of every file
+    that matches some patterns (a slot's old deltas, before a full snapshot is written there)."""
 
     def __init__(self, ps: int) -> None:
         with v1.device(f"/job:ps/task:{ps}"):
@@ -182,6 +191,20 @@ class _HostFiles:
             self.read = tf.io.read_file(self.name)
             self.pattern = v1.placeholder(tf.string, [], name=f"meta_pattern_ps{ps}")
             self.listing = tf.io.matching_files(self.pattern)
+            self.patterns = v1.placeholder(tf.string, [None], name=f"empty_patterns_ps{ps}")
+            self.empty = _empty_matching(self.patterns)
+
+
+def _empty_matching(patterns: Any) -> Any:
+    """An op that empties every file matching ``patterns`` (TensorFlow has no op that removes
+    a file: an empty one takes no memory)."""
+    names = tf.io.matching_files(patterns)
+
+    def empty_one(i: Any) -> Any:
+        with tf.control_dependencies([tf.io.write_file(names[i], "")]):
+            return i + 1
+
+    return tf.while_loop(lambda i: i < tf.size(names), empty_one, [tf.constant(0)])
 
 
 def _ps_index(device: str) -> Optional[int]:
@@ -210,6 +233,7 @@ class PsSnapshots:
         addresses: Optional[list[str]] = None,
         together: bool = False,
         on_ps: bool = False,
+        table_bytes: Optional[int] = TABLE_BYTES,
     ) -> None:
         # a synchronous algorithm's: every ps goes back to one snapshot when one comes back
         # (the global step then counts exactly the rounds every ps holds)
@@ -229,7 +253,11 @@ class PsSnapshots:
         self._shapes: dict[int, list[Any]] = {}  # ps -> its variables' shapes, as now held
         self._files: dict[int, _HostFiles] = {}
         self._last: dict[int, Snapshot] = {}
-        self._slot = 0
+        self._generation = 0  # snapshots taken (every ps's of one take share it)
+        # ps -> its chain of a full snapshot and deltas (recipes/snapshot_deltas.py)
+        self._deltas: dict[int, RowDeltas] = {}
+        self._chains: dict[int, Chain] = {}
+        self.delta_count = 0  # snapshots of a ps that were deltas
         self.durations: list[float] = []  # seconds of each snapshot taken (its three runs)
         self.seen: Optional[int] = None  # the last global step the chief's hooked runs read
         # each ps restore: {"ps", "source", "step", "lost_steps"} (result.json's ps_recoveries)
@@ -260,6 +288,7 @@ class PsSnapshots:
                 if host != k:
                     for s in SLOTS:
                         self._places[k][s].append((host, self._prefix(k, s, host)))
+            self._deltas[k] = RowDeltas(k, variables, hosts, table_bytes)
             # the fallback: this ps's share of the checkpoint (its names, its slices), read where
             # the chief's own saver reads it: on the ps where it sees the output folder
             # (``on_ps``), else on the chief, streamed a chunk at a time
@@ -308,14 +337,15 @@ class PsSnapshots:
         return address.rsplit(":", 1)[0]
 
     def _meta_feeds(
-        self, slot: str, data: Callable[[int], bytes]
+        self, slots: dict[int, str], data: Callable[[int], bytes]
     ) -> tuple[list[Any], dict[Any, Any]]:
-        """The writes of every ``.meta`` of ``slot`` (``data(ps)`` each) and their feeds."""
+        """The writes of the ``.meta`` of each ps ``k`` in ``slots[k]`` (``data(k)`` each), and
+        their feeds."""
         ops: list[Any] = []
         feeds: dict[Any, Any] = {}
         used: dict[int, int] = {}
-        for k, by_slot in self._places.items():
-            for host, prefix in by_slot[slot]:
+        for k, slot in slots.items():
+            for host, prefix in self._places[k][slot]:
                 files, i = self._files[host], used.get(host, 0)
                 used[host] = i + 1
                 feeds[files.names[i]] = prefix + ".meta"
@@ -326,33 +356,98 @@ class PsSnapshots:
     def take(self, session: Any) -> tuple[int, float]:
         """Write one snapshot of every ps (the ps write in parallel, each on its own host, and
         each copy on its peer's host); returns the global step read in the same run and how
-        long it took. Three runs: the slot's ``.meta`` files emptied, the snapshots written,
+        long it took. A ps with tables whose chain goes on gets a delta (only the rows changed
+        since its last snapshot, recipes/snapshot_deltas.py); any other a full snapshot, into
+        the slot its last one is not in. Three runs: the full snapshots' slots emptied (their
+        ``.meta`` files and old deltas) and their rows' fingerprints kept, every file written,
         then the ``.meta`` files saying what they hold.
 
         Raises:
-            tf.errors.OpError: a ps is unreachable or cannot write (the earlier snapshots stay).
+            tf.errors.OpError: a ps is unreachable or cannot write (the earlier snapshots stay;
+                every ps's next snapshot is a full one).
         """
-        slot = SLOTS[self._slot % len(SLOTS)]
-        generation = self._slot
+        with self._lock:
+            chains = dict(self._chains)
+            generation = self._generation
+        full: dict[int, str] = {}  # ps -> the slot its full snapshot goes to
+        extend: dict[int, Chain] = {}  # ps -> its chain, which this snapshot's delta extends
+        for k in self._places:
+            chain = chains.get(k)
+            if chain is not None and not self._deltas[k].ends(chain):
+                extend[k] = chain
+            else:
+                at = (chain.slot + 1) % len(SLOTS) if chain else generation % len(SLOTS)
+                full[k] = SLOTS[at]
+        try:
+            return self._take(session, generation, full, extend)
+        except BaseException as e:
+            # whatever was half written (a delta's fingerprints kept, its .meta not; the
+            # session closed under it by a recovery): every ps starts a chain again, or the
+            # rows changed before those fingerprints would be missing from the next delta
+            with self._lock:
+                self._chains = {k: c.ended() for k, c in self._chains.items()}
+            if extend and isinstance(e, tf.errors.FailedPreconditionError):
+                # a ps restarted under the chain (its kept fingerprints gone with it): full ones
+                return self.take(session)
+            raise
+
+    def _take(
+        self, session: Any, generation: int, full: dict[int, str], extend: dict[int, Chain]
+    ) -> tuple[int, float]:
         options = v1.RunOptions(timeout_in_ms=SAVE_TIMEOUT_MS)
         began = time.monotonic()
-        emptied, feeds = self._meta_feeds(slot, lambda k: b"")
-        session.run(emptied, feeds, options=options)
+        emptied, feeds = self._meta_feeds(full, lambda k: b"")
+        patterns: dict[int, list[str]] = {}
+        for k, slot in full.items():
+            for host, prefix in self._places[k][slot]:
+                patterns.setdefault(host, []).append(deltas_pattern(prefix))
+            if self._deltas[k].active:
+                emptied.append(self._deltas[k].set_prints)
+        for host, names in patterns.items():
+            emptied.append(self._files[host].empty)
+            feeds[self._files[host].patterns] = names
+        if emptied:
+            session.run(emptied, feeds, options=options)
         feeds, saves = {}, []
         for (k, host), saver in self._savers.items():
-            prefix = dict(self._places[k][slot])[host]
-            feeds[saver.saver_def.filename_tensor_name] = prefix
-            saves.append(saver.saver_def.save_tensor_name)
-        out = session.run(saves + [self._global_step], feeds, options=options)
+            if k in full:
+                prefix = dict(self._places[k][full[k]])[host]
+                feeds[saver.saver_def.filename_tensor_name] = prefix
+                saves.append(saver.saver_def.save_tensor_name)
+        counted = sorted(extend)
+        for k in counted:
+            deltas, chain = self._deltas[k], extend[k]
+            for host, prefix in self._places[k][SLOTS[chain.slot]]:
+                name, save = deltas.saves[host]
+                feeds[name] = delta_prefix(prefix, chain.deltas + 1)
+                saves.append(save)
+            saves.append(deltas.keep_prints)
+        out = session.run(
+            [saves, [self._deltas[k].counts for k in counted], self._global_step],
+            feeds,
+            options=options,
+        )
         step, now = int(out[-1]), time.time()
+        chains = {k: Chain(SLOTS.index(slot)) for k, slot in full.items()}
+        for k, counts in zip(counted, out[1], strict=True):
+            chain = extend[k]
+            grown = chain.delta_bytes + self._deltas[k].delta_bytes(counts)
+            chains[k] = Chain(chain.slot, chain.deltas + 1, grown)
+        slots = {k: SLOTS[c.slot] for k, c in chains.items()}
         said, feeds = self._meta_feeds(
-            slot, lambda k: _Meta(k, self._run, generation, step, now, self._n_ps).encode()
+            slots,
+            lambda k: _Meta(
+                k, self._run, generation, step, now, self._n_ps, chains[k].deltas
+            ).encode(),
         )
         session.run(said, feeds, options=options)
         with self._lock:
-            for k, by_slot in self._places.items():
-                self._last[k] = Snapshot(tuple(by_slot[slot]), step, now)
-            self._slot += 1
+            for k, chain in chains.items():
+                places = tuple(self._places[k][slots[k]])
+                self._last[k] = Snapshot(places, step, now, chain.deltas)
+            self._chains.update(chains)
+            self._generation = generation + 1
+            self.delta_count += len(extend)
             self.durations.append(time.monotonic() - began)
         return step, self.durations[-1]
 
@@ -370,6 +465,8 @@ class PsSnapshots:
             "median_secs": round(statistics.median(rest), 4) if rest else None,
             "max_secs": round(rest[-1], 4) if rest else None,
             "copies": bool(self._peers),
+            # snapshots of a ps that held only the rows changed since its last one
+            "deltas": self.delta_count,
             # a synchronous algorithm's: taken between two rounds, which waited for each (so the
             # durations are the pauses training took)
             "between_rounds": self.together,
@@ -407,7 +504,9 @@ class PsSnapshots:
             # its own host first, then the copy
             ordered = sorted(entries, key=lambda e: e[0] != e[2].ps)
             meta = ordered[0][2]
-            return Snapshot(tuple((h, p) for h, p, _ in ordered), meta.step, meta.taken)
+            return Snapshot(
+                tuple((h, p) for h, p, _ in ordered), meta.step, meta.taken, meta.deltas
+            )
 
         common = set.intersection(*(set(metas.get(k, {})) for k in ks)) if ks else set()
         if common:
@@ -454,6 +553,7 @@ class PsSnapshots:
                 checkpoint; the caller creates its session again, and restores again.
         """
         snap = (snap or self.last(k)) if use_snapshot else None
+        self._end_chain(k)  # its values replaced: its next snapshot is a full one
         ckpt_step = _checkpoint_step(checkpoint)
         if snap is not None and (ckpt_step is None or snap.step >= ckpt_step):
             for i, (host, prefix) in enumerate(snap.places):
@@ -468,6 +568,10 @@ class PsSnapshots:
                         saver.saver_def.restore_op_name,
                         {saver.saver_def.filename_tensor_name: prefix},
                     )
+                    if snap.deltas:  # the chain's deltas, in order, over its base
+                        where, apply = self._deltas[k].restores[host]
+                        for n in range(1, snap.deltas + 1):
+                            session.run(apply, {where: delta_prefix(prefix, n)})
                     # A resource variable takes the restored tensor's shape, whatever it was:
                     # a snapshot of another shape is refused here, and the checkpoint used
                     wrong = self._wrong_shapes(session, k)
@@ -512,6 +616,7 @@ class PsSnapshots:
                     snap.step,
                     seen,
                     None if host == k else self._host(host) or f"ps/{host}'s host",
+                    snap.deltas,
                 )
                 return said + copy
         if checkpoint:
@@ -536,6 +641,8 @@ class PsSnapshots:
         restored with every ps from ``checkpoint`` (or their initial values): no snapshot of
         them was found newer than it (e.g. a ps killed before its first snapshot). A job's first
         start (this chief saw no step yet) is not a recovery and is not recorded."""
+        for k in self.all_ps:  # every ps's values replaced: full snapshots next
+            self._end_chain(k)
         if self.seen is None:
             return
         step = _checkpoint_step(checkpoint) if checkpoint else 0
@@ -547,6 +654,11 @@ class PsSnapshots:
             )
             self._recovered(k, source, step, self.seen)
 
+    def _end_chain(self, k: int) -> None:
+        with self._lock:
+            if k in self._chains:
+                self._chains[k] = self._chains[k].ended()
+
     def _recovered(
         self,
         k: int,
@@ -554,11 +666,14 @@ class PsSnapshots:
         step: Optional[int],
         seen: Optional[int],
         copy_on: Optional[str] = None,
+        deltas: int = 0,
     ) -> None:
         lost = None if seen is None or step is None else max(0, seen - step)
         record = {"ps": k, "source": source, "step": step, "lost_steps": lost, "at": time.time()}
         if copy_on:  # the copy on another ps's host (its own host's files were gone)
             record["copy_on"] = copy_on
+        if deltas:  # a full snapshot and this many deltas of its changed rows were read
+            record["deltas"] = deltas
         self.recoveries.append(record)
         try:  # one write of one short line: appended whole (O_APPEND)
             with open(os.path.join(self._output_dir, RECOVERIES_FILE), "a") as out:

@@ -52,6 +52,7 @@ from recipes.runtime import (
     wait_for_done_tokens,
     wait_for_peers,
 )
+from recipes.snapshot_paths import TABLE_BYTES
 from recipes.streamed_saver import CHUNK_BYTES
 from recipes.traffic import traced_options, traffic_line
 from recipes.workload import Workload, saver_names
@@ -485,6 +486,7 @@ def run_replica(
             addresses=list(task.cluster.get("ps", [])),
             together=g.train.rounds is not None,
             on_ps=on_ps,
+            table_bytes=TABLE_BYTES if cfg.snapshots.deltas else None,
         )
     creator = RoleSessionCreator(
         scaffold,

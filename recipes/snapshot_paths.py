@@ -6,11 +6,19 @@ from __future__ import annotations
 import hashlib
 import os
 
-__all__ = ["RECOVERIES_FILE", "snapshot_folder"]
+__all__ = ["RECOVERIES_FILE", "REBASE_SHARE", "TABLE_BYTES", "snapshot_folder"]
 
 # in output_dir: one JSON line per ps recovery, appended by the chief as it restores (a restarted
 # chief goes on appending): what `tfplan status` shows while the job runs
 RECOVERIES_FILE = "ps_recoveries.jsonl"
+
+# A ps's chain of snapshots (a full one, then deltas of the changed rows: recipes/snapshot_deltas.py)
+# ends once its deltas add up to this share of the full one: the next snapshot is a full one.
+# What it bounds: a ps's snapshot memory (two full ones, the chain in one slot and the one
+# before it in the other: at most 2 + 2 x REBASE_SHARE times its variables' bytes, as the plan
+# says, tfplan/planning/footprint.py) and a restore's work.
+REBASE_SHARE = 0.25
+TABLE_BYTES = 256 * 1024  # a variable of 2+ dimensions this large: snapshotted by changed rows
 
 
 def snapshot_folder(folder: str, output_dir: str, ps_index: int) -> str:

@@ -238,6 +238,29 @@ def test_the_snapshots_memory_is_shown_per_ps_host_and_not_when_off_or_for_pss()
         assert snapshot_bytes(p) == {} and "Snapshots: " not in _text(p), off
 
 
+def test_a_ps_holding_a_table_counts_the_deltas_of_two_chains_in_its_snapshot_memory() -> None:
+    """A ps with a variable of 2+ dimensions from 256 KiB (here the MLP's 64 x 2048 kernel)
+    snapshots it by changed rows: its two slots each hold a full snapshot and a chain of deltas
+    ended at a quarter of it (recipes/snapshot_paths.py REBASE_SHARE); the other ps, and every
+    ps with lifecycle.snapshot_deltas=false, two full ones."""
+    from tfplan.planning.footprint import plan_ps_bytes, snapshot_bytes
+
+    wide = ("cluster=local", "cluster.ps=2", "model=mlp", "model.hidden=[2048]")
+    p = _plan(*wide, "lifecycle.snapshot_copies=false")
+    held = plan_ps_bytes(p)
+    table = next(v for v in p.sharding.variables if v.shape == (64, 2048))
+    k = p.sharding.placements[0].assignment[table.name]
+    expected = sum(int(2.5 * n) if i == k else 2 * n for i, n in enumerate(held))
+    assert snapshot_bytes(p) == {"localhost": expected}
+    line = next(t for _, t in plan_lines(p) if t.startswith("Snapshots: "))
+    assert line.endswith(
+        f"localhost {format_bytes(expected)}; ps/{k}: a full snapshot, then only the rows changed "
+        "(lifecycle.snapshot_deltas)"
+    ), line
+    whole = _plan(*wide, "lifecycle.snapshot_copies=false", "lifecycle.snapshot_deltas=false")
+    assert snapshot_bytes(whole) == {"localhost": 2 * sum(held)}
+
+
 def test_what_the_ps_leave_in_memory_is_where_the_recipes_write_it() -> None:
     """The folder a backend removes when it gives the allocation back
     (tfplan.planning.footprint.snapshot_leftovers) is the one the recipes' ps write into

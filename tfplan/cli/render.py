@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
 from tfplan.planning.costs import job_cost
-from tfplan.planning.footprint import plan_checkpoints, snapshot_bytes
+from tfplan.planning.footprint import delta_chains, plan_checkpoints, snapshot_bytes
 from tfplan.planning.memory import limit_text
 from tfplan.planning.plan import Action, Change, Plan, Role, Task
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT
@@ -355,6 +355,7 @@ def _snapshot_lines(plan: Plan) -> list[Line]:
     if not hosts:
         return []
     snapshots = plan.run_config.get("snapshots") or {}
+    chains = delta_chains(plan)
     each = ", ".join(f"{host} {format_bytes(n)}" for host, n in hosts.items())
     if len(hosts) > 3:
         each = (
@@ -373,7 +374,13 @@ def _snapshot_lines(plan: Plan) -> list[Line]:
         (
             "",
             f"Snapshots: every {float(snapshots['secs']):g}s (lifecycle.snapshot_secs), each ps "
-            f"into {snapshots.get('folder')} on its host{also}: {each}",
+            f"into {snapshots.get('folder')} on its host{also}: {each}"
+            + (
+                f"; {', '.join(f'ps/{k}' for k in sorted(chains))}: a full snapshot, then only "
+                "the rows changed (lifecycle.snapshot_deltas)"
+                if chains
+                else ""
+            ),
         )
     ]
 

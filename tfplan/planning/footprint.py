@@ -14,7 +14,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from recipes.snapshot_paths import snapshot_folder
+from recipes.snapshot_paths import REBASE_SHARE, TABLE_BYTES, snapshot_folder
 from tfplan.config.algorithms import TF2_STRATEGIES
 from tfplan.planning.plan import Plan, Role, ShardingPreview
 from tfplan.planning.tables import SLOTS_PER_ROW
@@ -24,6 +24,7 @@ __all__ = [
     "snapshot_root",
     "CheckpointSize",
     "checkpoint_size",
+    "delta_chains",
     "plan_checkpoints",
     "plan_ps_bytes",
     "ps_bytes",
@@ -85,12 +86,32 @@ def plan_ps_bytes(plan: Plan) -> tuple[int, ...]:
     return ps_bytes(plan.sharding, _optimizer(plan))
 
 
+def delta_chains(plan: Plan) -> set[int]:
+    """The ps whose snapshots are chains of deltas (a table on them, ``snapshot_deltas`` on)."""
+    snapshots = plan.run_config.get("snapshots") or {}
+    return _with_tables(plan.sharding) if snapshots.get("deltas", True) else set()
+
+
+def _with_tables(sharding: ShardingPreview) -> set[int]:
+    """The ps that hold a table in the snapshots' sense (a variable of 2+ dimensions of at
+    least recipes/snapshot_paths.py ``TABLE_BYTES``): theirs are chains of deltas."""
+    if not sharding.placements:
+        return set()
+    assignment = sharding.placements[0].assignment
+    return {
+        assignment[v.name]
+        for v in sharding.variables
+        if len(v.shape) >= 2 and v.bytes >= TABLE_BYTES and v.name in assignment
+    }
+
+
 def snapshot_bytes(plan: Plan) -> dict[str, int]:
     """The memory the in-memory snapshots take on each ps host (``lifecycle.snapshot_dir``, by
     default /dev/shm): two copies (the slots taken in turn) of each ps's variables and slots,
     and with ``snapshot_copies`` (2 or more ps) two of the previous ps's (ps/k's copy lives on
-    ps/k+1's host), summed per host; empty when off, for the TF2 strategies and when the
-    variables are unknown."""
+    ps/k+1's host), summed per host; a ps with a table (``snapshot_deltas``) also keeps the
+    deltas of two chains, each ended at ``REBASE_SHARE`` of its variables; empty when off, for
+    the TF2 strategies and when the variables are unknown."""
     snapshots = plan.run_config.get("snapshots") or {}
     algo = str((plan.run_config.get("algo") or {}).get("name") or "")
     held = plan_ps_bytes(plan)
@@ -98,11 +119,13 @@ def snapshot_bytes(plan: Plan) -> dict[str, int]:
         return {}
     n_ps = len(held)
     copies = bool(snapshots.get("copies", True)) and n_ps > 1
+    chains = delta_chains(plan)
+    kept = [int((2 + 2 * REBASE_SHARE) * n) if k in chains else 2 * n for k, n in enumerate(held)]
     hosts: dict[str, int] = {}
     for task in plan.tasks:
         if task.role is Role.PS and task.index < n_ps:
-            mine = held[task.index] + (held[(task.index - 1) % n_ps] if copies else 0)
-            hosts[task.host] = hosts.get(task.host, 0) + 2 * mine
+            mine = kept[task.index] + (kept[(task.index - 1) % n_ps] if copies else 0)
+            hosts[task.host] = hosts.get(task.host, 0) + mine
     return hosts
 
 

@@ -439,6 +439,7 @@ def _run_config(cfg: Config, output_dir: str, cwd: str) -> dict[str, Any]:
             "secs": float(cfg.lifecycle.snapshot_secs),
             "folder": cfg.lifecycle.snapshot_dir,
             "copies": bool(cfg.lifecycle.snapshot_copies),
+            "deltas": bool(cfg.lifecycle.snapshot_deltas),
         },
     }
 
