@@ -396,24 +396,8 @@ class PsSnapshots:
     ) -> tuple[int, float]:
         options = v1.RunOptions(timeout_in_ms=SAVE_TIMEOUT_MS)
         began = time.monotonic()
-        emptied, feeds = self._meta_feeds(full, lambda k: b"")
-        patterns: dict[int, list[str]] = {}
-        for k, slot in full.items():
-            for host, prefix in self._places[k][slot]:
-                patterns.setdefault(host, []).append(deltas_pattern(prefix))
-            if self._deltas[k].active:
-                emptied.append(self._deltas[k].set_prints)
-        for host, names in patterns.items():
-            emptied.append(self._files[host].empty)
-            feeds[self._files[host].patterns] = names
-        if emptied:
-            session.run(emptied, feeds, options=options)
-        feeds, saves = {}, []
-        for (k, host), saver in self._savers.items():
-            if k in full:
-                prefix = dict(self._places[k][full[k]])[host]
-                feeds[saver.saver_def.filename_tensor_name] = prefix
-                saves.append(saver.saver_def.save_tensor_name)
+        self._prepare_full(session, full, options)
+        feeds, saves = self._full_saves(full)
         counted = sorted(extend)
         for k in counted:
             deltas, chain = self._deltas[k], extend[k]
@@ -422,17 +406,33 @@ class PsSnapshots:
                 feeds[name] = delta_prefix(prefix, chain.deltas + 1)
                 saves.append(save)
             saves.append(deltas.keep_prints)
+            feeds[deltas.room] = deltas.room_left(chain)
         out = session.run(
-            [saves, [self._deltas[k].counts for k in counted], self._global_step],
+            [
+                saves,
+                [(self._deltas[k].fits, self._deltas[k].need) for k in counted],
+                self._global_step,
+            ],
             feeds,
             options=options,
         )
         step, now = int(out[-1]), time.time()
         chains = {k: Chain(SLOTS.index(slot)) for k, slot in full.items()}
-        for k, counts in zip(counted, out[1], strict=True):
+        # a delta that did not fit its chain's room wrote no row: that ps's chain ends here,
+        # with a full snapshot in this same one (every ps's of one snapshot share its number)
+        over: dict[int, str] = {}
+        for k, (fits, need) in zip(counted, out[1], strict=True):
             chain = extend[k]
-            grown = chain.delta_bytes + self._deltas[k].delta_bytes(counts)
-            chains[k] = Chain(chain.slot, chain.deltas + 1, grown)
+            if fits:
+                chains[k] = Chain(chain.slot, chain.deltas + 1, chain.delta_bytes + int(need))
+            else:
+                over[k] = SLOTS[(chain.slot + 1) % len(SLOTS)]
+                chains[k] = Chain(SLOTS.index(over[k]))
+        if over:
+            self._prepare_full(session, over, options)
+            feeds, saves = self._full_saves(over)
+            session.run(saves, feeds, options=options)
+            now = time.time()
         slots = {k: SLOTS[c.slot] for k, c in chains.items()}
         said, feeds = self._meta_feeds(
             slots,
@@ -447,9 +447,38 @@ class PsSnapshots:
                 self._last[k] = Snapshot(places, step, now, chain.deltas)
             self._chains.update(chains)
             self._generation = generation + 1
-            self.delta_count += len(extend)
+            self.delta_count += len(extend) - len(over)
             self.durations.append(time.monotonic() - began)
         return step, self.durations[-1]
+
+    def _prepare_full(self, session: Any, full: dict[int, str], options: Any) -> None:
+        """Before full snapshots of ps ``full`` (ps -> slot): that slot's ``.meta`` files and
+        old deltas emptied (own and copy), and the rows' fingerprints of each table kept (they
+        are what the next delta compares with: read before the rows are written)."""
+        if not full:
+            return
+        ops, feeds = self._meta_feeds(full, lambda k: b"")
+        patterns: dict[int, list[str]] = {}
+        for k, slot in full.items():
+            for host, prefix in self._places[k][slot]:
+                patterns.setdefault(host, []).append(deltas_pattern(prefix))
+            if self._deltas[k].active:
+                ops.append(self._deltas[k].set_prints)
+        for host, names in patterns.items():
+            ops.append(self._files[host].empty)
+            feeds[self._files[host].patterns] = names
+        session.run(ops, feeds, options=options)
+
+    def _full_saves(self, full: dict[int, str]) -> tuple[dict[Any, Any], list[Any]]:
+        """The save ops of full snapshots of ps ``full`` (ps -> slot), own and copy, and
+        their feeds."""
+        feeds: dict[Any, Any] = {}
+        saves: list[Any] = []
+        for (k, host), saver in self._savers.items():
+            if k in full:
+                feeds[saver.saver_def.filename_tensor_name] = dict(self._places[k][full[k]])[host]
+                saves.append(saver.saver_def.save_tensor_name)
+        return feeds, saves
 
     def summary(self) -> dict[str, Any]:
         """result.json's ``snapshots``: how many were taken, how long the first took (it pays

@@ -119,16 +119,29 @@ class RowDeltas:
             ]
             now = [_row_fingerprints(t) for t in self.tables]
             self.set_prints = tf.group(*(p.assign(n) for p, n in zip(prints, now, strict=True)))
-            changed = [
+            found = [
                 tf.where(tf.not_equal(n, p.read_value()))[:, 0]
                 for p, n in zip(prints, now, strict=True)
             ]
+            # the bytes this delta needs, against the room its chain has left (fed): a delta
+            # that does not fit writes no row (the chief takes a full snapshot instead), so a
+            # chain never passes REBASE_SHARE of its base, which bounds the snapshots' memory
+            self.room = v1.placeholder_with_default(
+                tf.constant(2**62, tf.int64), [], name=f"delta_room_ps{ps}"
+            )
+            self.need = self._whole_bytes + tf.add_n(
+                [
+                    tf.size(ids, out_type=tf.int64) * b
+                    for ids, b in zip(found, self._row_bytes, strict=True)
+                ]
+            )
+            self.fits = self.need <= self.room
+            changed = [ids[: tf.where(self.fits, tf.size(ids), 0)] for ids in found]
             rows = [tf.gather(t, ids) for t, ids in zip(self.tables, changed, strict=True)]
-            with tf.control_dependencies(changed):  # the kept prints read before they are set
+            with tf.control_dependencies(found):  # the kept prints read before they are set
                 self.keep_prints = tf.group(
                     *(p.assign(n) for p, n in zip(prints, now, strict=True))
                 )
-            self.counts = tf.stack([tf.size(ids, out_type=tf.int64) for ids in changed])
             values = [v.read_value() for v in self.whole]
         names, tensors, dtypes = [], [], []
         for t, ids, got in zip(self.tables, changed, rows, strict=True):
@@ -164,10 +177,9 @@ class RowDeltas:
         """Whether this ps has tables (else every snapshot of it is a full one)."""
         return bool(self.tables)
 
-    def delta_bytes(self, counts: Any) -> int:
-        """What a delta of ``counts`` changed rows per table holds, in bytes."""
-        rows = sum(int(c) * b for c, b in zip(counts, self._row_bytes, strict=True))
-        return rows + self._whole_bytes
+    def room_left(self, chain: Chain) -> int:
+        """The bytes a delta may hold to extend ``chain`` (fed to :attr:`room`)."""
+        return max(0, int(REBASE_SHARE * self.base_bytes) - chain.delta_bytes)
 
     def ends(self, chain: Chain) -> bool:
         """Whether ``chain`` takes no more deltas (the next snapshot is a full one)."""
@@ -175,7 +187,7 @@ class RowDeltas:
             not self.active
             or not chain.extendable
             or chain.deltas >= MAX_DELTAS
-            or chain.delta_bytes >= REBASE_SHARE * self.base_bytes
+            or self.room_left(chain) <= self._whole_bytes
         )
 
 

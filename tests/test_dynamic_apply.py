@@ -24,6 +24,7 @@ import glob
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -339,6 +340,19 @@ def test_float_ids_and_a_capacity_no_host_holds_are_refused(project: Path) -> No
 
 
 RESTORED = r"^worker/0\s+\| ps/0 restored from its (snapshot|checkpoint)"
+
+
+def _newest_meta(folder: Path) -> dict[str, Any]:
+    """What the newest complete ``.meta`` of ps/0's own snapshots says (by number), or {}."""
+    metas = []
+    for path in folder.glob("tfplan-snapshots-*/ps0/*/snapshot.meta"):
+        try:
+            metas.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # emptied: a full snapshot being written
+    return max(metas, key=lambda m: int(m["generation"]), default={})
+
+
 FIRST_SNAPSHOT = r"^worker/0\s+\| snapshots: every [\d.]+s, each ps into \S+ on its own host"
 
 
@@ -350,7 +364,9 @@ def test_a_killed_ps_comes_back_with_its_share_of_the_table_and_no_id_gets_two_r
     """SIGKILL of a ps mid-training: it comes back from its in-memory snapshot (its shard's rows,
     ids, last-seen steps, free rows: variables like any other), its index rebuilt by the
     maintenance the chief's next check asks for; training goes on allocating, and the final table has no id twice, no row twice, no
-    row leaked."""
+    row leaked. Rows of 64 make each shard a table of 512 KiB, so each ps's snapshots are a
+    chain (a full one, then the rows changed: recipes/snapshot_deltas.py), the kill right after
+    a delta was written (the next snapshot may have been a full one all the same)."""
     run = ApplyRun(
         project,
         [
@@ -358,6 +374,7 @@ def test_a_killed_ps_comes_back_with_its_share_of_the_table_and_no_id_gets_two_r
             *DRIFT,
             "algo=hogwild",
             "model.rows=4000",
+            "model.embed=64",
             "model.ttl_steps=100000",
             "trainer.max_steps=1500",  # far past the kill: the job ends after it, by itself
             *paced(0.02),
@@ -368,7 +385,12 @@ def test_a_killed_ps_comes_back_with_its_share_of_the_table_and_no_id_gets_two_r
         ],
     )
     first = run.wait_for(FIRST_SNAPSHOT, 300)
-    before = run.wait_step(150, 300, task="worker/0")
+    run.wait_step(150, 300, task="worker/0")
+    deadline = time.monotonic() + 300
+    while _newest_meta(project / "shm").get("deltas", 0) < 1:  # a delta, named by its .meta
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.text()[-3000:]
+        time.sleep(0.02)
+    before = len(run.lines) - 1
     kill_task(project, "ps/0")
     restored = run.wait_for(RESTORED, 120, before)
     assert "snapshot" in run.lines[restored][1], run.lines[restored][1]

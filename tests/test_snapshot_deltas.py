@@ -4,8 +4,8 @@ The first snapshot of a ps is a full one; the next ones of a ps with a table wri
 that changed (own host and copy), the rest whole; a restore reads the base and every delta in
 order and equals the live values exactly, also while another thread kept writing rows during
 the snapshots; a corrupted delta falls back to the copy's chain; a new chief finds the chain; a
-chain ends (a full snapshot into the other slot, whose old deltas are emptied) after a restore
-and once its deltas add up to a quarter of the base. Graph mode is process-wide: the case runs
+chain ends (a full snapshot into the other slot, whose old deltas are emptied) after a restore,
+and a delta that would take its chain past a quarter of the base is a full snapshot instead. Graph mode is process-wide: the case runs
 in its own interpreter.
 """
 
@@ -81,7 +81,8 @@ CASE = textwrap.dedent(
         def writer():
             rng, n = np.random.default_rng(0), 3.0
             while not stop.is_set():
-                sess.run(touch, {{ids: rng.integers(0, ROWS, 20), value: n}})
+                # the first 50 rows only: no delta of them passes its chain's room
+                sess.run(touch, {{ids: rng.integers(0, 50, 20), value: n}})
                 n += 1.0
         thread = threading.Thread(target=writer)
         thread.start()
@@ -109,16 +110,20 @@ CASE = textwrap.dedent(
         sess.run(wipe)
         report["from_copy"] = snaps.restore(sess, 1, None, logs.append)
         report["equal_copy"] = bool(np.array_equal(sess.run(table), expected[0]))
-        # a chain ends once its deltas reach a quarter of the base: half the rows changed
+        # a chain holds at most a quarter of its base: a tenth of the rows changed, twice, fits;
+        # a third time it would not, and that snapshot is a full one instead
         snaps.take(sess)  # full (the restore ended the chain), slot a: its old deltas emptied
         report["slot_a_deltas_emptied"] = [
             os.path.getsize(f) for f in files("ps1/a/snapshot-delta*")
         ]
-        sess.run(touch, {{ids: np.arange(ROWS // 2), value: 60.0}})
-        snaps.take(sess)  # a delta of half the rows
-        report["big_delta"] = snaps.last(1).deltas
-        snaps.take(sess)  # the chain has a quarter of the base: full, into slot b
+        for lo in (0, 200):
+            sess.run(touch, {{ids: np.arange(lo, lo + 200), value: 60.0 + lo}})
+            snaps.take(sess)
+        report["grown"] = [snaps.last(1).deltas, snaps.last(1).prefix]
+        sess.run(touch, {{ids: np.arange(400, 600), value: 62.0}})
+        snaps.take(sess)  # would pass a quarter of the base: full, into slot b
         report["rebased"] = [snaps.last(1).deltas, snaps.last(1).prefix]
+
         sess.run(touch, {{ids: [11, 12], value: 70.0}})
         snaps.take(sess)
         expected = live(sess)
@@ -178,11 +183,11 @@ def test_a_ps_with_a_table_snapshots_its_changed_rows_and_restores_them_exactly(
     assert said[0].endswith("); trying its copy"), said
     # a full snapshot into slot a empties the deltas of the chain that was there
     assert r["slot_a_deltas_emptied"] and set(r["slot_a_deltas_emptied"]) == {0}, r
-    # half the rows in one delta: the chain ends, the next one is full, into slot b
-    assert r["big_delta"] == 1
+    # two deltas of a tenth of the rows fit a chain's quarter; a third is a full one, slot b
+    assert r["grown"][0] == 2 and r["grown"][1].endswith("/ps1/a/snapshot"), r["grown"]
     assert r["rebased"][0] == 0 and r["rebased"][1].endswith("/ps1/b/snapshot"), r["rebased"]
     summary = r["summary"]
-    assert summary["taken"] == 12 and summary["deltas"] == 8, summary
+    assert summary["taken"] == 13 and summary["deltas"] == 9, summary
     # a new chief finds the chain (a full one and a delta) and restores it exactly
     assert r["found"]["1"][1] == 1 and r["found"]["0"][1] == 0, r["found"]
     assert r["found"]["0"][0] == r["found"]["1"][0]
