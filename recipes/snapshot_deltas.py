@@ -2,10 +2,11 @@
 
 A ps's snapshots form a *chain* in one slot of its snapshot folder: a full snapshot (the base:
 every variable of the ps, recipes/ps_snapshots.py's ``Saver``), then deltas
-``<prefix>-delta1``, ``-delta2``, ..., each holding, for every *table* of the ps (a variable of
-two or more dimensions of at least recipes/snapshot_paths.py ``TABLE_BYTES``: embedding tables,
-their optimizer slots, large kernels), only the rows that changed since the snapshot before it (their indices and
-values), and every other variable whole. A restore reads the base, then applies each delta in
+``<prefix>-delta1``, ``-delta2``, ..., each holding, for every *table* of the ps (a numeric
+variable of at least recipes/snapshot_paths.py ``TABLE_BYTES``: embedding tables, their optimizer
+slots, a dynamic table's ids and last-seen steps, large kernels), only the rows that changed
+since the snapshot before it (their indices and values; a vector's elements in blocks of
+:data:`BLOCK`), and every other variable whole. A restore reads the base, then applies each delta in
 order (the rows scattered into the table, the rest assigned).
 
 Which rows changed is read from the values, not from the update ops (every algorithm updates its
@@ -45,6 +46,7 @@ __all__ = [
 
 v1 = tf.compat.v1
 MAX_DELTAS = 32  # a restore reads the base and at most this many deltas
+BLOCK = 64  # a vector's elements share a fingerprint in blocks of this many
 
 
 def delta_prefix(prefix: str, n: int) -> str:
@@ -73,17 +75,40 @@ class Chain:
 
 
 def _is_table(var: Any, table_bytes: Optional[int]) -> bool:
-    shape = var.shape
+    shape, dtype = var.shape, var.dtype.base_dtype
     if table_bytes is None:  # deltas off: every variable whole in every snapshot
         return False
-    if shape.rank is None or shape.rank < 2 or not shape.is_fully_defined():
+    if shape.rank is None or shape.rank < 1 or not shape.is_fully_defined():
         return False
-    return _bytes(var) >= table_bytes
+    if not (dtype.is_floating or dtype.is_integer or dtype.is_bool):
+        return False  # strings (a dynamic table's string ids): whole
+    return _bytes(var) >= table_bytes and int(shape[0]) >= BLOCK
 
 
-def _row_fingerprints(var: Any) -> Any:
-    """One int64 per row of ``var``: FarmHash of the row's bytes."""
-    return tf.bitcast(tf.fingerprint(var.read_value()), tf.int64)
+def _units(var: Any) -> int:
+    """How many fingerprints ``var`` has: one per row, or per block of a vector."""
+    rows = int(var.shape[0])
+    return rows if var.shape.rank >= 2 else rows // BLOCK
+
+
+def _fingerprints(var: Any) -> Any:
+    """One int64 per row of ``var`` (FarmHash of the row's bytes); of a vector, one per block of
+    :data:`BLOCK` elements (its tail, under a block, is in every delta)."""
+    value = var.read_value()
+    if var.shape.rank < 2:
+        value = tf.reshape(value[: _units(var) * BLOCK], [_units(var), BLOCK])
+    return tf.bitcast(tf.fingerprint(value), tf.int64)
+
+
+def _indices(var: Any, units: Any) -> Any:
+    """The first-dimension indices that the changed ``units`` (rows, or a vector's blocks) cover,
+    with a vector's tail."""
+    if var.shape.rank >= 2:
+        return units
+    rows = int(var.shape[0])
+    covered = tf.reshape(units[:, None] * BLOCK + tf.range(BLOCK, dtype=tf.int64)[None, :], [-1])
+    tail = tf.range(_units(var) * BLOCK, rows, dtype=tf.int64)
+    return tf.concat([covered, tail], 0)
 
 
 class RowDeltas:
@@ -101,7 +126,7 @@ class RowDeltas:
         self.whole = [v for v in variables if not _is_table(v, table_bytes)]
         self.base_bytes = sum(_bytes(v) for v in variables)
         self._whole_bytes = sum(_bytes(v) for v in self.whole)
-        # the bytes of one table row, and of its index, in a delta
+        # the bytes of one table row (a vector's element), and of its index, in a delta
         self._row_bytes = [_bytes(t) // int(t.shape[0]) + 8 for t in self.tables]
         self.saves: dict[int, tuple[Any, Any]] = {}  # host -> (prefix placeholder, save op)
         self.restores: dict[int, tuple[Any, Any]] = {}  # host -> (prefix placeholder, op)
@@ -110,18 +135,18 @@ class RowDeltas:
         with v1.device(f"/job:ps/task:{ps}"):
             prints = [
                 v1.Variable(
-                    tf.zeros([int(t.shape[0])], tf.int64),
+                    tf.zeros([_units(t)], tf.int64),
                     trainable=False,
                     collections=[],
                     name=f"snapshot_prints_ps{ps}_{i}",
                 )
                 for i, t in enumerate(self.tables)
             ]
-            now = [_row_fingerprints(t) for t in self.tables]
+            now = [_fingerprints(t) for t in self.tables]
             self.set_prints = tf.group(*(p.assign(n) for p, n in zip(prints, now, strict=True)))
             found = [
-                tf.where(tf.not_equal(n, p.read_value()))[:, 0]
-                for p, n in zip(prints, now, strict=True)
+                _indices(t, tf.where(tf.not_equal(n, p.read_value()))[:, 0])
+                for t, p, n in zip(self.tables, prints, now, strict=True)
             ]
             # the bytes this delta needs, against the room its chain has left (fed): a delta
             # that does not fit writes no row (the chief takes a full snapshot instead), so a

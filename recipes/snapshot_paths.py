@@ -18,7 +18,8 @@ RECOVERIES_FILE = "ps_recoveries.jsonl"
 # before it in the other: at most 2 + 2 x REBASE_SHARE times its variables' bytes, as the plan
 # says, tfplan/planning/footprint.py) and a restore's work.
 REBASE_SHARE = 0.25
-TABLE_BYTES = 256 * 1024  # a variable of 2+ dimensions this large: snapshotted by changed rows
+# a numeric variable this large is snapshotted by its changed rows (a vector's: blocks of 64)
+TABLE_BYTES = 64 * 1024
 
 
 def snapshot_folder(folder: str, output_dir: str, ps_index: int) -> str:

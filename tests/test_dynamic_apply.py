@@ -364,16 +364,17 @@ def test_a_killed_ps_comes_back_with_its_share_of_the_table_and_no_id_gets_two_r
     """SIGKILL of a ps mid-training: it comes back from its in-memory snapshot (its shard's rows,
     ids, last-seen steps, free rows: variables like any other), its index rebuilt by the
     maintenance the chief's next check asks for; training goes on allocating, and the final table has no id twice, no row twice, no
-    row leaked. Rows of 64 make each shard a table of 512 KiB, so each ps's snapshots are a
-    chain (a full one, then the rows changed: recipes/snapshot_deltas.py), the kill right after
-    a delta was written (the next snapshot may have been a full one all the same)."""
+    row leaked. 20,000 rows of 64 per shard, far more than the stream's ids take: each ps's
+    snapshots are a chain (a full one, then the rows changed: recipes/snapshot_deltas.py; the
+    ids, last-seen steps and free rows by blocks), the kill right after a delta was written
+    (the next snapshot may have been a full one all the same)."""
     run = ApplyRun(
         project,
         [
             *base_overrides(project, free_port_base()),
             *DRIFT,
             "algo=hogwild",
-            "model.rows=4000",
+            "model.rows=40000",
             "model.embed=64",
             "model.ttl_steps=100000",
             "trainer.max_steps=1500",  # far past the kill: the job ends after it, by itself

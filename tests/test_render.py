@@ -239,17 +239,19 @@ def test_the_snapshots_memory_is_shown_per_ps_host_and_not_when_off_or_for_pss()
 
 
 def test_a_ps_holding_a_table_counts_the_deltas_of_two_chains_in_its_snapshot_memory() -> None:
-    """A ps with a variable of 2+ dimensions from 256 KiB (here the MLP's 64 x 2048 kernel)
-    snapshots it by changed rows: its two slots each hold a full snapshot and a chain of deltas
-    ended at a quarter of it (recipes/snapshot_paths.py REBASE_SHARE); the other ps, and every
-    ps with lifecycle.snapshot_deltas=false, two full ones."""
+    """A ps with a variable from 64 KiB (here the MLP's 64 x 1024 kernel, 256 KiB; the other
+    ps holds only small ones) snapshots it by changed rows: its two slots each hold a full
+    snapshot and a chain of deltas of at most a quarter of it (recipes/snapshot_paths.py
+    REBASE_SHARE); the other ps, and every ps with lifecycle.snapshot_deltas=false, two full
+    ones."""
     from tfplan.planning.footprint import plan_ps_bytes, snapshot_bytes
 
-    wide = ("cluster=local", "cluster.ps=2", "model=mlp", "model.hidden=[2048]")
+    wide = ("cluster=local", "cluster.ps=2", "model=mlp", "model.hidden=[1024]")
     p = _plan(*wide, "lifecycle.snapshot_copies=false")
     held = plan_ps_bytes(p)
-    table = next(v for v in p.sharding.variables if v.shape == (64, 2048))
-    k = p.sharding.placements[0].assignment[table.name]
+    big = [v for v in p.sharding.variables if v.bytes >= 64 * 1024]
+    assert [v.shape for v in big] == [(64, 1024)], p.sharding.variables
+    k = p.sharding.placements[0].assignment[big[0].name]
     expected = sum(int(2.5 * n) if i == k else 2 * n for i, n in enumerate(held))
     assert snapshot_bytes(p) == {"localhost": expected}
     line = next(t for _, t in plan_lines(p) if t.startswith("Snapshots: "))

@@ -45,22 +45,31 @@ CASE = textwrap.dedent(
             dense = v1.get_variable("dense", [4], initializer=v1.zeros_initializer())
         with v1.device("/job:ps/task:1"):
             table = v1.get_variable("table", [ROWS, WIDTH], initializer=v1.zeros_initializer())
-        names = {{"global_step": gs, "dense": dense, "table": table}}
+            # a vector: fingerprinted in blocks of 64 elements, its tail (3000 % 64) always
+            vec = v1.get_variable("vec", [3000], tf.int64, initializer=v1.zeros_initializer())
+        names = {{"global_step": gs, "dense": dense, "table": table, "vec": vec}}
         # a table from 1 KiB on, so that this small one is snapshotted by its changed rows
         snaps = PsSnapshots(names, gs, 2, folder, out, table_bytes=1024, addresses=addr[:2])
         ids = v1.placeholder(tf.int64, [None])
         value = v1.placeholder(tf.float32, [])
-        touch = v1.scatter_update(table, ids, tf.fill([tf.size(ids), WIDTH], value))
+        touch = tf.group(
+            v1.scatter_update(table, ids, tf.fill([tf.size(ids), WIDTH], value)),
+            v1.scatter_update(vec, ids + 999, tf.cast(tf.fill([tf.size(ids)], value), tf.int64)),
+        )
         bump = tf.group(gs.assign_add(1), dense.assign_add(tf.ones([4])))
-        wipe = tf.group(table.assign(tf.fill([ROWS, WIDTH], -1.0)), dense.assign(tf.fill([4], -1.0)))
+        wipe = tf.group(
+            table.assign(tf.fill([ROWS, WIDTH], -1.0)),
+            dense.assign(tf.fill([4], -1.0)),
+            vec.assign(tf.fill([3000], tf.constant(-1, tf.int64))),
+        )
 
     def files(pattern):
         import glob
         return sorted(glob.glob(os.path.join(folder, "tfplan-snapshots-*", pattern)))
 
     def live(sess):
-        t, d, s = sess.run([table, dense, gs])
-        return t.copy(), d.copy(), int(s)
+        t, d, v, s = sess.run([table, dense, vec, gs])
+        return t.copy(), d.copy(), v.copy(), int(s)
 
     with g.as_default(), v1.Session(worker.target) as sess:
         sess.run(v1.global_variables_initializer())
@@ -97,7 +106,7 @@ CASE = textwrap.dedent(
         report["restored"] = snaps.restore(sess, 1, None, logs.append)
         report["restored_0"] = snaps.restore(sess, 0, None, logs.append)
         got = live(sess)
-        report["equal"] = [bool(np.array_equal(a, b)) for a, b in zip(got[:2], expected[:2])]
+        report["equal"] = [bool(np.array_equal(a, b)) for a, b in zip(got[:3], expected[:3])]
         # a restore ends the chain: the next snapshot is a full one, into the other slot
         snaps.take(sess)
         report["after_restore"] = [snaps.last(1).deltas, snaps.last(1).prefix]
@@ -109,18 +118,20 @@ CASE = textwrap.dedent(
             f.write(b"garbage!")
         sess.run(wipe)
         report["from_copy"] = snaps.restore(sess, 1, None, logs.append)
-        report["equal_copy"] = bool(np.array_equal(sess.run(table), expected[0]))
-        # a chain holds at most a quarter of its base: a tenth of the rows changed, twice, fits;
-        # a third time it would not, and that snapshot is a full one instead
+        report["equal_copy"] = [
+            bool(np.array_equal(a, b)) for a, b in zip(sess.run([table, vec]), expected[::2])
+        ]
+        # a chain holds at most a quarter of its base: 150 rows changed (and their elements of
+        # the vector), twice, fits; a third time it would not: that snapshot is a full one
         snaps.take(sess)  # full (the restore ended the chain), slot a: its old deltas emptied
         report["slot_a_deltas_emptied"] = [
             os.path.getsize(f) for f in files("ps1/a/snapshot-delta*")
         ]
-        for lo in (0, 200):
-            sess.run(touch, {{ids: np.arange(lo, lo + 200), value: 60.0 + lo}})
+        for lo in (0, 150):
+            sess.run(touch, {{ids: np.arange(lo, lo + 150), value: 60.0 + lo}})
             snaps.take(sess)
         report["grown"] = [snaps.last(1).deltas, snaps.last(1).prefix]
-        sess.run(touch, {{ids: np.arange(400, 600), value: 62.0}})
+        sess.run(touch, {{ids: np.arange(300, 450), value: 62.0}})
         snaps.take(sess)  # would pass a quarter of the base: full, into slot b
         report["rebased"] = [snaps.last(1).deltas, snaps.last(1).prefix]
 
@@ -136,7 +147,7 @@ CASE = textwrap.dedent(
         for k in (0, 1):
             fresh.restore(sess, k, None, logs.append, found[k])
         got = live(sess)
-        report["equal_found"] = [bool(np.array_equal(a, b)) for a, b in zip(got[:2], expected[:2])]
+        report["equal_found"] = [bool(np.array_equal(a, b)) for a, b in zip(got[:3], expected[:3])]
     report["logs"] = logs
     print("REPORT " + json.dumps(report))
     """
@@ -166,24 +177,25 @@ def test_a_ps_with_a_table_snapshots_its_changed_rows_and_restores_them_exactly(
         "copy-of-ps1-delta1.data-00000-of-00001",
         "copy-of-ps1-delta1.index",
     ]
-    # three rows of 16 floats and their ids, against 2,000 rows
+    # three rows of 16 floats and their ids, and three blocks of the vector and its tail,
+    # against 2,000 rows and 3,000 elements
     base, delta = r["sizes"]
-    assert delta < 500 < 2000 * 16 * 4 <= base, r["sizes"]
+    assert delta < 5000 < 2000 * 16 * 4 + 3000 * 8 <= base, r["sizes"]
     # rows written while the snapshots ran: the chain restored equals the live values
     assert r["chain"] == [5, 0], r["chain"]
     assert r["restored"].startswith("snapshot of step 1 ("), r["restored"]
-    assert r["equal"] == [True, True], r
+    assert r["equal"] == [True, True, True], r
     # a restore ends the chain: a full one into the other slot
     assert r["after_restore"][0] == 0 and r["after_restore"][1].endswith("/ps1/b/snapshot")
     # a corrupted delta: the copy's chain, equal to the live values
     assert r["from_copy"].endswith(", the copy on ps/0's host 127.0.0.1"), r["from_copy"]
-    assert r["equal_copy"] is True
+    assert r["equal_copy"] == [True, True], r
     said = [m for m in r["logs"] if "cannot be read" in m]
     assert len(said) == 1 and said[0].startswith("ps/1: its snapshot cannot be read ("), said
     assert said[0].endswith("); trying its copy"), said
     # a full snapshot into slot a empties the deltas of the chain that was there
     assert r["slot_a_deltas_emptied"] and set(r["slot_a_deltas_emptied"]) == {0}, r
-    # two deltas of a tenth of the rows fit a chain's quarter; a third is a full one, slot b
+    # two deltas of 150 rows fit a chain's quarter; a third is a full one, into slot b
     assert r["grown"][0] == 2 and r["grown"][1].endswith("/ps1/a/snapshot"), r["grown"]
     assert r["rebased"][0] == 0 and r["rebased"][1].endswith("/ps1/b/snapshot"), r["rebased"]
     summary = r["summary"]
@@ -191,4 +203,4 @@ def test_a_ps_with_a_table_snapshots_its_changed_rows_and_restores_them_exactly(
     # a new chief finds the chain (a full one and a delta) and restores it exactly
     assert r["found"]["1"][1] == 1 and r["found"]["0"][1] == 0, r["found"]
     assert r["found"]["0"][0] == r["found"]["1"][0]
-    assert r["equal_found"] == [True, True], r
+    assert r["equal_found"] == [True, True, True], r

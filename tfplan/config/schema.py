@@ -395,7 +395,7 @@ class LifecycleConfig:
     # with 2 or more ps: each ps's snapshot is also written on the next ps's host (ps/k's on
     # ps/k+1's), so a ps whose whole host is lost comes back from the copy; false: own host only
     snapshot_copies: bool = True
-    # a ps holding tables (variables of 2+ dimensions from 256 KiB) snapshots, after a full
+    # a ps holding tables (numeric variables from 64 KiB) snapshots, after a full
     # snapshot, only the rows changed since its last one (recipes/snapshot_deltas.py); false:
     # every snapshot writes every variable whole
     snapshot_deltas: bool = True

@@ -93,15 +93,15 @@ def delta_chains(plan: Plan) -> set[int]:
 
 
 def _with_tables(sharding: ShardingPreview) -> set[int]:
-    """The ps that hold a table in the snapshots' sense (a variable of 2+ dimensions of at
-    least recipes/snapshot_paths.py ``TABLE_BYTES``): theirs are chains of deltas."""
+    """The ps that hold a table in the snapshots' sense (a variable of at least
+    recipes/snapshot_paths.py ``TABLE_BYTES``): theirs are chains of deltas."""
     if not sharding.placements:
         return set()
     assignment = sharding.placements[0].assignment
     return {
         assignment[v.name]
         for v in sharding.variables
-        if len(v.shape) >= 2 and v.bytes >= TABLE_BYTES and v.name in assignment
+        if len(v.shape) >= 1 and v.bytes >= TABLE_BYTES and v.name in assignment
     }
 
 
