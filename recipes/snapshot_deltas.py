@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from recipes.snapshot_paths import REBASE_SHARE
+from recipes.snapshot_paths import REBASE_SHARE, VECTOR_BLOCK
 
 __all__ = [
     "Chain",
@@ -46,7 +46,7 @@ __all__ = [
 
 v1 = tf.compat.v1
 MAX_DELTAS = 32  # a restore reads the base and at most this many deltas
-BLOCK = 64  # a vector's elements share a fingerprint in blocks of this many
+BLOCK = VECTOR_BLOCK  # a vector's elements share a fingerprint in blocks of this many
 
 
 def delta_prefix(prefix: str, n: int) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-__all__ = ["RECOVERIES_FILE", "REBASE_SHARE", "TABLE_BYTES", "snapshot_folder"]
+__all__ = ["RECOVERIES_FILE", "REBASE_SHARE", "TABLE_BYTES", "VECTOR_BLOCK", "snapshot_folder"]
 
 # in output_dir: one JSON line per ps recovery, appended by the chief as it restores (a restarted
 # chief goes on appending): what `tfplan status` shows while the job runs
@@ -18,8 +18,10 @@ RECOVERIES_FILE = "ps_recoveries.jsonl"
 # before it in the other: at most 2 + 2 x REBASE_SHARE times its variables' bytes, as the plan
 # says, tfplan/planning/footprint.py) and a restore's work.
 REBASE_SHARE = 0.25
-# a numeric variable this large is snapshotted by its changed rows (a vector's: blocks of 64)
+# a numeric variable this large is snapshotted by its changed rows (a vector's: blocks of
+# VECTOR_BLOCK elements), each row's fingerprint (8 bytes) kept beside it on its ps
 TABLE_BYTES = 64 * 1024
+VECTOR_BLOCK = 64
 
 
 def snapshot_folder(folder: str, output_dir: str, ps_index: int) -> str:

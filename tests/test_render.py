@@ -244,23 +244,32 @@ def test_a_ps_holding_a_table_counts_the_deltas_of_two_chains_in_its_snapshot_me
     snapshot and a chain of deltas of at most a quarter of it (recipes/snapshot_paths.py
     REBASE_SHARE); the other ps, and every ps with lifecycle.snapshot_deltas=false, two full
     ones."""
-    from tfplan.planning.footprint import plan_ps_bytes, snapshot_bytes
+    from tfplan.planning.footprint import plan_ps_bytes, print_bytes, ps_bytes, snapshot_bytes
 
     wide = ("cluster=local", "cluster.ps=2", "model=mlp", "model.hidden=[1024]")
-    p = _plan(*wide, "lifecycle.snapshot_copies=false")
-    held = plan_ps_bytes(p)
+    p = _plan(*wide, "lifecycle.snapshot_copies=false", "algo.optimizer=adagrad")
+    held = ps_bytes(p.sharding, "adagrad")
     big = [v for v in p.sharding.variables if v.bytes >= 64 * 1024]
     assert [v.shape for v in big] == [(64, 1024)], p.sharding.variables
     k = p.sharding.placements[0].assignment[big[0].name]
     expected = sum(int(2.5 * n) if i == k else 2 * n for i, n in enumerate(held))
     assert snapshot_bytes(p) == {"localhost": expected}
+    # the kernel's 64 rows and its Adagrad slot's: a fingerprint of 8 bytes each, on its ps,
+    # counted in what the ps holds (the memory preflight checks)
+    assert print_bytes(p) == {k: 2 * 64 * 8}
+    assert plan_ps_bytes(p) == tuple(n + (1024 if i == k else 0) for i, n in enumerate(held))
     line = next(t for _, t in plan_lines(p) if t.startswith("Snapshots: "))
     assert line.endswith(
         f"localhost {format_bytes(expected)}; ps/{k}: a full snapshot, then only the rows changed "
-        "(lifecycle.snapshot_deltas)"
+        "(lifecycle.snapshot_deltas; their rows' fingerprints 1.0 KiB on the ps)"
     ), line
-    whole = _plan(*wide, "lifecycle.snapshot_copies=false", "lifecycle.snapshot_deltas=false")
-    assert snapshot_bytes(whole) == {"localhost": 2 * sum(held)}
+    whole = _plan(
+        *wide,
+        "lifecycle.snapshot_copies=false",
+        "algo.optimizer=adagrad",
+        "lifecycle.snapshot_deltas=false",
+    )
+    assert snapshot_bytes(whole) == {"localhost": 2 * sum(held)} and print_bytes(whole) == {}
 
 
 def test_what_the_ps_leave_in_memory_is_where_the_recipes_write_it() -> None:

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 
 from tfplan.cli.render_summary import restart_text, summary_lines, tf_config_note
 from tfplan.planning.costs import job_cost
-from tfplan.planning.footprint import delta_chains, plan_checkpoints, snapshot_bytes
+from tfplan.planning.footprint import (
+    delta_chains,
+    plan_checkpoints,
+    print_bytes,
+    snapshot_bytes,
+)
 from tfplan.planning.memory import limit_text
 from tfplan.planning.plan import Action, Change, Plan, Role, Task
 from tfplan.planning.tf_config import ENV_VALUE_LIMIT
@@ -377,7 +382,8 @@ def _snapshot_lines(plan: Plan) -> list[Line]:
             f"into {snapshots.get('folder')} on its host{also}: {each}"
             + (
                 f"; {', '.join(f'ps/{k}' for k in sorted(chains))}: a full snapshot, then only "
-                "the rows changed (lifecycle.snapshot_deltas)"
+                "the rows changed (lifecycle.snapshot_deltas; their rows' fingerprints "
+                f"{format_bytes(sum(print_bytes(plan).values()))} on the ps)"
                 if chains
                 else ""
             ),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from recipes.snapshot_paths import REBASE_SHARE, TABLE_BYTES, snapshot_folder
+from recipes.snapshot_paths import REBASE_SHARE, TABLE_BYTES, VECTOR_BLOCK, snapshot_folder
 from tfplan.config.algorithms import TF2_STRATEGIES
 from tfplan.planning.plan import Plan, Role, ShardingPreview
 from tfplan.planning.tables import SLOTS_PER_ROW
@@ -27,6 +27,7 @@ __all__ = [
     "delta_chains",
     "plan_checkpoints",
     "plan_ps_bytes",
+    "print_bytes",
     "ps_bytes",
     "room_problem",
     "snapshot_bytes",
@@ -82,8 +83,38 @@ def plan_checkpoints(plan: Plan) -> CheckpointSize | None:
 
 
 def plan_ps_bytes(plan: Plan) -> tuple[int, ...]:
-    """:func:`ps_bytes` of ``plan`` (its optimizer)."""
-    return ps_bytes(plan.sharding, _optimizer(plan))
+    """:func:`ps_bytes` of ``plan`` (its optimizer), and on each ps the fingerprints of its
+    tables' rows that the snapshots' deltas keep there (:func:`print_bytes`)."""
+    held = ps_bytes(plan.sharding, _optimizer(plan))
+    prints = print_bytes(plan)
+    return tuple(n + prints.get(k, 0) for k, n in enumerate(held))
+
+
+def print_bytes(plan: Plan) -> dict[int, int]:
+    """ps -> the bytes of the row fingerprints it keeps for the snapshots' deltas
+    (recipes/snapshot_deltas.py): 8 a row of each table and of its optimizer slots (a vector's:
+    8 a block of ``VECTOR_BLOCK``); empty when snapshots or their deltas are off."""
+    snapshots = plan.run_config.get("snapshots") or {}
+    algo = str((plan.run_config.get("algo") or {}).get("name") or "")
+    if (
+        not float(snapshots.get("secs") or 0)
+        or algo in TF2_STRATEGIES
+        or not plan.sharding.placements
+    ):
+        return {}
+    if not snapshots.get("deltas", True):
+        return {}
+    slots = SLOTS_PER_ROW.get(_optimizer(plan).lower(), 0)
+    assignment = plan.sharding.placements[0].assignment
+    prints: dict[int, int] = {}
+    for v in plan.sharding.variables:
+        if not v.shape or v.bytes < TABLE_BYTES or v.name not in assignment:
+            continue
+        units = v.shape[0] if len(v.shape) >= 2 else v.shape[0] // VECTOR_BLOCK
+        copies = 1 + (slots if v.name.startswith("model/") else 0)
+        k = assignment[v.name]
+        prints[k] = prints.get(k, 0) + 8 * units * copies
+    return prints
 
 
 def delta_chains(plan: Plan) -> set[int]:
@@ -114,7 +145,7 @@ def snapshot_bytes(plan: Plan) -> dict[str, int]:
     the TF2 strategies and when the variables are unknown."""
     snapshots = plan.run_config.get("snapshots") or {}
     algo = str((plan.run_config.get("algo") or {}).get("name") or "")
-    held = plan_ps_bytes(plan)
+    held = ps_bytes(plan.sharding, _optimizer(plan))  # what is saved (not the fingerprints)
     if not held or not float(snapshots.get("secs") or 0) or algo in TF2_STRATEGIES:
         return {}
     n_ps = len(held)
