@@ -11,17 +11,13 @@ interpreter.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from snapshot_case import run_snapshot_case
 
 pytestmark = pytest.mark.full  # an in-process cluster: TensorFlow imported in its own interpreter
-
-ROOT = Path(__file__).resolve().parents[1]
 
 CASE = textwrap.dedent(
     """
@@ -165,17 +161,8 @@ CASE = textwrap.dedent(
 
 
 def test_each_ps_snapshots_on_itself_and_one_ps_is_restored_alone(tmp_path: Path) -> None:
-    folder, out = tmp_path / "shm", tmp_path / "out"
-    out.mkdir()
-    script = CASE.format(
-        root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), out=str(out)
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    r = json.loads(lines[0][len("REPORT ") :])
+    folder = tmp_path / "shm"  # the case's snapshot folder
+    r = run_snapshot_case(CASE, tmp_path)
     assert r["taken"] == 20
     # each ps's save op runs on that ps, and writes into that ps's own folder; the copy of each
     # ps's runs on the other ps (its host), and writes there

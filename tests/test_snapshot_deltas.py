@@ -11,17 +11,13 @@ in its own interpreter.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from snapshot_case import run_snapshot_case
 
 pytestmark = pytest.mark.full  # an in-process cluster: TensorFlow imported in its own interpreter
-
-ROOT = Path(__file__).resolve().parents[1]
 
 CASE = textwrap.dedent(
     """
@@ -157,17 +153,7 @@ CASE = textwrap.dedent(
 def test_a_ps_with_a_table_snapshots_its_changed_rows_and_restores_them_exactly(
     tmp_path: Path,
 ) -> None:
-    folder, out = tmp_path / "shm", tmp_path / "out"
-    out.mkdir()
-    script = CASE.format(
-        root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), out=str(out)
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    r = json.loads(lines[0][len("REPORT ") :])
+    r = run_snapshot_case(CASE, tmp_path)
     # the first snapshot is a full one; the second of ps/1 a delta beside it in slot a, on its
     # own host and as the copy on ps/0's; ps/0 (no table) gets full ones, slot after slot
     assert r["first"][0] == 0 and r["first"][1].endswith("/ps1/a/snapshot"), r["first"]

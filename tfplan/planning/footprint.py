@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from recipes.snapshot_paths import REBASE_SHARE, TABLE_BYTES, VECTOR_BLOCK, snapshot_folder
 from tfplan.config.algorithms import TF2_STRATEGIES
-from tfplan.planning.plan import Plan, Role, ShardingPreview
+from tfplan.planning.plan import Plan, Role, ShardingPreview, VariableSpec
 from tfplan.planning.tables import SLOTS_PER_ROW
 
 __all__ = [
@@ -94,46 +94,35 @@ def print_bytes(plan: Plan) -> dict[int, int]:
     """ps -> the bytes of the row fingerprints it keeps for the snapshots' deltas
     (recipes/snapshot_deltas.py): 8 a row of each table and of its optimizer slots (a vector's:
     8 a block of ``VECTOR_BLOCK``); empty when snapshots or their deltas are off."""
-    snapshots = plan.run_config.get("snapshots") or {}
-    algo = str((plan.run_config.get("algo") or {}).get("name") or "")
-    if (
-        not float(snapshots.get("secs") or 0)
-        or algo in TF2_STRATEGIES
-        or not plan.sharding.placements
-    ):
-        return {}
-    if not snapshots.get("deltas", True):
-        return {}
     slots = SLOTS_PER_ROW.get(_optimizer(plan).lower(), 0)
-    assignment = plan.sharding.placements[0].assignment
     prints: dict[int, int] = {}
-    for v in plan.sharding.variables:
-        if not v.shape or v.bytes < TABLE_BYTES or v.name not in assignment:
-            continue
+    for v, k in _tables(plan):
         units = v.shape[0] if len(v.shape) >= 2 else v.shape[0] // VECTOR_BLOCK
         copies = 1 + (slots if v.name.startswith("model/") else 0)
-        k = assignment[v.name]
         prints[k] = prints.get(k, 0) + 8 * units * copies
     return prints
 
 
 def delta_chains(plan: Plan) -> set[int]:
     """The ps whose snapshots are chains of deltas (a table on them, ``snapshot_deltas`` on)."""
+    return {k for _, k in _tables(plan)}
+
+
+def _tables(plan: Plan) -> list[tuple[VariableSpec, int]]:
+    """Each table in the snapshots' sense (a variable of at least recipes/snapshot_paths.py
+    ``TABLE_BYTES``) and its ps, while the snapshots and their deltas are on: the variables the
+    deltas take by rows."""
     snapshots = plan.run_config.get("snapshots") or {}
-    return _with_tables(plan.sharding) if snapshots.get("deltas", True) else set()
-
-
-def _with_tables(sharding: ShardingPreview) -> set[int]:
-    """The ps that hold a table in the snapshots' sense (a variable of at least
-    recipes/snapshot_paths.py ``TABLE_BYTES``): theirs are chains of deltas."""
-    if not sharding.placements:
-        return set()
-    assignment = sharding.placements[0].assignment
-    return {
-        assignment[v.name]
-        for v in sharding.variables
-        if len(v.shape) >= 1 and v.bytes >= TABLE_BYTES and v.name in assignment
-    }
+    algo = str((plan.run_config.get("algo") or {}).get("name") or "")
+    on = float(snapshots.get("secs") or 0) and snapshots.get("deltas", True)
+    if not on or algo in TF2_STRATEGIES or not plan.sharding.placements:
+        return []
+    assignment = plan.sharding.placements[0].assignment
+    return [
+        (v, assignment[v.name])
+        for v in plan.sharding.variables
+        if v.shape and v.bytes >= TABLE_BYTES and v.name in assignment
+    ]
 
 
 def snapshot_bytes(plan: Plan) -> dict[str, int]:
